@@ -1,0 +1,148 @@
+"""The Engine protocol and the plain data every engine returns.
+
+Torch (in-process), vLLM (its own process) and remote (an OpenAI-compatible server) all implement it, so the pages,
+the agreement metrics and the benchmarks never care which one produced a result. No torch import here.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Protocol
+
+from core.precision import KVDtype, Precision
+
+
+class EngineError(RuntimeError):
+    """A failure with a message meant for the user: what failed, what was found, what to do."""
+
+
+class UnsupportedCombination(EngineError):
+    def __init__(self, reasons: list[str]):
+        super().__init__(" ".join(reasons))
+        self.reasons = reasons
+
+
+class Cancelled(EngineError):
+    pass
+
+
+@dataclass
+class GenerationParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_logprobs: int = 5  # how many alternatives to report at every generated position
+    seed: int | None = None
+    stop_at_eos: bool = True
+
+    def validated(self) -> "GenerationParams":
+        if not 1 <= self.max_new_tokens <= 8192:
+            raise ValueError(f"max_new_tokens must be between 1 and 8192; got {self.max_new_tokens}.")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise ValueError(f"temperature must be between 0 and 5; got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}.")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be between 0 and 20; got {self.top_logprobs}.")
+        return self
+
+
+@dataclass
+class Generation:
+    """One prompt's continuation. Times are seconds since the request started (perf_counter based)."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # logprob of each chosen token
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # per position: token id -> logprob
+    token_times: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"  # "length", "eos", "cancelled"
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens per second after the first token (the decode phase alone)."""
+        if len(self.token_times) < 2:
+            return None
+        span = self.token_times[-1] - self.token_times[0]
+        return (len(self.token_times) - 1) / span if span > 0 else None
+
+    def timing_summary(self) -> dict:
+        itl = self.itl_s
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "new_tokens": len(self.token_ids),
+            "ttft_s": self.ttft_s,
+            "itl_median_s": statistics.median(itl) if itl else None,
+            "decode_tok_s": self.decode_tok_s,
+        }
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["top_logprobs"] = [{str(k): v for k, v in pos.items()} for pos in self.top_logprobs]
+        d["timing"] = self.timing_summary()
+        return d
+
+
+@dataclass
+class StreamEvent:
+    """One decode step for every sequence in the batch; `token_ids[i]` is None once sequence i has finished."""
+
+    step: int
+    token_ids: list[int | None]
+    texts: list[str]  # the decoded text of each sequence so far
+    t: float
+
+
+@dataclass
+class Score:
+    """Teacher-forced scores of a given continuation: position i predicts continuation_ids[i]."""
+
+    continuation_ids: list[int]
+    target_logprobs: list[float]  # logprob the engine gives each continuation token
+    top_logprobs: list[dict[int, float]]  # per position: the engine's own top-k
+    full_logprobs: object | None = None  # float32 array [positions, vocab] where the engine can give it (torch)
+
+
+@dataclass
+class MemoryReport:
+    weights_by_dtype: dict[str, int]  # dtype name -> bytes
+    kv_cache_bytes: int
+    peak_bytes: int | None
+    peak_source: str  # "CUDA allocator (max_memory_allocated)", "process RSS high-water mark", ...
+    device: str
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(self.weights_by_dtype.values())
+
+
+class Engine(Protocol):
+    name: str
+
+    def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]: ...
+
+    def generate(
+        self,
+        prompts: list[str],
+        params: GenerationParams,
+        on_step: Callable[[StreamEvent], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Generation]: ...
+
+    def stream(self, prompt: str, params: GenerationParams) -> Iterator[StreamEvent]: ...
+
+    def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8) -> Score: ...
+
+    def memory_report(self) -> MemoryReport: ...
+
+    def unload(self) -> None: ...

@@ -1,0 +1,354 @@
+"""The default engine: a transformers model in this process at a chosen precision, with our own decode loop.
+
+Our own loop (rather than `generate`) gives per-token timestamps, top-k logprobs at every position, streaming,
+cancellation and an FP8 KV cache, and skips `generate`'s per-step bookkeeping.
+"""
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Iterator
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+from core import fp8
+from core.engines.base import (
+    Cancelled,
+    EngineError,
+    Generation,
+    GenerationParams,
+    MemoryReport,
+    Score,
+    StreamEvent,
+    UnsupportedCombination,
+)
+from core.models import ModelError, ModelSpec, count_parameters, embedded_model_dir, load_config, synthetic_config
+from core.precision import Device, KVDtype, Precision, unsupported_reasons
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def current_device(prefer: str | None = None) -> Device:
+    if prefer != "cpu" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return Device("cuda", props.name, (props.major, props.minor), props.total_memory)
+    import psutil
+
+    return Device("cpu", "CPU", None, psutil.virtual_memory().total)
+
+
+def available_bytes(device: Device) -> int:
+    if device.kind == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def estimate_weight_bytes(config, precision: Precision) -> int:
+    counts = count_parameters(config)
+    base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
+    per_linear = 1 if precision.is_fp8 else base
+    return counts["quantizable"] * per_linear + counts["other"] * base
+
+
+class _FP8Layer(DynamicLayer):
+    """Full-attention KV stored in E4M3; what attention reads has been through FP8, as in vLLM's FP8 KV cache."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.is_initialized, self.device = True, key_states.device
+            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
+        else:
+            self.k.append(key_states)
+            self.v.append(value_states)
+        self.keys = self.k.q  # only its shape is read (sequence length)
+        return self.k.read(), self.v.read()
+
+    def get_seq_length(self) -> int:
+        return self.k.q.shape[-2] if self.is_initialized else 0
+
+
+class _FP8SlidingLayer(DynamicSlidingWindowLayer):
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.is_initialized, self.device = True, key_states.device
+            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
+        else:
+            self.k.append(key_states)
+            self.v.append(value_states)
+        self.cumulative_length += key_states.shape[-2]
+        keys, values = self.k.read(), self.v.read()
+        # Keep window-1 tokens for the next step, return everything this step may attend to (as the parent does).
+        self.k.keep_last(self.sliding_window - 1)
+        self.v.keep_last(self.sliding_window - 1)
+        self.keys = self.k.q
+        return keys, values
+
+
+def make_cache(config, kv_dtype: KVDtype) -> DynamicCache:
+    cache = DynamicCache(config=config)
+    if kv_dtype is KVDtype.FP8:
+        cache.layers = [
+            _FP8SlidingLayer(sliding_window=layer.sliding_window) if isinstance(layer, DynamicSlidingWindowLayer)
+            else _FP8Layer()
+            for layer in cache.layers
+        ]
+    return cache
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    total = 0
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        if hasattr(layer, "k"):
+            total += layer.k.nbytes + layer.v.nbytes
+        else:
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
+
+
+class _ByteTokenizer:
+    """Stands in for a tokenizer on synthetic models: UTF-8 bytes in, token ids shown as [id] out."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [b + 1 for b in text.encode()] or [1]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"[{int(i)}]" for i in ids)
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"[{int(i)}]" for i in ids]
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
+                 device: str | None = None, progress: Callable[[float, str], None] | None = None):
+        self.spec, self.precision, self.kv_dtype = spec, precision, kv_dtype
+        self.device = current_device(device)
+        self.dtype = DTYPES[precision.base_dtype]
+        self.lock = threading.Lock()  # one generation at a time per loaded model; sessions queue here
+        self.last_kv_bytes = 0
+        progress = progress or (lambda f, m: None)
+
+        reasons = self.unsupported_reasons(precision, kv_dtype)
+        if reasons:
+            raise UnsupportedCombination(reasons)
+        progress(0.0, f"Preparing {spec.label}")
+        model_dir = embedded_model_dir(lambda f, m: progress(0.6 * f, m)) if spec.kind == "embedded" else None
+        config = synthetic_config(spec.path) if spec.kind == "synthetic" else load_config(spec)
+        need = estimate_weight_bytes(config, precision)
+        free = available_bytes(self.device)
+        if need > 0.85 * free:
+            raise EngineError(
+                f"{spec.label} at {precision.label} needs about {need / 2**30:.1f} GiB for its weights; only "
+                f"{free / 2**30:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
+            )
+        progress(0.65, f"Loading weights at {precision.label}")
+        if self.device.kind == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        self.model, self.tokenizer = self._load(spec, config, model_dir)
+        if precision.is_fp8:
+            progress(0.9, "Quantizing Linear weights to FP8 E4M3")
+            self.n_fp8_linears = fp8.quantize_linears(self.model, w8a8=precision is Precision.FP8)
+        self.model.eval()
+        self.config = self.model.config
+        eos = getattr(self.model.generation_config, "eos_token_id", None) if not spec.random_weights else None
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.max_positions = getattr(self.config, "max_position_embeddings", None)
+        progress(1.0, "Loaded")
+
+    def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
+        return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
+
+    def _load(self, spec: ModelSpec, config, model_dir):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dev = self.device.kind
+        try:
+            if spec.kind == "synthetic":
+                with torch.device(dev):
+                    model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+                # from_config on CPU already draws random weights; make the scale sane for bf16/fp16 activations
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.dim() > 1:
+                            p.normal_(0.0, 0.02)
+                return model, _ByteTokenizer()
+            if spec.kind == "gguf":
+                from pathlib import Path
+
+                p = Path(spec.path)
+                kw = dict(gguf_file=p.name)
+                src = str(p.parent)
+            else:
+                kw, src = {}, str(model_dir or spec.path)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=False, **kw)
+            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kw)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelError(f"Could not load {spec.label}: {exc}") from exc
+        return model.to(dev), tokenizer
+
+    # ---- tokens ----
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return [int(t) for t in prompt]
+        if isinstance(self.tokenizer, _ByteTokenizer):
+            return self.tokenizer.encode(prompt)
+        return self.tokenizer(prompt).input_ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """The text of each token alone, for side-by-side display."""
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+    # ---- generation ----
+    def stream(self, prompt: str | list[int], params: GenerationParams) -> Iterator[StreamEvent]:
+        yield from self._decode([self.encode(prompt)], params.validated(), [Generation(self.encode(prompt))], None)
+
+    def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
+        params = params.validated()
+        if not prompts:
+            raise ValueError("Give at least one prompt.")
+        ids = [self.encode(p) for p in prompts]
+        gens = [Generation(i) for i in ids]
+        for event in self._decode(ids, params, gens, should_stop):
+            if on_step:
+                on_step(event)
+        for g in gens:
+            g.text = self.decode(g.token_ids)
+        return gens
+
+    def _check_lengths(self, ids: list[list[int]], params: GenerationParams) -> None:
+        if any(len(i) == 0 for i in ids):
+            raise ValueError("A prompt is empty after tokenization; type some text.")
+        longest = max(len(i) for i in ids) + params.max_new_tokens
+        if self.max_positions and longest > self.max_positions:
+            raise ValueError(
+                f"Prompt plus new tokens is {longest} tokens; the model handles at most {self.max_positions}. "
+                "Shorten the prompt or ask for fewer new tokens."
+            )
+
+    @torch.inference_mode()
+    def _decode(self, ids: list[list[int]], params: GenerationParams, gens: list[Generation],
+                should_stop) -> Iterator[StreamEvent]:
+        self._check_lengths(ids, params)
+        with self.lock:
+            dev = self.device.kind
+            batch = len(ids)
+            width = max(len(i) for i in ids)
+            pad = self.tokenizer.pad_token_id or 0
+            # Left padding so every row's next token lands in the same column.
+            input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=dev)
+            mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=dev)
+            gen = torch.Generator(device=dev)
+            if params.seed is not None:
+                gen.manual_seed(params.seed)
+            cache = make_cache(self.config, self.kv_dtype)
+            done = [False] * batch
+            past = 0
+            t0 = time.perf_counter()
+            for step in range(params.max_new_tokens):
+                if should_stop and should_stop():
+                    for g, d in zip(gens, done):
+                        if not d:
+                            g.finish_reason = "cancelled"
+                    raise Cancelled("Generation cancelled.")
+                q = input_ids.shape[1]
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -q:]
+                out = self.model(
+                    input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    cache_position=torch.arange(past, past + q, device=dev), use_cache=True, logits_to_keep=1,
+                )
+                past += q
+                logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+                nxt = self._pick(logprobs, params, gen)
+                k = params.top_logprobs
+                top_v, top_i = logprobs.topk(max(k, 1), dim=-1) if k else (None, None)
+                chosen_lp = logprobs.gather(1, nxt[:, None])[:, 0].tolist()
+                nxt_list = nxt.tolist()  # syncs the device: the token exists now
+                now = time.perf_counter() - t0
+                top_v_l, top_i_l = (top_v.tolist(), top_i.tolist()) if k else (None, None)
+                emitted: list[int | None] = []
+                for b, g in enumerate(gens):
+                    if done[b]:
+                        emitted.append(None)
+                        continue
+                    tok = nxt_list[b]
+                    g.token_ids.append(tok)
+                    g.logprobs.append(chosen_lp[b])
+                    g.top_logprobs.append(dict(zip(top_i_l[b], top_v_l[b])) if k else {})
+                    g.token_times.append(now)
+                    emitted.append(tok)
+                    if params.stop_at_eos and tok in self.eos_ids:
+                        done[b], g.finish_reason = True, "eos"
+                yield StreamEvent(step, emitted, [self.decode(g.token_ids) for g in gens], now)
+                if all(done):
+                    break
+                input_ids = nxt[:, None]
+                mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
+            self.last_kv_bytes = cache_bytes(cache)
+
+    @staticmethod
+    def _pick(logprobs: torch.Tensor, params: GenerationParams, gen: torch.Generator) -> torch.Tensor:
+        if params.temperature == 0:
+            return logprobs.argmax(dim=-1)
+        probs = torch.softmax(logprobs / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_p, idx = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < params.top_p
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+    # ---- teacher-forced scoring ----
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8, full: bool = False) -> Score:
+        """One forward pass over prompt + continuation; position i scores continuation_ids[i]."""
+        if not prompt_ids or not continuation_ids:
+            raise ValueError("Scoring needs a non-empty prompt and continuation.")
+        with self.lock:
+            ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
+            cache = make_cache(self.config, self.kv_dtype)
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
+            n = len(continuation_ids)
+            lp = torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) - 1 + n].float(), dim=-1)
+            target = torch.tensor(continuation_ids, device=lp.device)
+            tv, ti = lp.topk(top_k, dim=-1)
+            return Score(
+                continuation_ids=list(continuation_ids),
+                target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
+                top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
+                full_logprobs=lp.cpu().numpy() if full else None,
+            )
+
+    # ---- memory ----
+    def memory_report(self) -> MemoryReport:
+        by_dtype: dict[str, int] = defaultdict(int)
+        seen: set[int] = set()
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if t.data_ptr() in seen:
+                continue  # tied embeddings / lm_head count once
+            seen.add(t.data_ptr())
+            by_dtype[str(t.dtype).replace("torch.", "")] += t.numel() * t.element_size()
+        if self.device.kind == "cuda":
+            peak, source = torch.cuda.max_memory_allocated(), "CUDA allocator (torch.cuda.max_memory_allocated)"
+        else:
+            peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (getrusage)"
+        return MemoryReport(dict(by_dtype), self.last_kv_bytes, peak, source, self.device.name)
+
+    def unload(self) -> None:
+        self.model = None
+        if self.device.kind == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,104 @@
+"""FP8 E4M3 numerics: scales, FP8 Linear layers (W8A8 through torch._scaled_mm, or weight-only) and FP8 KV storage.
+
+Weights are really stored as torch.float8_e4m3fn. lm_head and embeddings are left at the base dtype, as vLLM's
+online FP8 does. torch._scaled_mm runs on CUDA (compute capability >= 8.9) and on the CPU (torch >= 2.13).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = torch.finfo(E4M3).max  # 448.0
+_EPS = 1e-12
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one float32 scale per row (per output channel for weights, per token for activations)."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_EPS)
+    scale = amax / E4M3_MAX
+    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q, scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
+
+
+class FP8Linear(nn.Module):
+    """A Linear whose weight lives in E4M3 with per-output-channel scales.
+
+    w8a8=True: activations are quantized per token on the fly and multiplied with torch._scaled_mm.
+    w8a8=False: weight-only; the weight is upcast to the activation dtype for each matmul.
+    """
+
+    def __init__(self, linear: nn.Linear, w8a8: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.w8a8 = w8a8
+        self.out_dtype = linear.weight.dtype
+        q, scale = quantize_rows(linear.weight.data)
+        self.register_buffer("weight_fp8", q)  # [out, in], row-major, so .t() is the column-major mat2 _scaled_mm wants
+        self.register_buffer("weight_scale", scale)  # [out, 1] float32
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.w8a8:
+            w = dequantize(self.weight_fp8, self.weight_scale, x.dtype)
+            return F.linear(x, w, self.bias)
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, xs = quantize_rows(x2)
+        out = torch._scaled_mm(
+            xq,
+            self.weight_fp8.t(),
+            scale_a=xs,
+            scale_b=self.weight_scale.t(),
+            out_dtype=self.out_dtype,
+        )
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        mode = "W8A8 per-token/per-channel" if self.w8a8 else "weight-only"
+        return f"in={self.in_features}, out={self.out_features}, e4m3 {mode}"
+
+
+def quantize_linears(model: nn.Module, w8a8: bool, skip: tuple[str, ...] = ("lm_head",)) -> int:
+    """Replace every nn.Linear (except names in `skip`) with an FP8Linear; returns how many were replaced."""
+    count = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, nn.Linear) and not any(s in full for s in skip):
+                setattr(module, child_name, FP8Linear(child, w8a8))
+                count += 1
+    return count
+
+
+class FP8KV:
+    """One layer's K or V stored as E4M3 with a scale per (batch, head, token); dequantized when read.
+
+    Storage is what matters for memory (half of BF16); attention still computes in the activation dtype.
+    """
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype = t.dtype
+        self.q, self.scale = quantize_rows(t)
+
+    def append(self, t: torch.Tensor) -> None:
+        q, s = quantize_rows(t)
+        self.q = torch.cat([self.q, q], dim=-2)
+        self.scale = torch.cat([self.scale, s], dim=-2)
+
+    def keep_last(self, n: int) -> None:
+        self.q, self.scale = self.q[..., -n:, :], self.scale[..., -n:, :]
+
+    def read(self) -> torch.Tensor:
+        return dequantize(self.q, self.scale, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()

@@ -1,0 +1,117 @@
+"""Precisions, KV cache dtypes and the hardware rules that decide which combinations can run.
+
+Pure Python: importing this module never imports torch or touches a GPU. Rules are stated per engine
+path because the same precision has different requirements in torch and in vLLM (see DOMAIN.md section 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Precision(str, Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"  # E4M3 W8A8: per-output-channel weight scales, dynamic per-token activation scales
+    FP8_WEIGHT_ONLY = "fp8-wo"  # E4M3 weights, upcast to the base dtype for the matmul (W8A16)
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (Precision.FP8, Precision.FP8_WEIGHT_ONLY)
+
+    @property
+    def base_dtype(self) -> str:
+        """The torch dtype name of activations, embeddings and lm_head (kept unquantized, as vLLM does)."""
+        return {Precision.FP32: "float32", Precision.FP16: "float16"}.get(self, "bfloat16")
+
+
+_LABELS = {
+    Precision.FP32: "FP32",
+    Precision.BF16: "BF16",
+    Precision.FP16: "FP16",
+    Precision.FP8: "FP8 E4M3 (W8A8)",
+    Precision.FP8_WEIGHT_ONLY: "FP8 E4M3 weight-only (W8A16)",
+}
+
+
+class KVDtype(str, Enum):
+    AUTO = "auto"  # same dtype as the activations
+    FP8 = "fp8"  # E4M3 with per-token, per-head scales
+
+    @property
+    def label(self) -> str:
+        return {KVDtype.AUTO: "auto (activation dtype)", KVDtype.FP8: "FP8 E4M3"}[self]
+
+
+# Minimum CUDA compute capability for each precision on the torch engine.
+# FP8 W8A8 uses torch._scaled_mm, which needs FP8 tensor cores (Ada 8.9, Hopper 9.0).
+# Weight-only FP8 only stores E4M3 and upcasts, so it runs wherever the base dtype runs.
+TORCH_CUDA_MIN_CC = {
+    Precision.FP32: (3, 5),
+    Precision.FP16: (5, 3),
+    Precision.BF16: (8, 0),
+    Precision.FP8_WEIGHT_ONLY: (8, 0),
+    Precision.FP8: (8, 9),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where a model would run. `kind` is "cpu" or "cuda"; capability is None on the CPU."""
+
+    kind: str = "cpu"
+    name: str = "CPU"
+    capability: tuple[int, int] | None = None
+    total_bytes: int | None = None
+
+    @property
+    def cc_text(self) -> str:
+        return f"{self.capability[0]}.{self.capability[1]}" if self.capability else "n/a"
+
+
+def unsupported_reasons(precision: Precision, kv: KVDtype, device: Device, engine: str = "torch") -> list[str]:
+    """Full-sentence reasons why this combination cannot run; an empty list means it can."""
+    reasons: list[str] = []
+    if engine == "torch":
+        if device.kind == "cuda" and device.capability is not None:
+            need = TORCH_CUDA_MIN_CC[precision]
+            if device.capability < need:
+                alt = "FP8 weight-only or BF16" if precision is Precision.FP8 else "FP16 or FP32"
+                reasons.append(
+                    f"{precision.label} on the torch engine needs compute capability >= {need[0]}.{need[1]}; "
+                    f"found {device.cc_text} ({device.name}). Use {alt}."
+                )
+    elif engine == "vllm-cpu":
+        if precision.is_fp8:
+            reasons.append(
+                "vLLM's CPU build cannot run quantization='fp8' (engine start fails in "
+                "_C::static_scaled_fp8_quant). Use the torch engine for FP8 weights, or BF16 with an FP8 KV cache."
+            )
+    elif engine == "vllm":
+        if precision is Precision.FP8 and device.capability is not None and device.capability < (8, 9):
+            reasons.append(
+                f"vLLM runs FP8 W8A8 only on compute capability >= 8.9; on {device.cc_text} ({device.name}) it "
+                "falls back to weight-only FP8 (Marlin, W8A16). Choose FP8 weight-only to say what will run."
+            )
+    return reasons
+
+
+def parse_precision(text: str) -> Precision:
+    try:
+        return Precision(text.lower())
+    except ValueError:
+        choices = ", ".join(p.value for p in Precision)
+        raise ValueError(f"Unknown precision {text!r}; choose one of: {choices}.") from None
+
+
+def parse_kv_dtype(text: str) -> KVDtype:
+    try:
+        return KVDtype(text.lower())
+    except ValueError:
+        choices = ", ".join(k.value for k in KVDtype)
+        raise ValueError(f"Unknown KV cache dtype {text!r}; choose one of: {choices}.") from None
