@@ -215,12 +215,15 @@ class TorchEngine:
 
     # ---- generation ----
     def stream(self, prompt: str | list[int], params: GenerationParams) -> Iterator[StreamEvent]:
-        yield from self._decode([self.encode(prompt)], params.validated(), [Generation(self.encode(prompt))], None)
+        ids = self.encode(prompt)
+        yield from self._decode([ids], params.validated(), [Generation(ids)], None)
 
     def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
         params = params.validated()
         if not prompts:
             raise ValueError("Give at least one prompt.")
+        if any(isinstance(p, str) and not p.strip() for p in prompts):
+            raise ValueError("A prompt is empty; type some text.")
         ids = [self.encode(p) for p in prompts]
         gens = [Generation(i) for i in ids]
         for event in self._decode(ids, params, gens, should_stop):

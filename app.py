@@ -1,0 +1,16 @@
+"""Router only: page config, navigation and the sidebar status line. Each page lives in pages/."""
+import streamlit as st
+
+from core import session
+
+st.set_page_config(page_title="Triage console", page_icon=":material/monitor_heart:", layout="wide")
+
+# (file, title, icon). A page is listed here only once it works end to end.
+PAGES = [
+    ("pages/model.py", "Model", ":material/memory:"),
+]
+
+nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])
+session.init()
+session.sidebar_status()
+nav.run()

@@ -1,0 +1,81 @@
+"""Streamlit glue shared by every page: per-user state in one place, and loaded engines shared by all sessions.
+
+Engines live in st.cache_resource keyed by (model, precision, KV dtype, engine), so eight browser tabs on the same
+setup share one copy of the weights; each engine serializes its own generations with a lock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from core.models import ModelSpec
+from core.precision import KVDtype, Precision
+
+
+@dataclass(frozen=True)
+class Setup:
+    spec: ModelSpec
+    precision: Precision
+    kv_dtype: KVDtype = KVDtype.AUTO
+    engine: str = "torch"
+
+    @property
+    def label(self) -> str:
+        kv = "" if self.kv_dtype is KVDtype.AUTO else ", FP8 KV cache"
+        return f"{self.spec.label} at {self.precision.label}{kv} ({self.engine})"
+
+
+DEFAULT_SETUP = Setup(ModelSpec("embedded"), Precision.BF16)
+DEFAULTS = {"setup": None}  # the Setup this browser session has loaded, or None
+
+
+def init() -> None:
+    for key, value in DEFAULTS.items():
+        st.session_state.setdefault(key, value)
+
+
+@st.cache_resource(max_entries=3, show_spinner=False)
+def _load(setup: Setup, _progress=None):
+    from core.engines.torch_engine import TorchEngine
+
+    return TorchEngine(setup.spec, setup.precision, setup.kv_dtype, progress=_progress)
+
+
+def load(setup: Setup, progress=None):
+    """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
+    the previous setup current."""
+    engine = _load(setup, progress)
+    st.session_state["setup"] = setup
+    return engine
+
+
+def current():
+    """(setup, engine) of this session, or (None, None) when nothing is loaded yet."""
+    setup = st.session_state.get("setup")
+    return (setup, _load(setup)) if setup else (None, None)
+
+
+def sidebar_status() -> None:
+    setup = st.session_state.get("setup")
+    with st.sidebar:
+        if setup:
+            st.caption(f"Loaded: {setup.label}")
+        else:
+            st.caption("No model loaded yet: open the Model page.")
+
+
+@st.cache_resource(show_spinner=False)
+def device():
+    """Where the torch engine would run (CPU, or the first CUDA GPU with its compute capability)."""
+    from core.engines.torch_engine import current_device
+
+    return current_device()
+
+
+def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text):
+    """Generate for one prompt, calling on_text with the text so far after every token."""
+    from core.engines.base import GenerationParams
+
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    return engine.generate([prompt], params, on_step=lambda ev: on_text(ev.texts[0]))[0]

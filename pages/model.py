@@ -1,0 +1,93 @@
+"""Model page: pick a source, precision and KV cache dtype; load with progress; memory; a streaming prompt box."""
+import streamlit as st
+
+from core import session
+from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model
+from core.precision import KVDtype, Precision
+from core.units import fmt_bytes, fmt_s
+
+st.title("Model")
+st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
+
+SOURCES = {
+    "Embedded Gemma 3 270M": "embedded",
+    "Hugging Face directory": "hf_dir",
+    "GGUF file": "gguf",
+    "Synthetic shape (random weights: speed and memory only)": "synthetic",
+}
+
+device = session.device()
+st.info(f"Device: **{device.name}**" + (f", compute capability {device.cc_text}" if device.capability else "")
+        + (f", {fmt_bytes(device.total_bytes)}" if device.total_bytes else ""), icon=":material/developer_board:")
+
+with st.form("load"):
+    c1, c2, c3 = st.columns([2, 1, 1])
+    kind = SOURCES[c1.selectbox("Source", list(SOURCES))]
+    precision = c2.selectbox("Precision", list(Precision), format_func=lambda p: p.label, index=1)
+    kv_dtype = c3.selectbox("KV cache", list(KVDtype), format_func=lambda k: k.label)
+    path = st.text_input("Model directory or .gguf path", placeholder="/models/my-model  or  /models/model.gguf",
+                         help="Only for the directory and GGUF sources. Nothing is downloaded.")
+    synthetic = st.selectbox("Synthetic shape", list(SYNTHETIC_CONFIGS), help="Only for the synthetic source.")
+    submitted = st.form_submit_button("Load", type="primary")
+
+if submitted or st.session_state.get("setup") is None:
+    try:
+        if submitted:
+            spec = {"embedded": lambda: ModelSpec(EMBEDDED), "synthetic": lambda: ModelSpec("synthetic", synthetic)}.get(
+                kind, lambda: parse_model(path))()
+            if kind in ("hf_dir", "gguf") and spec.kind != kind:
+                raise ModelError(f"{path!r} is not a {'GGUF file' if kind == 'gguf' else 'model directory'}.")
+            setup = session.Setup(spec, precision, kv_dtype)
+        else:  # first visit: the embedded model at BF16, so the console answers right away
+            setup = session.DEFAULT_SETUP
+        with st.status(f"Loading {setup.label}", expanded=True) as status:
+            bar = st.progress(0.0)
+            session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
+            status.update(label=f"Loaded {setup.label}", state="complete", expanded=False)
+    except Exception as exc:  # noqa: BLE001 - every load failure is shown to the user, the app keeps running
+        st.error(f"Could not load: {exc}")
+        prev = st.session_state.get("setup")
+        if prev:
+            st.caption(f"Still loaded: {prev.label}")
+
+setup, engine = session.current()
+if engine is None:
+    st.stop()
+
+st.subheader("Memory")
+mem = engine.memory_report()
+cols = st.columns(4)
+cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
+cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the end "
+               "of the last generation on this model.")
+cols[2].metric("Peak", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
+cols[3].metric("Device", mem.device)
+st.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)} for k, v in sorted(mem.weights_by_dtype.items())],
+             hide_index=True)
+
+st.subheader("Prompt")
+with st.form("prompt"):
+    prompt = st.text_area("Prompt", "The capital of France is", height=100, max_chars=200_000)
+    c1, c2 = st.columns(2)
+    max_new = c1.number_input("New tokens", min_value=1, max_value=1024, value=48)
+    temperature = c2.number_input("Temperature (0 = greedy)", min_value=0.0, max_value=5.0, value=0.0, step=0.1)
+    go = st.form_submit_button("Generate", type="primary")
+
+if go:
+    if not prompt.strip():
+        st.warning("The prompt is empty: type some text first.")
+        st.stop()
+    out = st.empty()
+    try:
+        gen = session.stream_generate(engine, prompt, int(max_new), float(temperature),
+                                      lambda text: out.code(text, language=None, wrap_lines=True))
+    except (ValueError, RuntimeError) as exc:
+        st.error(str(exc))
+        st.stop()
+    t = gen.timing_summary()
+    cols = st.columns(4)
+    cols[0].metric("TTFT", fmt_s(t["ttft_s"]), help="Request start to first token, measured here (prefill).")
+    cols[1].metric("ITL median", fmt_s(t["itl_median_s"]), help="Median gap between consecutive tokens.")
+    cols[2].metric("Decode", f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "N/A",
+                   help="Tokens after the first, divided by their time.")
+    cols[3].metric("Tokens", f"{t['prompt_tokens']} in / {t['new_tokens']} out")

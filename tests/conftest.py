@@ -1,0 +1,36 @@
+"""Shared fixtures. The embedded model is real: converted once per machine and cached (see core/models.py)."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
+
+
+@pytest.fixture(scope="session")
+def embedded_dir():
+    from core.models import embedded_model_dir
+
+    return embedded_model_dir()
+
+
+@pytest.fixture(scope="session")
+def engine_cache():
+    """One engine per (precision, kv dtype) for the whole session: loading is the slow part on 2 cores."""
+    from core.engines.torch_engine import TorchEngine
+    from core.models import ModelSpec
+    from core.precision import KVDtype, Precision
+
+    engines = {}
+
+    def get(precision: str, kv: str = "auto"):
+        key = (precision, kv)
+        if key not in engines:
+            engines[key] = TorchEngine(ModelSpec("embedded"), Precision(precision), KVDtype(kv), device="cpu")
+        return engines[key]
+
+    return get
