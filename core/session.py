@@ -1,10 +1,13 @@
 """Streamlit glue shared by every page: per-user state in one place, and loaded engines shared by all sessions.
 
-Engines live in st.cache_resource keyed by (model, precision, KV dtype, engine), so eight browser tabs on the same
-setup share one copy of the weights; each engine serializes its own generations with a lock.
+Engines live in one process-wide registry (held by st.cache_resource) keyed by (model, precision, KV dtype, engine),
+so eight browser tabs on the same setup share one copy of the weights; each engine serializes its own generations.
+Loading happens outside any cached function so its progress bar can update the page.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import streamlit as st
@@ -35,17 +38,29 @@ def init() -> None:
         st.session_state.setdefault(key, value)
 
 
-@st.cache_resource(max_entries=3, show_spinner=False)
-def _load(setup: Setup, _progress=None):
-    from core.engines.torch_engine import TorchEngine
+MAX_LOADED = 3  # reference + candidate for a comparison, plus one more
 
-    return TorchEngine(setup.spec, setup.precision, setup.kv_dtype, progress=_progress)
+
+@st.cache_resource(show_spinner=False)
+def _registry() -> dict:
+    """Process-wide: loaded engines by Setup (oldest first) and a lock so one model loads at a time."""
+    return {"engines": OrderedDict(), "lock": threading.Lock()}
 
 
 def load(setup: Setup, progress=None):
     """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
-    the previous setup current."""
-    engine = _load(setup, progress)
+    the previous setup current and loaded."""
+    reg = _registry()
+    with reg["lock"]:  # a second session asking for the same model waits here, then reuses it
+        engine = reg["engines"].get(setup)
+        if engine is None:
+            from core.engines.torch_engine import TorchEngine
+
+            engine = TorchEngine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
+            reg["engines"][setup] = engine
+            while len(reg["engines"]) > MAX_LOADED:
+                reg["engines"].popitem(last=False)[1].unload()
+        reg["engines"].move_to_end(setup)
     st.session_state["setup"] = setup
     return engine
 
@@ -53,7 +68,10 @@ def load(setup: Setup, progress=None):
 def current():
     """(setup, engine) of this session, or (None, None) when nothing is loaded yet."""
     setup = st.session_state.get("setup")
-    return (setup, _load(setup)) if setup else (None, None)
+    if setup is None:
+        return None, None
+    engine = _registry()["engines"].get(setup)
+    return setup, engine if engine is not None else load(setup)
 
 
 def sidebar_status() -> None:
