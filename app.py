@@ -8,6 +8,8 @@ st.set_page_config(page_title="Triage console", page_icon=":material/monitor_hea
 # (file, title, icon). A page is listed here only once it works end to end.
 PAGES = [
     ("pages/model.py", "Model", ":material/memory:"),
+    ("pages/monitor.py", "Live monitor", ":material/monitoring:"),
+    ("pages/checklist.py", "Diagnostics", ":material/checklist:"),
 ]
 
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])

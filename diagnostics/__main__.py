@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code.
-COMMAND_MODULES = ["diagnostics.cli_generate"]
+COMMAND_MODULES = ["diagnostics.cli_generate", "diagnostics.cli_run", "diagnostics.cli_lint", "diagnostics.cli_kv", "diagnostics.cli_compare"]
 
 
 def main(argv: list[str] | None = None) -> int:

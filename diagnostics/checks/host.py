@@ -1,0 +1,80 @@
+"""Host checks: is MemAvailable falling steadily? A leak is a trend over the window, not one low reading (DOMAIN 6)."""
+from __future__ import annotations
+
+from diagnostics.context import CheckContext, Series
+from diagnostics.model import Chart, Check, Outcome, Severity, fail, passed, skip, warn
+from diagnostics.stats import linear_fit
+
+MIB = 1024**2
+GIB = 1024**3
+LEAK_MIB_PER_MIN = 10.0  # slower declines are noise from page cache and allocator churn at this window length
+STEADY_R2 = 0.8  # the line explains >= 80% of the variance: a steady decline
+TREND_R2 = 0.5  # a decline, but noisy
+URGENT_MIN = 60.0  # MemAvailable reaches zero within an hour at this rate: act now
+MIN_READINGS = 5
+MIN_SPAN_S = 2.0
+SHORT_WINDOW_S = 30.0
+DIP_MIB = 64  # a dip this deep that recovers is worth naming, so nobody reads it as a leak
+
+
+def decide_mem_leak(ctx: CheckContext) -> Outcome:
+    s = ctx.host_mem_available
+    if s is None:
+        return skip(f"host memory: {ctx.host_reason}")
+    pts = s.points()
+    span = pts[-1][0] - pts[0][0] if pts else 0.0
+    if len(pts) < MIN_READINGS or span < MIN_SPAN_S:
+        return skip(f"enough host memory readings: need {MIN_READINGS} over {MIN_SPAN_S:.0f} s, "
+                    f"got {len(pts)} over {span:.1f} s")
+    fit = linear_fit(pts)
+    per_min_mib = fit.slope * 60 / MIB
+    values = [v for _, v in pts]
+    end = fit.at(pts[-1][0])
+    evidence = {
+        "slope_mib_per_min": round(per_min_mib, 2),
+        "r2": round(fit.r2, 3),
+        "available_start_bytes": values[0],
+        "available_end_bytes": values[-1],
+        "available_min_bytes": min(values),
+        "readings": len(pts),
+        "span_s": round(span, 1),
+    }
+    if ctx.host_mem_total_bytes:
+        evidence["total_bytes"] = ctx.host_mem_total_bytes
+    to_gib = lambda v: v / GIB  # noqa: E731  charts read better in GiB than in raw bytes
+    fitted = Series("linear fit", "GiB", "least squares", (pts[0][0], pts[-1][0]),
+                    (to_gib(fit.at(pts[0][0])), to_gib(end)))
+    avail = Series("MemAvailable", "GiB", s.source, tuple(t for t, _ in pts), tuple(to_gib(v) for v in values))
+    charts = (Chart("Host MemAvailable", (avail, fitted), "GiB"),)
+    short = (f" A {span:.0f} s window only shows fast leaks; run 60-180 s for slow ones."
+             if span < SHORT_WINDOW_S else "")
+    falling = per_min_mib <= -LEAK_MIB_PER_MIN
+    if not falling or fit.r2 < TREND_R2:
+        dip = min(values[0], values[-1]) - min(values)
+        low = f" A dip of {dip / MIB:.0f} MiB came back: a low reading, not a leak." if dip >= DIP_MIB * MIB else ""
+        return passed(f"No steady decline of MemAvailable: {per_min_mib:+.1f} MiB/min, R² {fit.r2:.2f} over "
+                      f"{span:.0f} s.{low}{short}", evidence=evidence, charts=charts)
+    minutes_left = end / (-fit.slope * 60) if fit.slope < 0 else float("inf")
+    evidence["minutes_to_exhaustion"] = round(minutes_left, 1)
+    remedy = ("Find the process whose RSS grows (`ps -o pid,rss,cmd --sort=-rss | head`, or psutil): usually the "
+              "client's or server's tokenizer / data loader keeping references (caches keyed by request, lists of "
+              "outputs). Restarting it buys time; a heap profile (tracemalloc, memray) of that process finds the "
+              "owner.")
+    trend = f"MemAvailable falls {-per_min_mib:.0f} MiB/min (R² {fit.r2:.2f} over {span:.0f} s)"
+    # Under 30 s a process starting up or loading a model falls just as steadily as a leak: never call it FAIL.
+    if fit.r2 >= STEADY_R2 and minutes_left < URGENT_MIN and span >= SHORT_WINDOW_S:
+        return fail(f"{trend}: a steady leak; at this rate host memory runs out in about {minutes_left:.0f} min.",
+                    remedy, evidence=evidence, charts=charts)
+    if fit.r2 >= STEADY_R2:
+        return warn(f"{trend}: a steady decline, about {minutes_left:.0f} min from exhaustion at this rate; a "
+                    f"leak if it keeps going.{short}",
+                    remedy, evidence=evidence, charts=charts)
+    return warn(f"{trend}: falling, but noisily; watch it over a longer window.{short}", remedy,
+                evidence=evidence, charts=charts)
+
+
+CHECKS = (
+    Check("host.mem_leak", "Host memory leak", Severity.HIGH,
+          f"MemAvailable falls steadily: regression slope <= -{LEAK_MIB_PER_MIN:.0f} MiB/min with R² >= {TREND_R2}",
+          decide_mem_leak),
+)

@@ -1,0 +1,113 @@
+"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure (DOMAIN.md section 5)."""
+from __future__ import annotations
+
+from diagnostics.context import CheckContext, Series
+from diagnostics.model import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
+
+KV_FULL = 0.95  # kv_cache_usage_perc (a 0-1 fraction) at or above this is "near 100%"
+KV_HIGH = 0.90
+
+NO_URL = "vLLM URL: none given (--vllm-url, or the URL field on the page)"
+
+
+def _unreachable(ctx: CheckContext) -> Outcome | None:
+    if not ctx.vllm_url:
+        return skip(NO_URL)
+    if not ctx.vllm_snapshots:
+        return skip(f"vLLM /metrics: not readable at {ctx.vllm_url} (see vllm.reachable)")
+    return None
+
+
+def decide_reachable(ctx: CheckContext) -> Outcome:
+    if not ctx.vllm_url:
+        return skip(NO_URL)
+    ok, tried = len(ctx.vllm_snapshots), ctx.vllm_scrapes
+    evidence = {"url": ctx.vllm_url, "scrapes_ok": ok, "scrapes": tried, "last_error": ctx.vllm_error or ""}
+    remedy = ("Give the server's base URL (http://HOST:PORT, the one clients use); check it is up with "
+              "`curl URL/metrics`, and that no proxy or firewall is in between.")
+    if ok == 0:
+        return fail(f"vLLM /metrics at {ctx.vllm_url} could not be read: {ctx.vllm_error or 'no answer'}", remedy,
+                    evidence=evidence)
+    if ok < tried:
+        return warn(f"{tried - ok} of {tried} scrapes of {ctx.vllm_url}/metrics failed (last: {ctx.vllm_error}).",
+                    "An overloaded or restarting server answers late; " + remedy, evidence=evidence)
+    return passed(f"{ctx.vllm_url}/metrics answered all {tried} scrapes.", evidence=evidence)
+
+
+def decide_metrics_off(ctx: CheckContext) -> Outcome:
+    flag = ctx.launch_has_flag("--disable-log-stats")
+    remedy = ("Restart the server without --disable-log-stats: the stats cost next to nothing, and without them "
+              "this checklist, Prometheus and Grafana see no vllm:* series (the page still answers 200, vllm#11987).")
+    if not ctx.vllm_url:
+        if ctx.launch_cmd is None:
+            return skip(NO_URL + ", and no launch command to read instead")
+        if flag:
+            return fail("The launch command has --disable-log-stats: /metrics will carry no vllm:* series.", remedy,
+                        evidence={"from": "launch command"})
+        return passed("The launch command keeps vLLM's stats on (no --disable-log-stats).",
+                      evidence={"from": "launch command"})
+    if (out := _unreachable(ctx)) is not None:
+        return out
+    last = ctx.vllm_snapshots[-1]
+    evidence = {"from": f"{ctx.vllm_url}/metrics", "has_vllm_series": last.has_vllm_series,
+                "fields_found": ", ".join(sorted(last.sources)) or "none"}
+    if not last.has_vllm_series:
+        return fail("/metrics answers but carries no vllm:* series: the server was started with "
+                    "--disable-log-stats.", remedy, evidence=evidence)
+    if flag:
+        return warn("The launch command given has --disable-log-stats, yet the server exports vllm:* series: "
+                    "the command is not the one this server runs.",
+                    "Check which command started the server (ps -o args -p PID).", evidence=evidence)
+    return passed("/metrics carries vllm:* series: stats logging is on.", evidence=evidence)
+
+
+def decide_kv_pressure(ctx: CheckContext) -> Outcome:
+    if (out := _unreachable(ctx)) is not None:
+        return out
+    snaps = [s for s in ctx.vllm_snapshots if s.kv_cache_usage is not None]
+    if len(snaps) < 2:
+        why = "no vllm:* series (stats off)" if not ctx.vllm_snapshots[-1].has_vllm_series else \
+            f"{len(snaps)} scrape(s) with vllm:kv_cache_usage_perc"
+        return skip(f"KV cache usage over the window: need 2 scrapes that have it, got {why}")
+    usage = [s.kv_cache_usage for s in snaps]
+    pre = [s.preemptions for s in snaps if s.preemptions is not None]
+    # A restarted server resets its counters; count from zero after a reset.
+    new_preemptions = sum(b - a if b >= a else b for a, b in zip(pre, pre[1:])) if len(pre) > 1 else 0.0
+    peak, last = max(usage), usage[-1]
+    evidence = {"kv_cache_usage_peak_pct": round(100 * peak, 1), "kv_cache_usage_last_pct": round(100 * last, 1),
+                "preemptions_in_window": new_preemptions, "scrapes": len(snaps),
+                "metric": snaps[-1].sources.get("kv_cache_usage", "")}
+    kv = Series("KV cache usage", "%", "vLLM /metrics", tuple(s.t for s in snaps), tuple(100 * u for u in usage))
+    charts = [Chart("vLLM KV cache usage", (kv,), "% of KV blocks",
+                    ((100 * KV_FULL, f"{100 * KV_FULL:.0f}% near full"),), PCT_RANGE)]
+    if len(pre) > 1:
+        pts = [s for s in snaps if s.preemptions is not None]
+        charts.append(Chart("vLLM preemptions (cumulative)", (Series("preemptions", "count", "vLLM /metrics",
+                            tuple(s.t for s in pts), tuple(s.preemptions for s in pts)),), "preemptions"))
+    remedy = ("Give the KV cache more room or ask less of it: --kv-cache-dtype fp8 halves bytes per token, a higher "
+              "--gpu-memory-utilization gives it more of the GPU, a lower --max-num-seqs or --max-model-len caps "
+              "demand, more GPUs (--tensor-parallel-size) add memory. Preempted requests are recomputed, which "
+              "shows up as TTFT and inter-token latency spikes.")
+    if peak >= KV_FULL and new_preemptions > 0:
+        return fail(f"KV cache usage reached {100 * peak:.0f}% and {new_preemptions:.0f} request(s) were preempted "
+                    "during the window: the cache is too small for this load.", remedy,
+                    evidence=evidence, charts=tuple(charts))
+    if new_preemptions > 0:
+        return warn(f"{new_preemptions:.0f} preemption(s) during the window with KV cache usage peaking at "
+                    f"{100 * peak:.0f}%.", remedy, evidence=evidence, charts=tuple(charts))
+    if peak >= KV_HIGH:
+        return warn(f"KV cache usage peaked at {100 * peak:.0f}% without preemptions: near full; more load will "
+                    "start preempting.", remedy, evidence=evidence, charts=tuple(charts))
+    return passed(f"KV cache usage peaked at {100 * peak:.0f}% with no preemptions during the window.",
+                  evidence=evidence, charts=tuple(charts))
+
+
+CHECKS = (
+    Check("vllm.reachable", "vLLM /metrics reachable", Severity.MEDIUM,
+          "GET <vLLM URL>/metrics answers with Prometheus text on every scrape", decide_reachable),
+    Check("vllm.metrics_off", "vLLM stats logging off", Severity.MEDIUM,
+          "/metrics has no vllm:* series (--disable-log-stats), or the launch command has the flag",
+          decide_metrics_off),
+    Check("vllm.kv_pressure", "KV cache full and preempting", Severity.HIGH,
+          f"vllm:kv_cache_usage_perc >= {KV_FULL:.2f} while vllm:num_preemptions_total rises", decide_kv_pressure),
+)

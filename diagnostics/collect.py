@@ -1,0 +1,177 @@
+"""Fill a CheckContext from live telemetry over a window.
+
+GPU and host readings come from the process's one telemetry sampler (core.telemetry.sampler.get_sampler): the
+checklist reads the rows that fall inside its window, it never polls NVML itself, and a page and a checklist run
+share one poller. vLLM's /metrics is scraped here, once a second, because the sampler does not watch vLLM.
+Everything impure lives in this module; the checks only see the finished context.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from diagnostics.context import CheckContext, GpuWindow, Series
+
+SCRAPE_EVERY_S = 1.0
+SCRAPE_TIMEOUT_S = 3.0
+
+
+def vllm_base_url(url: str) -> str:
+    """The server's base URL from what a user pastes ('host:8000', '.../v1', '.../metrics'). Raises ValueError."""
+    from core.engines.remote import RemoteError, normalize_base_url
+
+    text = url.strip()
+    text = text[: -len("/metrics")] if text.rstrip("/").endswith("/metrics") else text
+    try:
+        return normalize_base_url(text.rstrip("/"))
+    except RemoteError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _major_minor(text: str | None) -> tuple[int, int] | None:
+    m = re.fullmatch(r"(\d+)\.(\d+)", text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# --- which CUDA the installed PyTorch builds were made for -------------------------------------------------------
+
+_TORCH_CUDA_SCRIPT = r"""
+import importlib.util, re, pathlib
+spec = importlib.util.find_spec("torch")
+if spec and spec.submodule_search_locations:
+    p = pathlib.Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    m = re.search(r"^cuda[^=]*=\s*['\"]([0-9.]+)['\"]", p.read_text(), re.M) if p.exists() else None
+    v = re.search(r"^__version__[^=]*=\s*['\"]([^'\"]+)['\"]", p.read_text(), re.M) if p.exists() else None
+    print((v.group(1) if v else "?") + " " + (m.group(1) if m else "none"))
+"""
+
+
+def _parse_torch_cuda(line: str) -> tuple[str, tuple[int, int]] | None:
+    parts = line.split()
+    if len(parts) != 2 or parts[1] == "none":
+        return None
+    version = _major_minor(".".join(parts[1].split(".")[:2]))
+    return (parts[0], version) if version else None
+
+
+def runtime_cuda(vllm_python: str | None) -> dict[str, tuple[int, int]]:
+    """{"torch 2.11.0+cu130 (console)": (13, 0), ...}: read from torch/version.py of each environment, in a
+    subprocess that never imports torch (a second or more, and a CUDA context is not wanted here)."""
+    out: dict[str, tuple[int, int]] = {}
+    for label, python in (("console", sys.executable), ("vLLM env", vllm_python)):
+        if not python or not Path(python).exists() or (label != "console" and Path(python) == Path(sys.executable)):
+            continue
+        try:
+            proc = subprocess.run([python, "-c", _TORCH_CUDA_SCRIPT], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        found = _parse_torch_cuda(proc.stdout.strip())
+        if found:
+            out[f"torch {found[0]} ({label})"] = found[1]
+    return out
+
+
+# --- the window ----------------------------------------------------------------------------------------------------
+
+class WindowCollector:
+    """Marks a window on the shared sampler and scrapes vLLM during it. Call begin(), poll() often, then context()."""
+
+    def __init__(self, sampler: Any, vllm_url: str | None = None, scrape_every_s: float = SCRAPE_EVERY_S):
+        self.sampler = sampler
+        self.vllm_url = vllm_url
+        self.scrape_every_s = scrape_every_s
+        self.snapshots: list[Any] = []
+        self.scrapes = 0
+        self.last_error: str | None = None
+        self._t0_wall = self._t0_mono = 0.0
+        self._t1_wall: float | None = None
+        self._next_scrape = 0.0
+
+    def begin(self) -> None:
+        self._t0_wall, self._t0_mono = time.time(), time.monotonic()
+        self._next_scrape = self._t0_mono
+
+    def end(self) -> None:
+        """Close the window: readings the sampler takes after this are not part of it."""
+        self._t1_wall = time.time()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0_mono
+
+    def poll(self, final: bool = False) -> None:
+        """Scrape vLLM if one is due (or always, for the final scrape that closes the window)."""
+        if not self.vllm_url or (not final and time.monotonic() < self._next_scrape):
+            return
+        self._next_scrape = time.monotonic() + self.scrape_every_s
+        from core.telemetry.vllm_metrics import scrape
+
+        self.scrapes += 1
+        try:
+            snap = scrape(self.vllm_url, timeout_s=SCRAPE_TIMEOUT_S)
+        except Exception as exc:  # RemoteError, MetricsError, or anything the network throws
+            self.last_error = str(exc) or type(exc).__name__
+            return
+        self.snapshots.append(dataclasses.replace(snap, t=snap.t - self._t0_mono))
+
+    def context(self, **inputs: Any) -> CheckContext:
+        """The readings since begin() as a CheckContext; `inputs` are the user's (launch_cmd, flag_lint, ...)."""
+        t1 = self._t1_wall if self._t1_wall is not None else time.time()
+        rows = [r for r in self.sampler.rows() if self._t0_wall <= r["t"] <= t1]
+        window = t1 - self._t0_wall
+        ts = tuple(round(r["t"] - self._t0_wall, 3) for r in rows)
+
+        def series(key: str, name: str, unit: str, source: str) -> Series | None:
+            vals = tuple(r.get(key) for r in rows)
+            return Series(name, unit, source, ts, vals) if any(v is not None for v in vals) else None
+
+        gpus, gpu_reason = [], ""
+        nvml_av = self.sampler.availability("nvml")
+        nvml = self.sampler.source("nvml")
+        if not nvml_av.ok or nvml is None:
+            gpu_reason = nvml_av.reason or "NVML is not available"
+        else:
+            for info in nvml.gpus:
+                p = f"gpu{info.index}."
+                util = series(p + "util_pct", f"GPU {info.index} util", "%", "NVML utilization.gpu")
+                bw = series(p + "dram_bw_util_pct", f"GPU {info.index} DRAM BW util", "%", "NVML GPM DRAM_BW_UTIL")
+                reason = "" if bw else (info.gpm.reason or self.sampler.latest().reason(p + "dram_bw_util_pct"))
+                if info.lost:
+                    reason = info.lost_reason
+                cc = _major_minor(info.compute_capability)
+                gpus.append(GpuWindow(info.index, info.name, cc, util, bw, reason))
+        host = series("host.mem_available_bytes", "MemAvailable", "bytes", "psutil (/proc/meminfo MemAvailable)")
+        total = next((r.get("host.mem_total_bytes") for r in reversed(rows) if r.get("host.mem_total_bytes")), None)
+        host_av = self.sampler.availability("host")
+        host_reason = "" if host else (host_av.reason if not host_av.ok else "no host readings in the window")
+        from diagnostics.flags import vllm_python
+
+        return CheckContext(
+            window_s=round(window, 3),
+            gpus=tuple(gpus),
+            gpu_reason=gpu_reason,
+            driver_version=getattr(nvml, "driver_version", None) if nvml_av.ok else None,
+            cuda_driver_version=_major_minor(getattr(nvml, "cuda_driver_version", None)) if nvml_av.ok else None,
+            runtime_cuda=runtime_cuda(vllm_python()) if gpus else {},
+            host_mem_available=host,
+            host_mem_total_bytes=int(total) if total else None,
+            host_reason=host_reason,
+            vllm_url=self.vllm_url,
+            vllm_snapshots=tuple(self.snapshots),
+            vllm_error=self.last_error,
+            vllm_scrapes=self.scrapes,
+            **inputs,
+        )
+
+    def notes(self) -> list[str]:
+        stats = self.sampler.stats()
+        notes = [f"GPU and host readings: the console's telemetry sampler at {stats.rate_hz:g} Hz "
+                 f"(achieved {stats.achieved_hz:.1f} Hz)."]
+        if self.vllm_url:
+            notes.append(f"vLLM: {self.vllm_url}/metrics scraped every {self.scrape_every_s:g} s "
+                         f"({len(self.snapshots)} of {self.scrapes} scrapes answered).")
+        return notes

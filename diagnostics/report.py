@@ -1,0 +1,220 @@
+"""Reports of a checklist run: JSON (everything, for machines), Markdown (for tickets), HTML (one file with charts).
+
+The HTML file is self-contained: plotly.js is inlined once, so it opens offline and can be attached to a ticket.
+Every piece of text in it is HTML-escaped, because much of it comes from outside (launch commands, URLs, error
+messages, metric labels) and a report is opened in a browser.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from typing import Any
+
+from core.telemetry.base import fmt
+from core.units import fmt_s
+from diagnostics.model import Finding, RunResult, Status
+
+STATUS_COLOURS = {Status.FAIL: "#c62828", Status.ERROR: "#6a1b9a", Status.WARN: "#ef6c00", Status.PASS: "#2e7d32",
+                  Status.SKIP: "#757575"}
+STATUS_ICONS = {Status.FAIL: "✖", Status.ERROR: "⚠", Status.WARN: "▲", Status.PASS: "✔", Status.SKIP: "–"}
+
+
+def format_value(key: str, value: Any) -> str:
+    """Evidence value as text, by the unit its key names (core.telemetry.base.fmt)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=str)
+    if key.endswith("_s") and isinstance(value, (int, float)):
+        return fmt_s(value)  # core.telemetry.base.fmt has no seconds; latencies want ms
+    return fmt(key, value)
+
+
+_UNIT_SUFFIXES = (("_mib_per_min", " (MiB/min)"), ("_pct", ""), ("_bytes", ""), ("_s", ""))  # values carry units
+
+
+def evidence_label(key: str) -> str:
+    """'GPU 0 (H200) mean_util_pct' -> 'GPU 0 (H200) mean util (%)': the unit suffix read aloud."""
+    for suffix, text in _UNIT_SUFFIXES:
+        if key.endswith(suffix):
+            key = key[: -len(suffix)] + text
+            break
+    return key.replace("_", " ")
+
+
+def evidence_rows(finding: Finding) -> list[tuple[str, str]]:
+    """(label, text) per evidence item; lists of flag issues become one row each."""
+    rows = []
+    for key, value in finding.evidence.items():
+        if key == "issues" and isinstance(value, list):
+            for issue in value:
+                text = issue.get("message", "")
+                if issue.get("real_way") and issue["real_way"] not in text:
+                    text += f" Instead: {issue['real_way']}"
+                elif issue.get("suggestion"):
+                    text += f" (nearest real: {issue['suggestion']})"
+                rows.append((f"{issue.get('kind', 'issue')}: {issue.get('flag', '')}", text))
+        else:
+            rows.append((evidence_label(key), format_value(key, value)))
+    return rows
+
+
+def summary_line(result: RunResult) -> str:
+    counts = result.counts()
+    parts = [f"{n} {status}" for status, n in counts.items() if n]
+    window = f"{result.window_s:.0f} s window" + (" (cancelled early)" if result.cancelled else "")
+    return f"{', '.join(parts)} over a {window} on {result.host}, {result.started_at}"
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------------
+
+def to_json(result: RunResult) -> str:
+    return json.dumps(result.to_dict(), indent=2, default=str)
+
+
+# --- Markdown -----------------------------------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\*_\[\]()#<>!|{}~$])")  # $ too: Streamlit's markdown renders $...$ as LaTeX
+
+
+def markdown_safe(text: Any) -> str:
+    """Text for Markdown with its special characters escaped, except inside `code spans` (kept as code).
+    Verdicts quote launch commands and URLs from outside; they must not turn into links, images or tables."""
+    parts = re.split(r"(`[^`\n]+`)", str(text))
+    return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else _MD_SPECIAL.sub(r"\\\1", p)
+                   for p in parts)
+
+
+def remedy_markdown(remedy: str) -> str:
+    """A one-line remedy stays inline; a list (one "- item" per line) starts on its own paragraph."""
+    sep = "\n\n" if "\n" in remedy else " "
+    return f"**What to do:**{sep}{markdown_safe(remedy)}"
+
+
+def _cell(text: Any) -> str:
+    return markdown_safe(text).replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """An inline code span that survives backticks inside the text."""
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    return f"{fence} {text} {fence}" if text.startswith("`") or text.endswith("`") else f"{fence}{text}{fence}"
+
+
+def to_markdown(result: RunResult) -> str:
+    out = ["# Diagnostic checklist", "", markdown_safe(summary_line(result)), ""]
+    inputs = result.inputs
+    out.append(f"- vLLM URL: {_code(inputs['vllm_url']) if inputs.get('vllm_url') else 'none given'}")
+    out.append(f"- Launch command: {_code(inputs['launch_cmd']) if inputs.get('launch_cmd') else 'none given'}")
+    for note in result.collector_notes:
+        out.append(f"- {markdown_safe(note)}")
+    out += ["", "| status | check | verdict |", "|---|---|---|"]
+    for f in result.findings:
+        out.append(f"| {f.status.value} | {_cell(f.check_id)} | {_cell(f.verdict)} |")
+    for f in result.findings:
+        heading = f"## {f.status.value} · {markdown_safe(f.title)} (`{f.check_id}`, severity {f.severity.label})"
+        out += ["", heading, "", markdown_safe(f.verdict)]
+        if f.remedy:
+            out += ["", remedy_markdown(f.remedy)]
+        rows = evidence_rows(f)
+        if rows:
+            out += ["", "Evidence:", ""] + [f"- {_cell(k)}: {_cell(v)}" for k, v in rows]
+        if f.charts:
+            titles = ", ".join(markdown_safe(c.title) for c in f.charts)
+            out += ["", f"Charts: {titles} (in the HTML and JSON reports)."]
+        out += ["", f"_Looks at: {markdown_safe(f.hint)}_"]
+    return "\n".join(out) + "\n"
+
+
+# --- HTML ---------------------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;
+padding:0 1rem}
+h1{margin-bottom:.2rem} .summary{color:#555;margin-bottom:1rem}
+table.inputs td{padding:.15rem .6rem;vertical-align:top} code{background:#f3f3f3;padding:0 .25rem;border-radius:3px;
+word-break:break-all}
+.card{border:1px solid #ddd;border-left:6px solid var(--c);border-radius:6px;padding:.8rem 1rem;margin:1rem 0}
+.badge{display:inline-block;background:var(--c);color:#fff;border-radius:4px;padding:0 .5rem;font-weight:600;
+margin-right:.5rem} .id{color:#666;font-family:monospace}
+.remedy{background:#fafafa;padding:.5rem;border-radius:4px;white-space:pre-line}
+table.ev{border-collapse:collapse;margin:.5rem 0} table.ev td{border-bottom:1px solid #eee;padding:.15rem .6rem;
+font-size:.92rem;vertical-align:top} .hint{color:#777;font-size:.85rem}
+"""
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _card(f: Finding, charts_html: list[str]) -> str:
+    colour = STATUS_COLOURS[f.status]
+    parts = [f'<div class="card" style="--c:{colour}" id="{_e(f.check_id)}">',
+             f'<div><span class="badge">{STATUS_ICONS[f.status]} {_e(f.status.value)}</span>'
+             f'<strong>{_e(f.title)}</strong> <span class="id">{_e(f.check_id)} · severity {_e(f.severity.label)}'
+             "</span></div>",
+             f"<p>{_e(f.verdict)}</p>"]
+    if f.remedy:
+        parts.append(f'<p class="remedy"><strong>What to do:</strong> {_e(f.remedy)}</p>')
+    rows = evidence_rows(f)
+    if rows:
+        parts.append('<table class="ev">' + "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
+                     + "</table>")
+    parts += charts_html
+    parts.append(f'<div class="hint">Looks at: {_e(f.hint)}</div></div>')
+    return "\n".join(parts)
+
+
+def to_html(result: RunResult) -> str:
+    import plotly.io as pio
+
+    from diagnostics.charts import figure
+
+    cards, any_chart = [], False
+    for f in result.findings:
+        charts_html = []
+        for i, chart in enumerate(f.charts):
+            any_chart = True
+            # Plotly writes the figure as JSON with <, > and / escaped, so no text in it can close the <script>.
+            charts_html.append(pio.to_html(figure(chart, template="plotly_white"), full_html=False,
+                                           include_plotlyjs=False,
+                                           div_id=f"chart-{f.check_id.replace('.', '-')}-{i}",
+                                           config={"displaylogo": False}))
+        cards.append(_card(f, charts_html))
+    script = ""
+    if any_chart:
+        from plotly.offline import get_plotlyjs
+
+        script = f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    inputs = result.inputs
+    input_rows = [("vLLM URL", inputs.get("vllm_url") or "none given"),
+                  ("Launch command", inputs.get("launch_cmd") or "none given")]
+    input_rows += [("Telemetry", note) for note in result.collector_notes]
+    inputs_html = "".join(f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td></tr>" for k, v in input_rows)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Diagnostic checklist · {_e(result.host)}</title>
+<style>{_CSS}</style>{script}</head>
+<body><h1>Diagnostic checklist</h1>
+<div class="summary">{_e(summary_line(result))}</div>
+<table class="inputs">{inputs_html}</table>
+{chr(10).join(cards)}
+</body></html>
+"""
+
+
+def write_all(result: RunResult, directory: str) -> dict[str, str]:
+    """Write report.{md,json,html} under `directory` (created); returns format -> path."""
+    from pathlib import Path
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    stamp = result.started_at.replace(":", "").replace("-", "")[:15]
+    paths = {}
+    for ext, render in (("md", to_markdown), ("json", to_json), ("html", to_html)):
+        p = d / f"diagnostics-{stamp}.{ext}"
+        p.write_text(render(result), encoding="utf-8")
+        paths[ext] = str(p)
+    return paths

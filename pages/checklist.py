@@ -1,0 +1,101 @@
+"""Diagnostics: the three-minute checklist, run automatically, with evidence, remedies and reports.
+
+The run lives in a background job (diagnostics/job.py) so the progress bar moves and Cancel works while the window
+runs; this page only reads widgets, starts the job and renders what it found. All logic is in diagnostics/.
+"""
+import streamlit as st
+
+from diagnostics import job as jobs
+from diagnostics.charts import figure
+from diagnostics.model import Status
+from diagnostics.registry import all_checks
+from diagnostics.report import STATUS_ICONS, evidence_rows, markdown_safe, remedy_markdown, summary_line
+from diagnostics.runner import DEFAULT_S, MAX_S
+
+BADGE_COLOURS = {Status.FAIL: "red", Status.ERROR: "violet", Status.WARN: "orange", Status.PASS: "green",
+                 Status.SKIP: "gray"}
+POLL_S = 0.5
+
+st.session_state.setdefault("diag_job", None)
+job = st.session_state["diag_job"]
+running = job is not None and not job.done
+
+st.title("Diagnostics")
+st.caption(f"The three-minute checklist: samples GPU (NVML, GPM), host memory (psutil) and optionally a vLLM "
+           f"server's /metrics for a window, then runs {len(all_checks())} checks. Each finding says what it saw, "
+           "what it means and what to do; checks without their input are skipped and say which input is missing.")
+
+with st.form("diag_inputs", border=True):
+    cols = st.columns([1, 2])
+    duration = cols[0].slider("Window (seconds)", 5, int(MAX_S), int(DEFAULT_S), step=5,
+                              help="How long to sample. Run it while the server is under its usual load.")
+    url = cols[1].text_input("vLLM URL (optional)", placeholder="http://127.0.0.1:8000",
+                             help="The server's base URL; its /metrics is scraped once a second.")
+    launch = st.text_area("Launch command (optional)", height=80, placeholder="vllm serve MODEL --flag value ...",
+                          help="Checked against vLLM's own argument parser; also read for FP8 and --enforce-eager.")
+    submitted = st.form_submit_button("Run the checklist", type="primary", icon=":material/play_arrow:",
+                                      disabled=running)
+
+if submitted and not running:
+    try:
+        st.session_state["diag_job"] = job = jobs.start(duration, url or None, launch or None)
+        running = True
+    except ValueError as exc:
+        st.error(f"Cannot start: {exc}")
+
+
+@st.fragment(run_every=POLL_S)
+def progress_panel():
+    j = st.session_state["diag_job"]
+    if j is None:
+        return
+    if j.done:
+        st.rerun()  # the whole page, so the results render below the form
+    st.progress(min(max(j.fraction, 0.0), 1.0), text=j.message)
+    if st.button("Cancel", icon=":material/stop:", help="End the window now; the checks run on what was sampled."):
+        j.cancel.set()
+
+
+def card(f):
+    with st.container(border=True):
+        head = st.columns([5, 1])
+        head[0].markdown(f"**{markdown_safe(f.title)}** · `{f.check_id}`")
+        head[1].badge(f"{STATUS_ICONS[f.status]} {f.status.value}", color=BADGE_COLOURS[f.status])
+        st.markdown(markdown_safe(f.verdict))
+        if f.remedy:
+            st.markdown(remedy_markdown(f.remedy))
+        if f.status is Status.SKIP:
+            return
+        for i, chart in enumerate(f.charts):
+            st.plotly_chart(figure(chart), key=f"chart-{f.check_id}-{i}", config={"displayModeBar": False})
+        rows = evidence_rows(f)
+        if rows:
+            with st.expander(f"Evidence ({len(rows)})"):
+                st.dataframe({"what": [k for k, _ in rows], "value": [v for _, v in rows]}, hide_index=True)
+        st.caption(f"Looks at: {markdown_safe(f.hint)} · severity {f.severity.label}")
+
+
+if running:
+    progress_panel()
+elif job is not None and job.error:
+    st.error(f"The checklist failed to run: {job.error}")
+elif job is not None and job.result is not None:
+    result = job.result
+    counts = result.counts()
+    st.subheader("Findings")
+    st.markdown(markdown_safe(summary_line(result)))
+    metrics = st.columns(len(counts))
+    for col, (status, n) in zip(metrics, counts.items()):
+        col.metric(status, n)
+    if result.cancelled:
+        st.warning(f"Cancelled after {result.window_s:.0f} s: the checks ran on a shorter window than asked for.")
+    for note in result.collector_notes:
+        st.caption(note)
+    dl = st.columns(3)
+    stamp = result.started_at.replace(":", "")[:17]
+    for col, (ext, mime, label) in zip(dl, [("md", "text/markdown", "Markdown"), ("json", "application/json", "JSON"),
+                                            ("html", "text/html", "HTML (with charts)")]):
+        col.download_button(f"Download {label}", job.reports[ext], file_name=f"diagnostics-{stamp}.{ext}", mime=mime,
+                            on_click="ignore", icon=":material/download:", width="stretch")
+    for finding in result.findings:
+        card(finding)

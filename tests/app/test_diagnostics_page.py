@@ -1,0 +1,86 @@
+"""The Diagnostics page under streamlit.testing AppTest: a real 5 s run over a started sampler (an A100 from the
+FakeNvml scenario table, the real host), cards in severity order with charts, the three downloads, no traceback."""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import core.telemetry.sampler as sampler_mod
+from core.telemetry.host import HostSource
+from core.telemetry.nvml import NvmlSource
+from core.telemetry.sampler import Sampler, shutdown_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_telemetry_fakenvml import A100, FakeNvml  # noqa: E402
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "checklist.py")
+HOSTILE = "[click](javascript:alert(1)) <img src=x onerror=alert(1)>"
+
+
+@pytest.fixture
+def a100_sampler():
+    from types import SimpleNamespace
+
+    shutdown_sampler()
+    nvml = FakeNvml(table={**A100, "nvmlDeviceGetUtilizationRates": SimpleNamespace(gpu=40, memory=30)})
+    s = Sampler([NvmlSource(nvml=nvml), HostSource()], rate_hz=10).start()
+    sampler_mod._SAMPLER = s  # the page's runner reads the process singleton
+    yield s
+    shutdown_sampler()
+
+
+def run_to_results(at: AppTest, launch: str = "") -> AppTest:
+    at.slider[0].set_value(5)
+    if launch:
+        at.text_area[0].input(launch)
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    job = at.session_state["diag_job"]
+    assert job is not None and at.get("progress"), "the progress bar shows while the window runs"
+    for _ in range(240):
+        if job.done:
+            break
+        time.sleep(0.25)
+    assert job.done and job.error is None, job.error
+    return at.run()
+
+
+def test_run_shows_cards_in_severity_order_with_charts_and_downloads(a100_sampler, monkeypatch):
+    monkeypatch.setenv("TRIAGE_VLLM_PYTHON", "")  # the committed flag table: no 20 s vLLM import here
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception and at.button[0].label == "Run the checklist"
+    at = run_to_results(at, f"vllm serve m --quantization fp8 --fp8-w8a16 {HOSTILE}")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.subheader[0].value == "Findings"
+
+    result = at.session_state["diag_job"].result
+    statuses = {f.check_id: f.status.value for f in result.findings}
+    assert statuses["fp8.capability"] == "FAIL"  # FP8 W8A8 on an A100 (8.0)
+    assert statuses["vllm.unknown_flags"] == "FAIL"
+    assert statuses["gpu.idle"] == "WARN"  # 40% util, load unknown without a vLLM URL
+    assert statuses["gpu.bandwidth_bound"] == "SKIP"  # no GPM on an A100
+
+    # One card per finding, in the order of the result (FAIL first, SKIP last).
+    ids = [m.value.split("`")[1] for m in at.markdown if m.value.startswith("**") and "· `" in m.value]
+    assert ids == [f.check_id for f in result.findings]
+    assert [m.label for m in at.metric] == ["FAIL", "ERROR", "WARN", "PASS", "SKIP"]
+    assert len(at.get("plotly_chart")) >= 2  # GPU util and host memory evidence
+    assert len(at.get("download_button")) == 3
+
+    # Text from the launch command is shown as text: every bracket and angle bracket of it is escaped.
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "--fp8-w8a16" in shown and "\\<img" in shown
+    assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(javascript", shown)
+
+
+def test_bad_url_is_an_error_not_a_traceback(a100_sampler):
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.text_input[0].input("ftp://nowhere")
+    at.button[0].click().run()
+    assert not at.exception
+    assert at.error and "Cannot start" in at.error[0].value and at.session_state["diag_job"] is None

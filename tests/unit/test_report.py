@@ -1,0 +1,96 @@
+"""Reports: hostile text from outside (launch command, URL, errors, metric labels) stays text in HTML and Markdown;
+the HTML file is self-contained with its charts; the JSON carries everything."""
+from __future__ import annotations
+
+import json
+import re
+
+from diagnostics import flags, report
+from diagnostics.context import CheckContext, Series
+from diagnostics.model import Chart, Finding, RunResult, Severity, Status
+from diagnostics.runner import evaluate
+
+XSS = '<script>alert("x")</script>'
+IMG = '<img src=x onerror=alert(1)>'
+MD_LINK = "[click](javascript:alert(1))"
+
+
+def hostile_result() -> RunResult:
+    cmd = f'vllm serve m --"{XSS}" --fp8-w8a16 {IMG}'
+    ctx = CheckContext(launch_cmd=cmd, flag_lint=flags.lint_command(cmd, flags.committed_table()),
+                       host_mem_available=Series(f"Mem{XSS}", "bytes", f"psutil{IMG}", tuple(range(10)),
+                                                 tuple(16e9 - i * 1e8 for i in range(10))))
+    findings = evaluate(ctx)
+    chart = Chart(f"chart {XSS}", (Series(f"series {XSS}", "%", f"src {IMG}", (0.0, 1.0), (1.0, 2.0)),),
+                  f"y {XSS}", ((50.0, f"line {XSS}"),))
+    handmade = Finding("test.hostile", f"Title {XSS}", Severity.HIGH, Status.WARN, f"Verdict {XSS} {MD_LINK}",
+                       f"Remedy {IMG} | pipe", evidence={f"key {XSS}": f"value {IMG}", "n_pct": 42.0},
+                       charts=(chart,), hint=f"hint {XSS}")
+    return RunResult("2026-01-01T00:00:00+00:00", 5.0, 5.0, False, f"host{XSS}",
+                     {"vllm_url": f"http://127.0.0.1:8000/{XSS}", "launch_cmd": cmd, "requested_precision": None},
+                     tuple(sorted([*findings, handmade], key=lambda f: f.sort_key)), (f"note {XSS}",))
+
+
+def test_html_escapes_every_piece_of_hostile_text():
+    page = report.to_html(hostile_result())
+    assert XSS not in page and IMG not in page
+    assert "alert(&quot;x&quot;)" in page or "&lt;script&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    # the flag linter's finding about the hostile flag is in the page, escaped
+    assert "--fp8-w8a16" in page
+    # the only scripts are plotly.js (once, in <head>) and plotly's own snippet per figure
+    assert page.count('<script type="text/javascript">') == 1
+    plain = [m.end() for m in re.finditer(r"<script>", page)]
+    assert len(plain) == 2 and all(page[i:i + 200].lstrip().startswith("window.PLOTLYENV") for i in plain)
+    assert len(re.findall(r"<script", page)) == 3
+
+
+def test_html_is_self_contained_with_plotly_inlined_once():
+    page = report.to_html(hostile_result())
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script[^>]*\bsrc=", page) and "<link" not in page  # opens offline
+    assert page.count("Plotly.newPlot") >= 2  # the host memory chart and the hand-made one
+    assert len(page) > 3_000_000  # plotly.js itself (~4.8 MB) is inside
+
+
+def test_html_without_charts_has_no_plotly():
+    inputs = {"vllm_url": None, "launch_cmd": None}
+    result = RunResult("t", 1.0, 1.0, False, "h", inputs, tuple(evaluate(CheckContext())))
+    page = report.to_html(result)
+    assert "Plotly.newPlot" not in page and len(page) < 100_000
+    assert page.count('class="card"') == len(result.findings)
+
+
+def test_markdown_escapes_links_html_and_table_pipes():
+    md = report.to_markdown(hostile_result())
+    assert MD_LINK not in md and "\\[click\\]\\(javascript:alert\\(1\\)\\)" in md
+    # Outside code spans nothing is raw; inside them CommonMark shows HTML as text, so it stays as typed.
+    prose = re.sub(r"`[^`\n]+`", "", md)
+    assert XSS not in prose and IMG not in prose and "\\<script\\>" in prose
+    table = [line for line in md.splitlines() if line.startswith("| WARN | test.hostile")]
+    assert len(table) == 1 and table[0].count(" | ") == 2  # the verdict's own pipes cannot add columns
+
+
+def test_markdown_keeps_code_spans_and_lists_remedies():
+    md = report.markdown_safe("use `vllm serve MODEL [flags]` not [this]")
+    assert "`vllm serve MODEL [flags]`" in md and "\\[this\\]" in md
+    assert report.remedy_markdown("- a\n- b").startswith("**What to do:**\n\n- a")
+
+
+def test_json_round_trips_with_series_and_ids():
+    result = hostile_result()
+    data = json.loads(report.to_json(result))
+    assert data["schema"] == "triage-console/diagnostics-run/1"
+    ids = [f["id"] for f in data["findings"]]
+    assert "vllm.unknown_flags" in ids and "test.hostile" in ids
+    assert sum(data["counts"].values()) == len(ids)
+    leak = next(f for f in data["findings"] if f["id"] == "host.mem_leak")
+    assert leak["charts"][0]["series"][0]["v"]  # the time series the verdict used
+    assert next(f for f in data["findings"] if f["id"] == "vllm.unknown_flags")["status"] == "FAIL"
+
+
+def test_write_all(tmp_path):
+    paths = report.write_all(hostile_result(), str(tmp_path / "out"))
+    assert set(paths) == {"md", "json", "html"}
+    for p in paths.values():
+        assert open(p, encoding="utf-8").read()

@@ -1,0 +1,84 @@
+"""Export of the buffered window (CSV, Parquet), the chart builders, and unit formatting."""
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+
+from core import charts
+from core.telemetry.base import fmt
+from core.telemetry.export import to_csv_bytes, to_frame, to_parquet_bytes
+from core.telemetry.nvml import NvmlSource
+from core.telemetry.sampler import Sampler
+from test_telemetry_fakenvml import A100, FakeNvml
+
+ROWS = [  # the second row has a process watched later: a new column, empty before
+    {"t": 1_700_000_000.0, "gpu0.util_pct": 97.0, "gpu0.dram_bw_util_pct": None, "gpu0.throttle_reasons": ""},
+    {"t": 1_700_000_000.1, "gpu0.util_pct": 96.0, "gpu0.dram_bw_util_pct": 88.6,
+     "gpu0.throttle_reasons": "SW power cap", "proc.vllm.rss_bytes": 123},
+]
+
+
+def test_frame_has_a_utc_time_column_first_and_keeps_gaps():
+    df = to_frame(ROWS)
+    assert list(df.columns)[0] == "time_utc" and str(df["time_utc"].dt.tz) == "UTC"
+    assert pd.isna(df.loc[0, "gpu0.dram_bw_util_pct"]) and pd.isna(df.loc[0, "proc.vllm.rss_bytes"])
+
+
+def test_csv_round_trip():
+    df = pd.read_csv(io.BytesIO(to_csv_bytes(ROWS)))
+    assert df["gpu0.util_pct"].tolist() == [97.0, 96.0]
+    assert pd.isna(df.loc[0, "gpu0.dram_bw_util_pct"])  # missing is empty, never 0
+
+
+def test_parquet_round_trip():
+    df = pd.read_parquet(io.BytesIO(to_parquet_bytes(ROWS)))
+    assert df["gpu0.dram_bw_util_pct"].tolist()[1] == 88.6
+    assert df["gpu0.throttle_reasons"].tolist()[1] == "SW power cap"
+
+
+def test_export_of_an_empty_and_of_a_real_window():
+    assert to_frame([]).columns.tolist() == ["time_utc"]
+    assert to_parquet_bytes([]) and to_csv_bytes([])
+    s = Sampler([NvmlSource(nvml=FakeNvml(table=A100))])
+    for _ in range(5):
+        s.tick()
+    df = pd.read_parquet(io.BytesIO(to_parquet_bytes(s.rows())))
+    assert len(df) == 5 and df["gpu0.dram_bw_util_pct"].isna().all()  # A100: no GPM, so no DRAM BW at all
+
+
+def test_gauge_shows_na_with_the_reason_on_hover():
+    fig = charts.gauge(None, "DRAM BW util", source="NVML GPM", na_reason="GPM needs Hopper")
+    (note,) = fig.layout.annotations
+    assert note.text == "N/A" and note.hovertext == "GPM needs Hopper"
+    long = charts.gauge(None, "x", na_reason="word " * 40).layout.annotations[0].hovertext
+    assert "<br>" in long and max(len(line) for line in long.split("<br>")) <= 46
+    assert "NVML GPM" in fig.data[0].title.text
+
+
+def test_gauge_bands_follow_the_checklist():
+    fig = charts.gauge(97.0, "GPU util", bands=charts.util_bands(70.0))
+    assert [tuple(s.range) for s in fig.data[0].gauge.steps] == [(0.0, 70.0), (70.0, 100.0)]
+    bw = charts.bandwidth_bands(80.0, 95.0)
+    assert [(lo, hi) for lo, hi, _ in bw] == [(0.0, 80.0), (80.0, 95.0), (95.0, 100.0)]
+    assert bw[2][2] == charts.BAD
+
+
+def test_timeseries_draws_lines_and_thresholds():
+    fig = charts.timeseries([1.0, 2.0], {"a": [1, None], "b": [2, 3]}, title="x", y_title="%",
+                            hlines=[(70, "idle"), (95, "bound")])
+    assert [tr.name for tr in fig.data] == ["a", "b"]
+    assert len(fig.layout.shapes) == 2
+
+
+def test_fmt_reads_the_unit_from_the_key():
+    assert fmt("gpu0.util_pct", 97.4) == "97%"
+    assert fmt("gpu0.mem_used_bytes", 80 * 2**30) == "80.0 GiB"
+    assert fmt("host.net_rx_bytes_s", 2.5e6) == "2.5 MB/s"
+    assert fmt("host.disk_read_bytes_s", 295_012.0) == "295 kB/s"
+    assert fmt("host.disk_read_bytes_s", 0.0) == "0 B/s"
+    assert fmt("gpu0.power_w", 650.2) == "650 W"
+    assert fmt("gpu0.temp_c", 61) == "61 °C"
+    assert fmt("gpu0.sm_clock_mhz", 1980) == "1980 MHz"
+    assert fmt("gpu0.throttle_reasons", "") == "none"
+    assert fmt("gpu0.power_w", None) == "N/A"

@@ -1,0 +1,102 @@
+"""The host source on this machine's real /proc, plus failures forced through psutil."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+import core.telemetry.host as host_mod
+from core.telemetry.host import HOST_FIELDS, HostSource, parse_watch
+from test_telemetry_fakenvml import FakeClock
+
+
+def two_readings(src, clock):
+    src.sample()
+    clock.advance(1.1)
+    time.sleep(0.1)  # CPU counters tick in 10 ms jiffies: let a few pass for real
+    return src.sample()
+
+
+def test_real_host_fields_and_units():
+    clock = FakeClock()
+    src = HostSource(clock=clock)
+    assert src.probe().ok
+    s = two_readings(src, clock)
+    v = s.values
+    for f in HOST_FIELDS:
+        assert f"host.{f}" in v
+        assert v[f"host.{f}"] is not None or s.reasons[f"host.{f}"]
+    assert 0 < v["host.mem_available_bytes"] <= v["host.mem_total_bytes"]
+    assert v["host.cpu_pct"] is not None and 0 <= v["host.cpu_pct"] <= 100
+    assert v["proc.console.rss_bytes"] > 10 * 2**20 and v["proc.console.count"] == 1
+
+
+def test_first_reading_explains_missing_rates():
+    s = HostSource(clock=FakeClock()).sample()
+    assert s.values["host.cpu_pct"] is None and "two readings" in s.reasons["host.cpu_pct"]
+
+
+def test_watch_by_pid_and_by_name():
+    tag = f"telemetry-test-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(30)", tag])
+    try:
+        clock = FakeClock()
+        src = HostSource(watch=["self", str(child.pid), tag, "no-such-process-xyz"], clock=clock)
+        v = src.sample().values
+        assert v[f"proc.pid{child.pid}.rss_bytes"] > 0
+        assert v[f"proc.{tag}.rss_bytes"] > 0 and v[f"proc.{tag}.count"] == 1
+        s = src.sample()
+        assert s.values["proc.no-such-process-xyz.count"] == 0
+        assert "no running process" in s.reasons["proc.no-such-process-xyz.rss_bytes"]
+        child.kill()
+        child.wait()
+        clock.advance(1.1)
+        s = src.sample()  # the watched process died: N/A with the reason, no exception
+        assert s.values.get(f"proc.pid{child.pid}.rss_bytes") is None
+        assert f"PID {child.pid}" in s.reasons[f"proc.pid{child.pid}.rss_bytes"]
+    finally:
+        child.kill()
+
+
+def test_rewatch_replaces_the_list():
+    src = HostSource(watch=["self"])
+    src.watch(["1"])
+    assert src.watch_specs == ["1"]
+    assert "proc.pid1.rss_bytes" in src.sample().values or "proc.pid1.rss_bytes" in src.sample().reasons
+
+
+@pytest.mark.parametrize("target", ["virtual_memory", "cpu_times", "swap_memory", "disk_io_counters",
+                                    "net_io_counters", "_cmdlines"])
+def test_psutil_failures_become_reasons(monkeypatch, target):
+    def boom(*a, **k):
+        raise OSError("simulated /proc failure")
+
+    monkeypatch.setattr(host_mod if target.startswith("_") else psutil, target, boom)
+    clock = FakeClock()
+    src = HostSource(watch=["self", "vllm"], clock=clock)
+    s = two_readings(src, clock)  # must not raise
+    for key, value in s.values.items():
+        assert value is not None or s.reasons.get(key), key
+
+
+def test_no_disk_counters_in_a_container(monkeypatch):
+    monkeypatch.setattr(psutil, "disk_io_counters", lambda: None)
+    clock = FakeClock()
+    s = two_readings(HostSource(clock=clock), clock)
+    assert s.values["host.disk_read_bytes_s"] is None and "no disk" in s.reasons["host.disk_read_bytes_s"]
+
+
+def test_without_psutil_the_source_says_so(monkeypatch):
+    monkeypatch.setattr(host_mod, "psutil", None)
+    av = HostSource().probe()
+    assert not av.ok and "pip install psutil" in av.reason
+
+
+def test_parse_watch():
+    assert parse_watch(["self", " 42 ", "vllm serve", ""]) == [
+        ("console", os.getpid()), ("pid42", 42), ("vllm_serve", "vllm serve")]
