@@ -10,6 +10,7 @@ PAGES = [
     ("pages/model.py", "Model", ":material/memory:"),
     ("pages/monitor.py", "Live monitor", ":material/monitoring:"),
     ("pages/checklist.py", "Diagnostics", ":material/checklist:"),
+    ("pages/deployment.py", "vLLM deployment", ":material/dns:"),
 ]
 
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])

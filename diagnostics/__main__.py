@@ -6,7 +6,8 @@ import importlib
 import sys
 
 # Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code.
-COMMAND_MODULES = ["diagnostics.cli_generate", "diagnostics.cli_run", "diagnostics.cli_lint", "diagnostics.cli_kv", "diagnostics.cli_compare"]
+COMMAND_MODULES = ["diagnostics.cli_generate", "diagnostics.cli_run", "diagnostics.cli_lint", "diagnostics.cli_kv", "diagnostics.cli_compare",
+                   "diagnostics.cli_probe"]
 
 
 def main(argv: list[str] | None = None) -> int:

