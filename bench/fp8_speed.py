@@ -1,0 +1,287 @@
+"""Decode tokens/s of the fast path (static KV cache + CUDA-graph decode step) per precision, against the HBM floor.
+
+    python bench/fp8_speed.py                       # Llama-3-8B shape, random weights, on one CUDA GPU
+    python bench/fp8_speed.py --json docs/fp8_speed_h200.json --out $OUT
+
+For bf16, fp8 W8A8 and fp8 weight-only, each with the auto (bf16) and the FP8 KV cache, at batch 1, 8, 64 and
+prompt 512 and 32K: ms per decode step (CUDA-graph replays back to back, timed with events), tokens/s
+(batch / step time), and the HBM floor: the bytes a step must read (every weight it multiplies with, the batch's
+embedding rows, the K/V of every valid position) over the device-to-device copy bandwidth measured in the same run.
+All precisions run in one process; the batch-1/512 headline is measured again at the end, interleaved, three times.
+
+Each prompt is prefilled for real (torch ops) in row 0, then copied to the other rows: the step reads the same
+bytes whatever the rows hold. Weights are random (N(0, 0.02)): speed only, the text means nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from core.fast import kernels as K  # noqa: E402
+from core.fast import tune  # noqa: E402
+from core.fast.model import DecodeGraph, Dims, FastLlama  # noqa: E402
+from core.models import synthetic_config  # noqa: E402
+
+PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only"}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def copy_bandwidth(nbytes: int = 4 * 2**30, reps: int = 10) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read plus bytes written (median of reps)."""
+    a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1000)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times)
+
+
+@torch.inference_mode()
+def time_decode(model: FastLlama, cache, batch: int, prompt: int, steps: int) -> dict:
+    g = DecodeGraph(model, cache.rows(batch), top_k=0)
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    tokens = torch.randint(0, model.dims.vocab, (batch,), device="cuda", generator=gen)
+    pos = torch.full((batch,), prompt, device="cuda", dtype=torch.long)
+    g.set_state(tokens, pos)
+    for _ in range(3):
+        g.step()
+    g.set_state(tokens, pos)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(steps):
+        g.graph.replay()
+    e.record()
+    e.synchronize()
+    ms = s.elapsed_time(e) / steps
+    finite = bool(torch.isfinite(g.out["chosen"]).all())
+    del g
+    return {"ms_per_step": ms, "finite": finite}
+
+
+@torch.inference_mode()
+def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
+    """Kernel time inside one batch-1 decode step, grouped by kernel, from the profiler: what the step is made of,
+    and how much of the step no kernel runs at all (launch gaps between the ~300 dependent kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = DecodeGraph(model, cache.rows(1), top_k=0)
+    g.set_state(torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), prompt, device="cuda"))
+    for _ in range(3):
+        g.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(steps):
+            g.graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+    wall = s.elapsed_time(e) / steps
+    groups: dict[str, float] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+        if t <= 0 or "Memcpy" in ev.key or "Memset" in ev.key:
+            continue
+        name = ev.key.split("(")[0][:60]
+        groups[name] = groups.get(name, 0.0) + t / 1000 / steps  # ms per step
+    del g
+    busy = sum(groups.values())
+    return {"ms_per_step": wall, "kernel_ms_per_step": busy, "idle_ms_per_step": max(wall - busy, 0.0),
+            "kernels": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def floor_ms(model: FastLlama, cache, batch: int, prompt: int, steps: int, bw: float) -> float:
+    kv = batch * (prompt + steps / 2) * cache.bytes_per_token()
+    return 1000 * (model.step_weight_bytes(batch) + kv) / bw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--precisions", default="bf16,fp8,fp8-wo")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--prompts", default="512,32768")
+    ap.add_argument("--kv", default="auto,fp8")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--no-tune", action="store_true", help="use kernels.default_config instead of timing candidates")
+    ap.add_argument("--tuned", help="a tuned-config JSON written by an earlier run (skips tuning)")
+    ap.add_argument("--json", help="write the results here (docs/fp8_speed_h200.json)")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/fp8_speed.py needs a CUDA GPU.")
+
+    precisions = args.precisions.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = [int(p) for p in args.prompts.split(",")]
+    kvs = args.kv.split(",")
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    meta = {"device": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "triton": triton.__version__,
+            "model": f"{args.model} shape, random weights", "steps": args.steps}
+    t_start = time.perf_counter()
+    bw = copy_bandwidth()
+    meta["copy_bandwidth_GBps"] = bw / 1e9
+    log(f"{props.name}: device-to-device copy {bw / 1e9:.0f} GB/s (read + write)")
+
+    config = synthetic_config(args.model)
+    dims = Dims.from_config(config)
+    master = FastLlama.random_weights(dims, "cuda", seed=0)
+    tuned_rows = []
+    if args.tuned:
+        for r in json.loads(Path(args.tuned).read_text()):
+            K.TUNED[tuple(r["key"])] = r["cfg"]
+    elif not args.no_tune:
+        t0 = time.perf_counter()
+        tuned_rows = tune.tune_model(dims, precisions, batches, log=log)
+        log(f"tuning took {time.perf_counter() - t0:.0f} s")
+        if args.out:
+            Path(args.out, "tuned_linears.json").write_text(json.dumps(
+                [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
+            Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
+
+    models = {p: FastLlama(dims, master, p, rotary=config) for p in precisions}
+    log(f"models ready ({time.perf_counter() - t_start:.0f} s): " + ", ".join(
+        f"{p} {models[p].step_weight_bytes(1) / 1e9:.2f} GB/step" for p in precisions))
+
+    rows = []
+    for prompt in prompts:
+        for kv in kvs:
+            max_len = prompt + args.steps + 16
+            per_row = models[precisions[0]].new_cache(1, 1, kv == "fp8").bytes_per_token() * max_len
+            free = torch.cuda.mem_get_info()[0]
+            fits = [b for b in batches if b * per_row < free - 8 * 2**30]
+            for b in sorted(set(batches) - set(fits)):
+                for p in precisions:
+                    rows.append(dict(precision=p, kv=kv, prompt=prompt, batch=b, status=(
+                        f"does not fit: KV cache {b * per_row / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free")))
+            if not fits:
+                continue
+            cache = models[precisions[0]].new_cache(max(fits), max_len, kv == "fp8")
+            for p in precisions:
+                m = models[p]
+                try:
+                    t0 = time.perf_counter()
+                    ids = torch.randint(0, dims.vocab, (1, prompt), device="cuda",
+                                        generator=torch.Generator(device="cuda").manual_seed(prompt))
+                    m.prefill(ids, cache, rows=slice(0, 1))
+                    torch.cuda.synchronize()
+                    prefill_s = time.perf_counter() - t0
+                    cache.replicate_row0()
+                except Exception as exc:
+                    log(f"prefill {p} kv={kv} prompt={prompt} failed: {exc!r}")
+                    traceback.print_exc()
+                    for b in fits:
+                        rows.append(dict(precision=p, kv=kv, prompt=prompt, batch=b, status=f"error: {exc!r}"[:200]))
+                    continue
+                for b in fits:
+                    try:
+                        r = time_decode(m, cache, b, prompt, args.steps)
+                    except Exception as exc:
+                        log(f"decode {p} kv={kv} prompt={prompt} batch={b} failed: {exc!r}")
+                        traceback.print_exc()
+                        rows.append(dict(precision=p, kv=kv, prompt=prompt, batch=b, status=f"error: {exc!r}"[:200]))
+                        continue
+                    fl = floor_ms(m, cache, b, prompt, args.steps, bw)
+                    row = dict(precision=p, kv=kv, prompt=prompt, batch=b, status="ok" if r["finite"] else "non-finite",
+                               ms_per_step=r["ms_per_step"], tok_s=1000 * b / r["ms_per_step"], floor_ms=fl,
+                               floor_frac=fl / r["ms_per_step"], prefill_s=prefill_s)
+                    rows.append(row)
+                    log(f"{p:6s} kv={kv:4s} prompt={prompt:5d} batch={b:2d}: {r['ms_per_step']:7.3f} ms/step "
+                        f"{row['tok_s']:8.1f} tok/s  floor {fl:6.3f} ms ({100 * row['floor_frac']:.0f}%)")
+            del cache
+            torch.cuda.empty_cache()
+
+    # the headline again, the precisions interleaved, so clock or thermal drift hits them alike
+    head = {p: [] for p in precisions}
+    hp, hb = prompts[0], 1
+    cache = models[precisions[0]].new_cache(1, hp + args.steps + 16, False)
+    for rep in range(3):
+        for p in precisions:
+            try:
+                head[p].append(time_decode(models[p], cache, hb, hp, args.steps)["ms_per_step"])
+            except Exception as exc:
+                log(f"headline {p} failed: {exc!r}")
+    profiles = {}
+    for p in precisions:
+        try:
+            profiles[p] = profile_step(models[p], cache, hp)
+            pr = profiles[p]
+            log(f"profile {p}: step {pr['ms_per_step']:.3f} ms, kernels busy {pr['kernel_ms_per_step']:.3f} ms, "
+                f"no kernel running {pr['idle_ms_per_step']:.3f} ms")
+            for k, v in pr["kernels"].items():
+                log(f"    {v * 1000:8.1f} us  {k}")
+        except Exception as exc:  # the profile explains the numbers; never let it lose them
+            log(f"profile {p} failed: {exc!r}")
+    del cache
+    ms = {p: statistics.median(v) for p, v in head.items() if v}
+    headline = {"batch": hb, "prompt": hp, "kv": "auto", "repeats": 3, "ms_per_step": ms,
+                "tok_s": {p: 1000 * hb / v for p, v in ms.items()}}
+    if "bf16" in ms:
+        headline["speedup_vs_bf16"] = {p: ms["bf16"] / v for p, v in ms.items()}
+        fl = 1000 * (models["bf16"].step_weight_bytes(hb) +
+                     hb * (hp + args.steps / 2) * 2 * dims.layers * dims.kv_heads * dims.head_dim * 2) / bw
+        headline["bf16_floor_frac"] = fl / ms["bf16"]
+        headline["floor_frac"] = {p: 1000 * (models[p].step_weight_bytes(hb) + hb * (hp + args.steps / 2) * 2 *
+                                             dims.layers * dims.kv_heads * dims.head_dim * 2) / bw / v
+                                  for p, v in ms.items()}
+
+    bf = {(r["kv"], r["prompt"], r["batch"]): r.get("tok_s") for r in rows if r["precision"] == "bf16"}
+    for r in rows:
+        base = bf.get((r["kv"], r["prompt"], r["batch"]))
+        if r.get("tok_s") and base:
+            r["speedup_vs_bf16"] = r["tok_s"] / base
+
+    log(f"\n{meta['device']} (cc {meta['capability']}), {meta['date']}, torch {meta['torch']}, triton "
+        f"{meta['triton']}; {meta['model']}; copy bandwidth {bw / 1e9:.0f} GB/s; {args.steps} decode steps, "
+        f"CUDA graph per step; floor = bytes a step must read / copy bandwidth")
+    log("| precision | KV cache | prompt | batch | ms/step | tok/s | floor ms | % of floor | x BF16 (same KV) |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["status"] != "ok":
+            log(f"| {PREC_LABEL[r['precision']]} | {r['kv']} | {r['prompt']} | {r['batch']} | {r['status']} |||||")
+            continue
+        log(f"| {PREC_LABEL[r['precision']]} | {r['kv']} | {r['prompt']} | {r['batch']} | {r['ms_per_step']:.2f} | "
+            f"{r['tok_s']:.1f} | {r['floor_ms']:.2f} | {100 * r['floor_frac']:.0f}% | "
+            f"{r.get('speedup_vs_bf16', float('nan')):.2f} |")
+    log(f"\nheadline (batch {hb}, prompt {hp}, KV auto, median of 3 interleaved repeats): " + ", ".join(
+        f"{p} {headline['tok_s'][p]:.1f} tok/s" for p in ms))
+    if "speedup_vs_bf16" in headline:
+        log("  FP8/BF16: " + ", ".join(f"{p} {v:.2f}x" for p, v in headline["speedup_vs_bf16"].items()
+                                        if p != "bf16") + f"; BF16 at {100 * headline['bf16_floor_frac']:.0f}% "
+            "of its HBM floor")
+    meta["wall_s"] = time.perf_counter() - t_start
+    result = {**meta, "headline": headline, "rows": rows, "profile_batch1": profiles,
+              "tuned_linears": [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()]}
+    for path in filter(None, [args.json, args.out and str(Path(args.out, "fp8_speed.json"))]):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1))
+        log(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The fast decode path (Triton kernels in a CUDA graph, static KV cache) against the eager reference, on a GPU.
+
+    PYTHONUNBUFFERED=1 python3 -m pytest -q -m gpu tests/gpu/test_fast_decode.py -s
+
+A small random Llama (GQA 4:1 like Llama-3-8B) with fresh random weights and prompts on every run (the seed is
+printed). For each precision and KV cache dtype, teacher-forced over the BF16 reference's greedy continuation:
+- the fast path agrees with the eager path at the same precision (HF model + core.fp8, as TorchEngine runs it)
+  much more closely than that precision differs from BF16;
+- against BF16, the fast path is no worse than the eager path at the same precision (the issue's bar);
+and free-running greedy ids of the fast path match its own torch-op path (same numerics, other kernels).
+Assertions are on agreement metrics, never on strings.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA (torch.cuda.is_available() is False)", allow_module_level=True)
+pytest.importorskip("triton")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from core.fast import check as C  # noqa: E402
+from core.fast.model import FastLlama  # noqa: E402
+
+SEED = int.from_bytes(os.urandom(4), "little")
+B, T, N = 4, 48, 24
+
+
+@pytest.fixture(scope="module")
+def setup():
+    print(f"\nseed {SEED}")
+    torch.manual_seed(SEED)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=512,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.05)
+            elif "norm" in n:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+        hf.lm_head.weight.mul_(8.0)  # peaked next-token distributions, so top-1 is not decided by noise
+    hf = hf.to(device="cuda", dtype=torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    bf16 = C.eager_reference(hf, "bf16")
+    cont = C.eager_greedy(bf16, prompt, N, "auto")
+    return hf, prompt, cont, C.eager_logprobs(bf16, prompt, cont, "auto")
+
+
+def _fmt(a: dict) -> str:
+    return f"top1 {a['top1']:.3f} KL {a['kl_mean']:.2e} (max {a['kl_max']:.2e})"
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
+def test_graph_decode_agrees_with_eager(setup, mode, kv):
+    hf, prompt, cont, lp_bf16 = setup
+    ref = C.eager_reference(hf, mode)
+    fast = FastLlama.from_hf(hf, mode)
+    lp_eager = C.eager_logprobs(ref, prompt, cont, kv)
+    lp_fast = C.fast_logprobs(fast, prompt, cont, kv, "graph")
+    # Noise floor: the same eager model with HF's plain "eager" attention instead of SDPA. Rounding differences of
+    # that size are all that should separate the fast path from the eager one (FP8 activation quantization turns
+    # them into whole-step flips, so the floor is measured, not assumed).
+    ref_alt = C.eager_reference(hf, mode)
+    ref_alt.set_attn_implementation("eager")
+    noise = C.agreement(lp_eager, C.eager_logprobs(ref_alt, prompt, cont, kv))
+    same = C.agreement(lp_eager, lp_fast)  # fast vs eager, same precision
+    eager_err = C.agreement(lp_bf16, lp_eager)  # what this precision costs on the eager path
+    fast_err = C.agreement(lp_bf16, lp_fast)  # what it costs on the fast path
+    print(f"{mode:6s} kv={kv:4s} fast vs eager: {_fmt(same)} | noise floor: {_fmt(noise)} | eager vs bf16: "
+          f"{_fmt(eager_err)} | fast vs bf16: {_fmt(fast_err)}")
+    assert same["positions"] == B * N
+    # as close to the eager path as the eager path is to itself under a rounding-level change
+    assert same["kl_mean"] <= 3 * noise["kl_mean"] + 2e-3
+    assert same["top1"] >= min(noise["top1"], 0.95) - 0.1
+    if (mode, kv) != ("bf16", "auto"):
+        # the issue's bar: against BF16, not worse than the eager path at this precision
+        assert fast_err["kl_mean"] <= 1.3 * eager_err["kl_mean"] + 2e-3
+        assert fast_err["top1"] >= eager_err["top1"] - 0.1
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
+def test_graph_greedy_matches_torch_path(setup, mode, kv):
+    hf, prompt, _, _ = setup
+    fast = FastLlama.from_hf(hf, mode)
+    ids_graph = C.fast_greedy(fast, prompt, N, kv, "graph")
+    ids_ref = C.fast_greedy(fast, prompt, N, kv, "ref")
+    lp_graph = C.fast_logprobs(fast, prompt, ids_ref, kv, "graph")
+    lp_ref = C.fast_logprobs(fast, prompt, ids_ref, kv, "ref")
+    a = C.agreement(lp_ref, lp_graph)
+    prefix = C.prefix_match(ids_ref, ids_graph)
+    print(f"{mode:6s} kv={kv:4s} graph vs torch ops: {_fmt(a)}, greedy exact-prefix {prefix:.2f}, "
+          f"first 3 ids equal {(ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item():.2f}")
+    # W8A8 re-quantizes activations each layer, so rounding-level differences become whole E4M3 steps
+    assert a["top1"] >= (0.95 if mode != "fp8" else 0.8)
+    assert a["kl_mean"] < (5e-3 if mode != "fp8" else 0.1)
+    assert (ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item() >= 2 / 3
+
+
+def test_engine_synthetic_shape(monkeypatch):
+    """FastLlamaEngine on a synthetic config shrunk to test size: token ids, top-k, times, score, memory."""
+    from core import models as M
+    from core.engines.base import GenerationParams
+    from core.fast import FastLlamaEngine
+    from core.precision import KVDtype, Precision
+
+    small = dict(M.SYNTHETIC_CONFIGS["llama-3-8b"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=1024)
+    monkeypatch.setitem(M.SYNTHETIC_CONFIGS, "llama-3-8b", small)
+    for precision, kv in [(Precision.BF16, KVDtype.AUTO), (Precision.FP8, KVDtype.FP8)]:
+        engine = FastLlamaEngine(M.parse_model("llama-3-8b"), precision, kv)
+        gens = engine.generate([[5, 6, 7, 8], [9, 10]], GenerationParams(max_new_tokens=12, top_logprobs=4,
+                                                                          stop_at_eos=False))
+        for g in gens:
+            assert len(g.token_ids) == 12 and len(g.token_times) == 12
+            assert all(b >= a for a, b in zip(g.token_times, g.token_times[1:]))
+            assert all(len(t) == 4 and max(t, key=t.get) == tok for t, tok in zip(g.top_logprobs, g.token_ids))
+        # rows of different lengths are prefilled on their own: the short row alone starts the same
+        # (later ids may differ: random weights give near-flat logits, and batch 1 runs other kernels than batch 2)
+        alone = engine.generate([[9, 10]], GenerationParams(max_new_tokens=12, top_logprobs=0, stop_at_eos=False))
+        assert alone[0].token_ids[0] == gens[1].token_ids[0]
+        s = engine.score([5, 6, 7, 8], gens[0].token_ids[:6], top_k=4)
+        assert max(s.top_logprobs[0], key=s.top_logprobs[0].get) == gens[0].token_ids[0]
+        assert abs(s.target_logprobs[0] - gens[0].logprobs[0]) < 1e-3
+        assert engine.memory_report().kv_cache_bytes > 0
+        engine.unload()
