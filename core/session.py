@@ -54,9 +54,9 @@ def load(setup: Setup, progress=None):
     with reg["lock"]:  # a second session asking for the same model waits here, then reuses it
         engine = reg["engines"].get(setup)
         if engine is None:
-            from core.engines.torch_engine import TorchEngine
+            from core.engines.factory import build_engine
 
-            engine = TorchEngine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
+            engine = build_engine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
             reg["engines"][setup] = engine
             while len(reg["engines"]) > MAX_LOADED:
                 reg["engines"].popitem(last=False)[1].unload()

@@ -4,6 +4,7 @@ import streamlit as st
 from core import session
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model
 from core.precision import KVDtype, Precision
+from core.speedup import measured_speedups, source_line
 from core.units import fmt_bytes, fmt_s
 
 st.title("Model")
@@ -64,6 +65,18 @@ cols[2].metric("Peak", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_sourc
 cols[3].metric("Device", mem.device)
 st.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)} for k, v in sorted(mem.weights_by_dtype.items())],
              hide_index=True)
+
+speedups = measured_speedups(setup.kv_dtype.value)
+if speedups:
+    with st.expander("FP8 vs BF16 decode speed, measured on an H200", expanded=setup.precision.is_fp8):
+        mine = [r for r in speedups if r["precision"] == setup.precision.value]
+        if mine:
+            st.markdown("This setup's precision there: " + ", ".join(
+                f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({r['tok_s']:.0f} tok/s)" for r in mine))
+        st.dataframe([{"precision": r["precision"], "batch": r["batch"], "tok/s": round(r["tok_s"], 1),
+                       "x BF16": round(r["speedup_vs_bf16"], 2), "share of HBM floor": f"{r['floor_frac']:.0%}"}
+                      for r in speedups], hide_index=True)
+        st.caption(source_line() + " Your own setup runs on " + engine.device.name + "; these are not its numbers.")
 
 st.subheader("Prompt")
 with st.form("prompt"):
