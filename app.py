@@ -10,7 +10,10 @@ PAGES = [
     ("pages/model.py", "Model", ":material/memory:"),
     ("pages/monitor.py", "Live monitor", ":material/monitoring:"),
     ("pages/checklist.py", "Diagnostics", ":material/checklist:"),
+    ("pages/compare.py", "Precision compare", ":material/compare:"),
+    ("pages/long_context.py", "Long context", ":material/article:"),
     ("pages/deployment.py", "vLLM deployment", ":material/dns:"),
+    ("pages/history.py", "History", ":material/history:"),
 ]
 
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])

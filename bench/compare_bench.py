@@ -1,0 +1,128 @@
+"""Precision compare on the default prompt set: agreement of each precision with a reference, and where the time goes.
+
+    PYTHONPATH=. .venv/bin/python bench/compare_bench.py [--max-new-tokens 32] [--candidates bf16,fp16,fp8,fp8-wo,fp32+fp8kv]
+
+Each precision is loaded once. For every candidate the full flow of the page runs (reference and candidate generate,
+both score the reference continuation teacher-forced, metrics). It also times teacher-forced scoring two ways on the
+reference: core.compare's batched scorer (continuation logits only) and TorchEngine.score once per prompt (logits for
+every position), to show what batching and skipping the prompt's logits buy. Prints a table; --json writes the numbers.
+Record results in docs/PERFORMANCE.md ("Precision compare") with the machine and date.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core import compare as cp  # noqa: E402
+from core.precision import KVDtype, Precision  # noqa: E402
+from core.prompts import default_prompts  # noqa: E402
+
+
+def parse_side(text: str) -> cp.Side:
+    prec, _, kv = text.partition("+")
+    return cp.Side(Precision(prec), KVDtype.FP8 if kv == "fp8kv" else KVDtype.AUTO)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--reference", default="fp32")
+    ap.add_argument("--candidates", default="fp32,bf16,fp16,fp8,fp8-wo,fp32+fp8kv,bf16:fp16",
+                    help="comma-separated; PREC or PREC+fp8kv against --reference, or REF:CAND for another pair "
+                         "(the reference itself first = the noise floor; bf16:fp16 is DOMAIN.md's second floor)")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+
+    import torch
+
+    prompts = default_prompts()
+    ref_side = parse_side(args.reference)
+    ref_side = cp.Side(ref_side.precision, ref_side.kv_dtype, args.model)
+    engines: dict[cp.Side, object] = {}
+
+    def engine(side: cp.Side):
+        if side not in engines:
+            t0 = time.perf_counter()
+            engines[side] = cp.load_engine(side)
+            print(f"loaded {side.label} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        return engines[side]
+
+    ref = engine(ref_side)
+    lens = [len(ref.encode(p.text)) for p in prompts]
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} with "
+          f"{torch.get_num_threads()} threads, {ref.device.name}; load average {os.getloadavg()[0]:.1f}")
+    print(f"prompts: {len(prompts)} ({', '.join(f'{p.name} {n}' for p, n in zip(prompts, lens))} tokens), "
+          f"{args.max_new_tokens} new tokens, top-k {args.top_k}")
+
+    rows = []
+    for text in args.candidates.split(","):
+        left, _, right = text.strip().rpartition(":")
+        pair_ref = parse_side(left) if left else ref_side
+        pair_ref = cp.Side(pair_ref.precision, pair_ref.kv_dtype, args.model)
+        cand_side = parse_side(right)
+        cand_side = cp.Side(cand_side.precision, cand_side.kv_dtype, args.model)
+        ref_e, cand_e = engine(pair_ref), engine(cand_side)
+        cpu0 = time.process_time()
+        res = cp.compare(ref_e, cand_e, prompts, max_new_tokens=args.max_new_tokens,
+                         top_k=args.top_k, reference=pair_ref, candidate=cand_side)
+        cpu = time.process_time() - cpu0
+        s, t = res.summary, res.timings
+        new_tokens = sum(len(p.cand_ids) for p in res.prompts)
+        name = cand_side.label if pair_ref == ref_side else f"{cand_side.label} vs {pair_ref.label}"
+        rows.append({"candidate": name, "same_top_pct": 100 * s.same_top, "top3_match": s.top3_match,
+                     "mean_kld": s.mean_kld, "p99_kld": s.p99_kld, "topk_overlap": s.mean_topk_overlap,
+                     "exact_prefix_mean": s.exact_prefix_mean, "vllm_rule": f"{s.vllm_passed}/{s.vllm_total}",
+                     "status": s.status, "positions": s.positions, "cand_new_tokens": new_tokens, "cpu_s": cpu, **t})
+        print(f"done {name}: {s.verdict} ({t['total']:.1f} s)", file=sys.stderr, flush=True)
+
+    # Scoring: batched with continuation-only logits (what compare does) vs TorchEngine.score per prompt.
+    ref_gens = ref.generate([p.text for p in prompts], cp.GenerationParams(max_new_tokens=args.max_new_tokens,
+                                                                            top_logprobs=args.top_k))
+    items = [(g.prompt_ids, g.token_ids) for g in ref_gens if g.token_ids]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for group in cp.length_groups([len(p) + len(c) for p, c in items], [len(c) for _, c in items]):
+        cp.score_many(ref, [items[i] for i in group], args.top_k)
+    batched, batched_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for p, c in items:
+        ref.score(p, c, args.top_k, full=True)
+    per_prompt, per_prompt_cpu = time.perf_counter() - t0, time.process_time() - c0
+
+    print()
+    print(f"reference {ref_side.label}")
+    head = ["candidate", "same top %", "top-3", "mean KLD", "p99 KLD", f"top-{args.top_k} ovl", "prefix",
+            "vLLM", "ref gen s", "cand gen s", "ref score s", "cand score s", "total s", "CPU s"]
+    cells = [head] + [[r["candidate"], f"{r['same_top_pct']:.1f}", f"{r['top3_match']:.2f}", f"{r['mean_kld']:.3g}",
+                       f"{r['p99_kld']:.3g}", f"{r['topk_overlap']:.3f}", f"{r['exact_prefix_mean']:.1f}",
+                       r["vllm_rule"], f"{r['reference_generate']:.1f}", f"{r['candidate_generate']:.1f}",
+                       f"{r['reference_score']:.1f}", f"{r['candidate_score']:.1f}", f"{r['total']:.1f}",
+                       f"{r['cpu_s']:.0f}"]
+                      for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    for c in cells:
+        print(" | ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(c, widths))))
+    print(f"\nteacher-forced scoring of the reference continuation ({sum(len(c) for _, c in items)} positions, "
+          f"{ref_side.label}): batched, continuation logits only {batched:.2f} s wall / {batched_cpu:.1f} s CPU; "
+          f"TorchEngine.score per prompt {per_prompt:.2f} s wall / {per_prompt_cpu:.1f} s CPU "
+          f"({per_prompt / batched:.1f}x wall)")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}; wall times are noisy on a shared machine, CPU "
+          "seconds (this process, all threads) less so")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "score_batched_s": batched,
+                                               "score_per_prompt_s": per_prompt,
+                                               "score_batched_cpu_s": batched_cpu,
+                                               "score_per_prompt_cpu_s": per_prompt_cpu, "prompt_tokens": lens}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Long documents: read uploads and pastes, build a sample document, count tokens per section, decide the fit.
+
+Pure Python; the tokenizer is whatever the loaded engine has, passed in. Errors are DocumentError with a message
+that says what was found and what to do.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import tomllib
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = Path(__file__).with_name("data") / "longdoc_source.md"
+EXTENSIONS = ("txt", "md", "json", "log", "csv", "py")
+TRUNCATIONS = {
+    "head": "keep the beginning (drop the end)",
+    "tail": "keep the end (drop the beginning)",
+    "middle": "keep both ends (drop the middle)",
+}
+MAX_CONTROL_SHARE = 0.05  # real text has almost no control characters besides tab, newline and carriage return
+DEFAULT_LIMIT_MB = 20
+
+
+class DocumentError(ValueError):
+    pass
+
+
+def upload_limit_mb() -> int:
+    """server.maxUploadSize from .streamlit/config.toml, the same limit the Streamlit uploader enforces."""
+    try:
+        with open(ROOT / ".streamlit" / "config.toml", "rb") as f:
+            return int(tomllib.load(f)["server"]["maxUploadSize"])
+    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
+        return DEFAULT_LIMIT_MB
+
+
+def _check_size(n_bytes: int, limit_mb: int) -> None:
+    if n_bytes > limit_mb * 2**20:
+        raise DocumentError(f"The document is {n_bytes / 2**20:.1f} MB; the limit is {limit_mb} MB "
+                            "(server.maxUploadSize in .streamlit/config.toml). Split it, or paste the part you need.")
+
+
+def decode_bytes(data: bytes, name: str = "", limit_mb: int | None = None) -> str:
+    """Text of an uploaded file: UTF-8 (with or without BOM) or UTF-16 with a BOM; line ends normalised to \\n."""
+    what = f"{name} " if name else "The file "
+    ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if name and ext not in EXTENSIONS:
+        raise DocumentError(f"{what}has extension {('.' + ext) if ext else '(none)'}; this page reads "
+                            f"{', '.join('.' + e for e in EXTENSIONS)} files.")
+    if not data:
+        raise DocumentError(f"{what}is empty (0 bytes). Choose another file or paste text.")
+    _check_size(len(data), limit_mb or upload_limit_mb())
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 BOM first: UTF-16 text is full of NUL bytes
+        encoding = "utf-16"
+    elif data[:3] == b"\xef\xbb\xbf":
+        encoding = "utf-8-sig"
+    else:
+        nul = data.find(b"\x00")
+        if nul >= 0:
+            raise DocumentError(f"{what}looks binary: it has a NUL byte at offset {nul}. Text files never do, "
+                                "except UTF-16 without a byte-order mark (re-save that as UTF-8). Upload plain text "
+                                "(txt, md, json, log, csv, py), not an archive, PDF or image.")
+        encoding = "utf-8"
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start:exc.start + 1].hex()
+        raise DocumentError(
+            f"{what}is not valid {encoding.upper().replace('-SIG', '')}: byte 0x{bad} at offset {exc.start} cannot be "
+            f"decoded (tried UTF-8, UTF-8 with BOM and UTF-16 with BOM). It is probably Latin-1 or Windows-1252. "
+            "Re-save it as UTF-8 (e.g. `iconv -f cp1252 -t utf-8 in.txt > out.txt`) and upload it again.") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    check_text(text, name)
+    return text
+
+
+def check_text(text: str, name: str = "", limit_mb: int | None = None) -> None:
+    """Pasted or decoded text: not empty, under the size limit, and not binary masquerading as text."""
+    what = f"{name} " if name else "The text "
+    if not text.strip():
+        raise DocumentError(f"{what}is empty (only whitespace). Paste or upload a document.")
+    _check_size(len(text.encode("utf-8", "surrogatepass")), limit_mb or upload_limit_mb())
+    head = text[:65536]
+    control = sum(1 for c in head if unicodedata.category(c) == "Cc" and c not in "\t\n\r\f")
+    if control > MAX_CONTROL_SHARE * len(head):
+        raise DocumentError(f"{what}looks binary: {100 * control / len(head):.0f}% of its first {len(head)} "
+                            "characters are control characters. Upload plain text, not a binary file.")
+
+
+# ---- sample document -------------------------------------------------------------------------------------------
+
+def _source_blocks() -> tuple[list[str], list[str]]:
+    """(prose paragraphs, fenced code blocks) of the shipped source text, after its introduction."""
+    text = SOURCE.read_text(encoding="utf-8")
+    body = text[text.index("\n## "):]
+    fence = r"```[a-z]*\n.*?\n```"
+    blocks = [b.strip() for b in re.sub(fence, "", body, flags=re.S).split("\n\n")]
+    prose = [b.replace("\n", " ") for b in blocks if b and not b.startswith("#")]
+    return prose, re.findall(fence, body, flags=re.S)
+
+
+def _json_block(rng: random.Random, i: int) -> str:
+    records = [{"ts": f"2025-03-{1 + (i % 28):02d}T{rng.randrange(24):02d}:{rng.randrange(60):02d}:{j:02d}Z",
+                "level": rng.choice(["INFO", "INFO", "WARN", "ERROR"]),
+                "request_id": f"req-{i:04d}-{j}", "prompt_tokens": rng.randrange(16, 32768),
+                "kv_cache_usage": round(rng.random(), 3), "preemptions": rng.randrange(4)}
+               for j in range(rng.randrange(1, 3))]
+    return "```json\n" + json.dumps(records, indent=2) + "\n```"
+
+
+def sample_document(target_tokens: int = 2000, count: Callable[[str], int] | None = None, seed: int = 0) -> str:
+    """Markdown sections of shuffled prose, a code block and JSON records until about `target_tokens` tokens.
+    With `count` (the model's token counter) the target is measured, else estimated at 4 characters a token."""
+    count = count or (lambda s: len(s) // 4)
+    prose, code = _source_blocks()
+    rng = random.Random(seed)
+    parts, total, i = [f"# Sample long document (about {target_tokens} tokens)"], 0, 0
+    while total < target_tokens:
+        i += 1
+        for block in [f"## Section {i}", *rng.sample(prose, 2), rng.choice(code), _json_block(rng, i),
+                      rng.choice(prose)]:
+            parts.append(block)
+            total += count(block)  # blocks are counted alone; each join adds a token at most
+            if total >= target_tokens:
+                break
+    return "\n\n".join(parts) + "\n"
+
+
+# ---- stats -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Section:
+    title: str
+    start: int  # character offsets into the document
+    end: int
+    tokens: int = 0
+
+
+def split_sections(text: str) -> list[Section]:
+    """Markdown headings (outside code fences) start sections; without headings, blank lines separate blocks."""
+    heads, fence, pos = [], False, 0
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#{1,6} ", line):
+            heads.append((pos, line.strip().lstrip("#").strip()))
+        pos += len(line)
+    if not heads:
+        blocks = [(m.start(), m.end()) for m in re.finditer(r"\S(?:.*?\S)?(?=\n\s*\n|\s*\Z)", text, flags=re.S)]
+        return [Section(f"block {n + 1}: {text[a:b][:40].splitlines()[0]}", a, b) for n, (a, b) in enumerate(blocks)]
+    if heads[0][0] > 0 and text[:heads[0][0]].strip():
+        heads.insert(0, (0, "(before the first heading)"))
+    return [Section(title, a, heads[n + 1][0] if n + 1 < len(heads) else len(text))
+            for n, (a, title) in enumerate(heads)]
+
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[int] | None]:
+    """(token ids without special tokens, start character of each token or None where the tokenizer cannot say)."""
+    if not callable(tokenizer):
+        return list(tokenizer.encode(text)), None  # the engine's byte tokenizer on synthetic models
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
+    except (TypeError, NotImplementedError, ValueError):  # slow tokenizers have no offsets
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), None
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    if callable(tokenizer):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer.encode(text))
+
+
+@dataclass
+class DocStats:
+    chars: int
+    tokens: int  # the document's own tokens, no special tokens
+    special_tokens: int  # what the engine adds in front (BOS)
+    max_positions: int | None
+    max_length: int | None
+    reserve_new_tokens: int
+    sections: list[Section] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list, repr=False)  # the document's token ids, no special tokens
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.tokens + self.special_tokens
+
+    @property
+    def limit(self) -> int | None:
+        """Most prompt tokens that leave room for the new tokens within both limits."""
+        caps = [c for c in (self.max_positions, self.max_length) if c]
+        return min(caps) - self.reserve_new_tokens if caps else None
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.prompt_tokens <= self.limit
+
+    @property
+    def chars_per_token(self) -> float:
+        return self.chars / self.tokens if self.tokens else 0.0
+
+
+def stats(text: str, tokenizer, max_positions: int | None, max_length: int | None = None,
+          reserve_new_tokens: int = 0, special_tokens: int = 1) -> DocStats:
+    sections = split_sections(text)
+    ids, offsets = encode_with_offsets(tokenizer, text)
+    total = len(ids)
+    if offsets is None:
+        for s in sections:
+            s.tokens = count_tokens(tokenizer, text[s.start:s.end])
+    else:
+        k = 0  # offsets ascend: one sweep; whitespace between blank-line blocks counts toward the next block
+        for s in sections:
+            while k < total and offsets[k] < s.end:
+                s.tokens += 1
+                k += 1
+        if sections:
+            sections[-1].tokens += total - k
+    return DocStats(len(text), total, special_tokens, max_positions, max_length, reserve_new_tokens, sections, ids)
+
+
+def truncate_ids(ids: list[int], keep: int, mode: str) -> tuple[list[int], int]:
+    """(kept ids, number dropped). head keeps the beginning, tail the end, middle both ends (the extra one to the
+    head when `keep` is odd)."""
+    if mode not in TRUNCATIONS:
+        raise ValueError(f"Unknown truncation {mode!r}; choose one of: {', '.join(TRUNCATIONS)}.")
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0; got {keep}.")
+    if len(ids) <= keep:
+        return list(ids), 0
+    if mode == "head":
+        kept = ids[:keep]
+    elif mode == "tail":
+        kept = ids[len(ids) - keep:]
+    else:
+        head = (keep + 1) // 2
+        kept = ids[:head] + ids[len(ids) - (keep - head):]
+    return list(kept), len(ids) - keep
+
+
+def headline(s: DocStats) -> list[tuple[str, str, str]]:
+    """(label, value, help) for the document's metrics row."""
+    return [("Characters", f"{s.chars:,}", ""),
+            ("Tokens", f"{s.prompt_tokens:,}", f"{s.tokens:,} of text + {s.special_tokens} special (BOS)"),
+            ("Characters per token", f"{s.chars_per_token:.2f}", "code and JSON spend more tokens per character"),
+            ("Prompt limit", f"{s.limit:,}" if s.limit else "N/A", "min(model positions, max length) - new tokens"),
+            ("Fits", "yes" if s.fits else f"no, {s.prompt_tokens - s.limit:,} over", "")]

@@ -1,0 +1,277 @@
+"""Timed long-context runs on a loaded engine: one prefill + decode, a ramp over lengths, a needle test, and a
+batch sweep. Every run takes `progress(fraction, message)` and `should_stop()`; a stop raises Cancelled, and the
+results finished before it have already gone to `on_result`.
+
+Prompts are token ids cut to exact lengths from a document (repeated when it is shorter), so a length on a chart is
+the length the model saw. The needle test scores the answer teacher-forced (engine.score), because the embedded
+model is a base model and cannot be asked to answer.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from core.engines.base import Cancelled, GenerationParams
+
+Progress = Callable[[float, str], None]
+Stop = Callable[[], bool]
+
+
+def _noop(*_):
+    return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 1]."""
+    if not values:
+        return None
+    v = sorted(values)
+    rank = (len(v) - 1) * q
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
+
+
+# ---- prompts of exact length -----------------------------------------------------------------------------------
+
+def plain_ids(engine, text: str) -> list[int]:
+    """Token ids of `text` without special tokens."""
+    tok = engine.tokenizer
+    if callable(tok):
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return engine.encode(text)
+
+
+def bos(engine) -> list[int]:
+    b = getattr(engine.tokenizer, "bos_token_id", None)
+    return [b] if b is not None else []
+
+
+def exact_prompt(engine, filler: list[int], n: int) -> list[int]:
+    """BOS + the filler, repeated as needed, cut so the whole prompt is exactly n tokens."""
+    if not filler:
+        raise ValueError("The document has no tokens.")
+    head = bos(engine)
+    body = n - len(head)
+    reps = -(-body // len(filler))
+    return head + (filler * reps)[:body]
+
+
+def check_length(engine, n: int, new_tokens: int) -> None:
+    cap = engine.max_positions
+    if cap and n + new_tokens > cap:
+        raise ValueError(f"{n} prompt tokens + {new_tokens} new tokens is more than the model's {cap} positions.")
+
+
+# ---- one run ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    prompt_tokens: int
+    new_tokens: int
+    ttft_s: float
+    itl_s: list[float]
+    decode_tok_s: float | None  # of the whole batch
+    peak_bytes: int | None
+    peak_source: str
+    kv_bytes: int  # measured: the engine's cache after the run
+    batch: int = 1
+    wall_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.batch * self.prompt_tokens / self.ttft_s if self.ttft_s > 0 else float("nan")
+
+    @property
+    def itl_p(self) -> dict[str, float | None]:
+        return {f"p{q}": percentile(self.itl_s, q / 100) for q in (50, 90, 99)}
+
+    @property
+    def throughput_tok_s(self) -> float:
+        """All new tokens of the batch over the whole request, prefill included."""
+        return self.batch * self.new_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    def summary(self) -> dict:
+        p = self.itl_p
+        return {"batch": self.batch, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+                "ttft_ms": 1000 * self.ttft_s, "prefill_tok_s": self.prefill_tok_s,
+                **{f"itl_{k}_ms": None if v is None else 1000 * v for k, v in p.items()},
+                "decode_tok_s": self.decode_tok_s, "throughput_tok_s": self.throughput_tok_s,
+                "kv_bytes": self.kv_bytes, "peak_bytes": self.peak_bytes}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), **self.summary()}
+
+
+def _reset_peak(engine) -> None:
+    if engine.device.kind == "cuda":
+        import torch  # only reached with a CUDA engine, where torch is loaded already
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_once(engine, prompt_ids: list[int], new_tokens: int, batch: int = 1, progress: Progress = _noop,
+             should_stop: Stop | None = None) -> RunResult:
+    """Prefill + `new_tokens` greedy tokens (EOS ignored so every run has the same count)."""
+    if new_tokens < 2:
+        raise ValueError("Ask for at least 2 new tokens: inter-token latency needs two.")
+    check_length(engine, len(prompt_ids), new_tokens)
+    params = GenerationParams(max_new_tokens=new_tokens, stop_at_eos=False, top_logprobs=0)
+    progress(0.0, f"Prefill of {len(prompt_ids)} tokens x {batch}")
+
+    def on_step(ev):
+        progress((ev.step + 1) / new_tokens, f"token {ev.step + 1} of {new_tokens}")
+
+    _reset_peak(engine)
+    t0 = time.perf_counter()
+    gens = engine.generate([list(prompt_ids)] * batch, params, on_step=on_step, should_stop=should_stop)
+    wall = time.perf_counter() - t0
+    g = gens[0]  # rows of one batch share every timestamp
+    mem = engine.memory_report()
+    decode = None if g.decode_tok_s is None else batch * g.decode_tok_s  # every row emits a token per step
+    return RunResult(len(prompt_ids), len(g.token_ids), g.ttft_s, g.itl_s, decode, mem.peak_bytes,
+                     mem.peak_source, mem.kv_cache_bytes, batch, wall)
+
+
+def _scaled(progress: Progress, i: int, n: int, label: str) -> Progress:
+    return lambda f, m: progress((i + f) / n, f"{label}: {m}")
+
+
+def ramp(engine, filler: list[int], lengths: list[int], new_tokens: int, progress: Progress = _noop,
+         should_stop: Stop | None = None, on_result: Callable[[RunResult], None] = _noop) -> list[RunResult]:
+    """One run per prompt length, shortest first, so a cancelled ramp still has its cheap points."""
+    lengths = sorted(set(lengths))
+    for n in lengths:
+        check_length(engine, n, new_tokens)
+    out = []
+    for i, n in enumerate(lengths):
+        if should_stop and should_stop():
+            raise Cancelled("Ramp cancelled.")
+        r = run_once(engine, exact_prompt(engine, filler, n), new_tokens,
+                     progress=_scaled(progress, i, len(lengths), f"{n} tokens"), should_stop=should_stop)
+        out.append(r)
+        on_result(r)
+    progress(1.0, "done")
+    return out
+
+
+def batch_sweep(engine, filler: list[int], prompt_tokens: int, new_tokens: int, batches=(1, 4, 8),
+                progress: Progress = _noop, should_stop: Stop | None = None,
+                on_result: Callable[[RunResult], None] = _noop) -> list[RunResult]:
+    """The same prompt at each batch size: tokens/s of the whole batch."""
+    prompt = exact_prompt(engine, filler, prompt_tokens)
+    out = []
+    for i, b in enumerate(batches):
+        if should_stop and should_stop():
+            raise Cancelled("Batch sweep cancelled.")
+        r = run_once(engine, prompt, new_tokens, batch=b, progress=_scaled(progress, i, len(batches), f"batch {b}"),
+                     should_stop=should_stop)
+        out.append(r)
+        on_result(r)
+    progress(1.0, "done")
+    return out
+
+
+# ---- needle ----------------------------------------------------------------------------------------------------
+
+NEEDLE = "Note for the reader: the access code for the archive room is {answer}."
+QUESTION = ("\n\nQuestion: What is the access code for the archive room?\n"
+            "Answer: The access code for the archive room is")
+ANSWER = " 7-4-1-9-3"  # Gemma makes each digit a token: several guesses a model without the fact gets wrong
+
+
+@dataclass
+class NeedleResult:
+    depth: str  # "start", "middle", "end", or "none" for the control without the needle
+    position: int  # token index where the needle starts (-1 for the control)
+    prompt_tokens: int
+    answer_logprob: float  # sum over the answer's tokens
+    answer_tokens: int
+    top1_hits: int  # answer tokens that were the model's own first choice
+    token_logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.answer_logprob / self.answer_tokens
+
+    @property
+    def answer_prob(self) -> float:
+        return math.exp(self.answer_logprob)
+
+    def row(self) -> dict:
+        return {"needle": "none (control)" if self.depth == "none" else self.depth,
+                "at token": None if self.position < 0 else self.position, "prompt tokens": self.prompt_tokens,
+                "answer logprob (sum)": round(self.answer_logprob, 2),
+                "mean per token": round(self.mean_logprob, 3),
+                "answer tokens ranked first": f"{self.top1_hits} of {self.answer_tokens}"}
+
+
+DEPTHS = {"start": 0.0, "middle": 0.5, "end": 1.0}
+
+
+def needle_prompts(engine, filler: list[int], total_tokens: int, depths=("start", "middle", "end"),
+                   answer: str = ANSWER) -> tuple[list[tuple[str, int, list[int]]], list[int]]:
+    """[(depth, needle position, prompt ids)] with the control (no needle) first, and the answer ids. Every prompt
+    has the same length: the filler is shortened by the needle's tokens."""
+    needle = plain_ids(engine, "\n" + NEEDLE.format(answer=answer) + "\n")
+    question, answer_ids = plain_ids(engine, QUESTION), plain_ids(engine, answer)
+    head = bos(engine)
+    room = total_tokens - len(head) - len(question) - len(needle)
+    if room < 16:
+        raise ValueError(f"{total_tokens} tokens is too short for a needle test; use at least "
+                         f"{len(head) + len(question) + len(needle) + 16}.")
+    body = exact_prompt(engine, filler, room + len(head))[len(head):]
+    out = [("none", -1, head + body[:len(needle)] + body + question)]  # control: filler in place of the needle
+    for d in depths:
+        at = round(DEPTHS[d] * room)
+        out.append((d, len(head) + at, head + body[:at] + needle + body[at:] + question))
+    return out, answer_ids
+
+
+def needle_test(engine, filler: list[int], total_tokens: int, depths=("start", "middle", "end"),
+                progress: Progress = _noop, should_stop: Stop | None = None,
+                on_result: Callable[[NeedleResult], None] = _noop) -> list[NeedleResult]:
+    """Teacher-forced log-probability of the answer after the question, with the fact at each depth and without
+    it (the control: what the model guesses). A fact that is used lifts the answer far above the control."""
+    prompts, answer = needle_prompts(engine, filler, total_tokens, depths)
+    check_length(engine, len(prompts[0][2]), len(answer))
+    out = []
+    for i, (depth, pos, ids) in enumerate(prompts):
+        if should_stop and should_stop():
+            raise Cancelled("Needle test cancelled.")
+        progress(i / len(prompts), f"scoring with the needle at {depth}" if pos >= 0 else "scoring the control")
+        s = engine.score(ids, answer, top_k=1)
+        hits = sum(1 for t, top in zip(answer, s.top_logprobs) if max(top, key=top.get) == t)
+        r = NeedleResult(depth, pos, len(ids), sum(s.target_logprobs), len(answer), hits, s.target_logprobs)
+        out.append(r)
+        on_result(r)
+    progress(1.0, "done")
+    return out
+
+
+
+def headline(run: dict) -> list[tuple[str, str, str]]:
+    """(label, value, help) for a run's metrics row; `run` is RunResult.to_dict()."""
+    def ms(v):
+        return "N/A" if v is None else f"{v:,.1f} ms"
+
+    peak = "N/A" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 2**30:.2f} GiB"
+    ttft = run["ttft_ms"]
+    return [("TTFT", f"{ttft:,.0f} ms" if ttft < 10_000 else f"{ttft / 1000:,.1f} s",
+             f"prefill {run['prefill_tok_s']:,.1f} prompt tokens/s"),
+            *[(f"ITL {q}", ms(run[f"itl_{q}_ms"]), f"{len(run['itl_s'])} gaps") for q in ("p50", "p90", "p99")],
+            ("Decode", f"{run['decode_tok_s']:,.1f} tok/s", "tokens after the first, per second"),
+            ("Peak memory", peak, run["peak_source"])]
+
+
+def table_row(run: dict) -> dict:
+    """One line of a results table, rounded for reading; `run` is RunResult.to_dict()."""
+    def r1(v):
+        return None if v is None else round(v, 1)
+
+    return {"batch": run["batch"], "prompt tokens": run["prompt_tokens"], "TTFT (ms)": round(run["ttft_ms"]),
+            "prefill tok/s": r1(run["prefill_tok_s"]), "ITL p50 (ms)": r1(run["itl_p50_ms"]),
+            "ITL p90 (ms)": r1(run["itl_p90_ms"]), "ITL p99 (ms)": r1(run["itl_p99_ms"]),
+            "decode tok/s": r1(run["decode_tok_s"]), "tok/s incl. prefill": r1(run["throughput_tok_s"]),
+            "KV cache (MiB)": r1(run["kv_bytes"] / 2**20)}

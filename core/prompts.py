@@ -1,0 +1,108 @@
+"""Prompt sets for precision comparison: the seed's three prompts, code, JSON and a long-context prompt, plus the
+user's own. The embedded model is a base (not instruction-tuned) model, so prompts are written to be continued.
+
+The long-context prompt is built from docstrings of modules shipped in this repository (nothing is downloaded). It is
+longer than Gemma 3's 512-token sliding window, so the global-attention layers and the window both take part.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Committed core modules, in a fixed order, so the long prompt stays the same from run to run.
+LONG_SOURCES = ("core/precision.py", "core/fp8.py", "core/models.py", "core/engines/base.py",
+                "core/engines/torch_engine.py", "core/engines/remote.py", "core/engines/vllm_engine.py")
+LONG_CHARS = 4800  # about 1,100 Gemma tokens: past the 512-token window, still quick on a CPU
+LONG_QUESTION = "\n\nQuestion: Which FP8 mode needs compute capability 8.9, and why?\nAnswer:"
+MAX_PROMPTS = 64
+MAX_PROMPT_CHARS = 100_000
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    text: str
+    kind: str = "user"  # "seed", "code", "json", "long", "user"
+
+
+def long_context_text(chars: int = LONG_CHARS) -> str:
+    """Docstrings of the repository's core modules, cut at a paragraph boundary near `chars`."""
+    parts: list[str] = []
+    for rel in LONG_SOURCES:
+        path = REPO / rel
+        if not path.is_file():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    parts.append(doc.strip())
+    text = "\n\n".join(parts)
+    if len(text) > chars:
+        cut = text.rfind("\n\n", 0, chars)
+        text = text[: cut if cut > chars // 2 else chars]
+    return text
+
+
+def default_prompts() -> list[Prompt]:
+    return [
+        Prompt("arithmetic", "What is 123 * 456?", "seed"),
+        Prompt("france", "The capital of France is", "seed"),
+        Prompt("translation", "Translate to French: The weather is nice today.", "seed"),
+        Prompt("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n', "code"),
+        Prompt("json", 'A user record as JSON.\nName: Ada Lovelace, born 1815 in London, languages English and '
+                       'French.\nJSON: {"name": "Ada Lovelace", "born": ', "json"),
+        Prompt("long-context", "Technical notes on an LLM triage console.\n\n" + long_context_text() + LONG_QUESTION,
+               "long"),
+    ]
+
+
+def parse_user_prompts(text: str) -> list[Prompt]:
+    """One prompt per non-empty line. Write a newline inside a prompt as a literal backslash-n."""
+    lines = [ln.strip() for ln in (text or "").splitlines()]
+    prompts = [Prompt(f"user-{i + 1}", ln.replace("\\n", "\n")) for i, ln in enumerate(x for x in lines if x)]
+    return _checked(prompts)
+
+
+def read_prompts_file(path: str | Path) -> list[Prompt]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"No prompts file at {str(p)!r}; give a text file with one prompt per line.")
+    return parse_prompts(p.read_text(encoding="utf-8"), p.name)
+
+
+def parse_prompts(text: str, filename: str = "") -> list[Prompt]:
+    """Prompts from a file's text: .jsonl (each line a JSON string, or an object with "prompt" and optional
+    "name"), .json (a list of the same), anything else one prompt per line."""
+    suffix = Path(filename).suffix.lower()
+    if suffix not in (".jsonl", ".json"):
+        return parse_user_prompts(text)
+    try:
+        items = json.loads(text) if suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{filename} is not valid JSON ({exc}); expected strings or {{\"prompt\": ...}} objects.") from None
+    if not isinstance(items, list):
+        raise ValueError(f"{filename} must hold a list of prompts.")
+    prompts = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            prompts.append(Prompt(str(item.get("name") or f"user-{i + 1}"), item["prompt"]))
+        elif isinstance(item, str):
+            prompts.append(Prompt(f"user-{i + 1}", item))
+        else:
+            raise ValueError(f"Entry {i + 1} of {filename} is neither a string nor an object with a \"prompt\" string.")
+    return _checked(prompts)
+
+
+def _checked(prompts: list[Prompt]) -> list[Prompt]:
+    prompts = [p for p in prompts if p.text.strip()]
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"{len(prompts)} prompts given; compare at most {MAX_PROMPTS} at a time.")
+    for p in prompts:
+        if len(p.text) > MAX_PROMPT_CHARS:
+            raise ValueError(f"Prompt {p.name!r} is {len(p.text):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+    return prompts

@@ -1,0 +1,136 @@
+"""Precision compare: the same prompts through a reference and a candidate precision, side by side, with the
+agreement measures experts use (DOMAIN.md section 3). Widgets -> core.compare.run -> render."""
+import json
+import re
+
+import streamlit as st
+
+from core import compare_charts as charts
+from core import compare_render as render
+from core.agreement import BANDED_METRICS, KL_SOURCE_TEXT
+from core.compare import Side, load_engine, run
+from core.engines.base import EngineError
+from core.models import ModelError, parse_model
+from core.precision import KVDtype, Precision
+from core.prompts import default_prompts, parse_prompts, parse_user_prompts
+from core import session
+
+ss = st.session_state
+STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}
+
+
+def md(text) -> str:
+    """Escape Markdown so labels, URLs and prompt names render literally."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~$:])", r"\\\1", str(text))
+
+
+def loader(side: Side, progress):
+    # Torch engines come from the shared registry, so the Model page and this page hold one copy of each setup.
+    # session.load also makes the setup this session's current model; comparing should not change that.
+    if side.engine != "torch":
+        return load_engine(side, progress)
+    previous = ss.get("setup")
+    engine = session.load(session.Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
+    ss["setup"] = previous
+    return engine
+
+
+def side_inputs(col, title: str, default: Precision, key: str):
+    col.markdown(f"**{title}**")
+    prec = col.selectbox("Precision", list(Precision), index=list(Precision).index(default),
+                         format_func=lambda p: p.label, key=f"{key}_prec")
+    kv = col.selectbox("KV cache", list(KVDtype), format_func=lambda k: k.label, key=f"{key}_kv")
+    url = col.text_input("Server URL (optional)", key=f"{key}_url", placeholder="empty: in-process torch engine",
+                         help="An OpenAI-compatible vLLM server already running at this precision and KV dtype; "
+                              "the choices above then only label it.")
+    return prec, kv, url.strip()
+
+
+st.title("Precision compare")
+st.caption("Same prompts, two precisions, greedy decoding. Free-running outputs side by side, then both sides score "
+           "the reference continuation teacher-forced for KL and top-token agreement. Token ids are compared, "
+           "never strings.")
+defaults = default_prompts()
+with st.form("cmp_form"):
+    c = st.columns(2)
+    ref_prec, ref_kv, ref_url = side_inputs(c[0], "Reference", Precision.FP32, "cmp_ref")
+    cand_prec, cand_kv, cand_url = side_inputs(c[1], "Candidate", Precision.FP8, "cmp_cand")
+    c = st.columns([3, 1, 1, 1])
+    chosen = c[0].multiselect("Built-in prompts", [p.name for p in defaults], default=[p.name for p in defaults])
+    max_new = c[1].number_input("Max new tokens", 1, 512, 32)
+    top_k = c[2].number_input("Top-k", 1, 20, 8, help="Logprobs kept per position; vLLM's rule checks top-8.")
+    model = c[3].text_input("Model", "embedded", help="embedded, an HF model directory or a .gguf file")
+    c = st.columns([3, 2])
+    own = c[0].text_area("Your prompts, one per line (write \\n for a newline)", height=90)
+    upload = c[1].file_uploader("or a prompts file (.txt, .jsonl, .json)", type=["txt", "jsonl", "json"])
+    noise = st.checkbox("Also run the noise floor (reference against itself: must be 1.0 and KL 0)")
+    submitted = st.form_submit_button("Compare", type="primary")
+
+if submitted:
+    try:
+        prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)
+        if upload is not None:
+            prompts += parse_prompts(upload.getvalue().decode("utf-8", errors="replace"), upload.name)
+        if not prompts:
+            raise ValueError("Choose at least one built-in prompt or type your own.")
+        # A server serves its own model: the model box is for the in-process engine.
+        ref = Side(ref_prec, ref_kv, "" if ref_url else model, "remote" if ref_url else "torch", ref_url)
+        cand = Side(cand_prec, cand_kv, "" if cand_url else model, "remote" if cand_url else "torch", cand_url)
+        with st.status(f"Comparing {len(prompts)} prompts…", expanded=True) as status:
+            bar = st.progress(0.0)
+            step = lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m)  # noqa: E731
+            ss.cmp_result = run(ref, cand, prompts, max_new_tokens=int(max_new), top_k=int(top_k), progress=step,
+                                loader=loader)
+            ss.cmp_noise = None
+            if noise:
+                ss.cmp_noise = run(ref, ref, prompts, max_new_tokens=int(max_new), top_k=int(top_k),
+                                   progress=lambda f, m: step(f, f"Noise floor: {m}"), loader=loader)
+            status.update(label=f"Compared in {ss.cmp_result.timings['total']:.1f} s", state="complete",
+                          expanded=False)
+    except (EngineError, ModelError, ValueError, UnicodeDecodeError) as exc:
+        st.error(f"The comparison did not run: {md(exc)}")
+
+res = ss.get("cmp_result")
+if res is None:
+    st.info("Pick two precisions and press Compare. On this CPU the embedded model takes about a minute for the "
+            "built-in prompts at FP32 vs BF16; FP8 W8A8 runs through torch._scaled_mm, which is much slower on a CPU.")
+    st.stop()
+
+s = res.summary
+STATUS.get(s.status, st.info)(md(s.verdict))
+noise_res = ss.get("cmp_noise")
+if noise_res is not None:
+    ok = noise_res.summary.identical
+    (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ") + md(noise_res.summary.verdict))
+m = st.columns(6)
+fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
+COLOUR = {"fine": "green", "watch": "orange", "calibration failed": "red"}
+for col, key, label, value in ((m[0], "top3_match", "Top-3 token match (seed)", fmt(s.top3_match, ".2f")),
+                               (m[1], "same_top", "Same top token", fmt(s.same_top and 100 * s.same_top, ".1f") + " %")):
+    band = s.bands[key]
+    col.metric(label, value, delta=band.name, delta_color=COLOUR.get(band.name, "off"), delta_arrow="off",
+               help=band.label)
+m[2].metric("Mean KLD", fmt(s.mean_kld, ".3g") + " nats", help=KL_SOURCE_TEXT[s.kl_source] + "; like llama.cpp's "
+            "perplexity --kl-divergence (Q8_0 on Llama-3-8B: 0.00136)")
+m[3].metric("99th pct KLD", fmt(s.p99_kld, ".3g") + " nats", help=f"Over all {s.positions} scored positions")
+m[4].metric("Exact prefix", fmt(s.exact_prefix_mean, ".1f") + " tok", help="Mean tokens before the first difference "
+            f"(free-running); position-wise top-1 agreement {fmt(s.top1_agreement_free, '.2f')}")
+m[5].metric("vLLM rule", f"{s.vllm_passed}/{s.vllm_total}", help=f"check_logprobs_close: at the first divergence, "
+            f"each side's token must be in the other's top-{res.top_k}")
+t = {k: 0.0 for k in ("load", "reference_generate", "candidate_generate", "reference_score", "candidate_score",
+                      "total")} | res.timings
+st.caption("Bands (>= 0.92 fine, 0.85-0.92 watch, < 0.85 calibration failed) come from the seed and are applied only to "
+           + " and ".join(BANDED_METRICS.values()) + f". Measured here: load {t['load']:.1f} s, generate "
+           f"{t['reference_generate']:.1f} s (reference) + {t['candidate_generate']:.1f} s (candidate), teacher-forced "
+           f"scoring {t['reference_score']:.1f} s + {t['candidate_score']:.1f} s, total {t['total']:.1f} s.")
+
+st.dataframe(render.prompt_table(res), hide_index=True, width="stretch")
+names = [p.name for p in res.prompts]
+idx = names.index(st.selectbox("Prompt", names, key="cmp_prompt")) if len(names) > 1 else 0
+st.html(render.side_by_side_html(res, idx))
+c = st.columns([3, 2])
+c[0].plotly_chart(charts.position_chart(res, idx), key="cmp_pos", config={"displayModeBar": False})
+c[1].plotly_chart(charts.prompts_chart(res), key="cmp_prompts", config={"displayModeBar": False})
+c = st.columns(2)
+c[0].download_button("Download JSON", json.dumps(res.to_dict(), indent=1), "precision_compare.json", "application/json")
+c[1].download_button("Download CSV (per position)", render.to_csv(res), "precision_compare.csv", "text/csv")

@@ -1,0 +1,104 @@
+"""Precision compare on the real embedded Gemma 3 270M: the noise floor, FP8 against FP32, batched scoring, the CLI.
+
+Each precision is loaded once per module. Prompts are short and outputs 16 tokens: FP8 W8A8 goes through
+torch._scaled_mm, which is slow on a CPU. No golden strings: assertions are on agreement metrics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core import compare as cp
+from core.precision import KVDtype, Precision
+from core.prompts import Prompt
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [Prompt("france", "The capital of France is"), Prompt("arithmetic", "What is 123 * 456?")]
+N = 16
+FP32, FP8 = cp.Side(Precision.FP32), cp.Side(Precision.FP8)
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return cp.load_engine(FP32)
+
+
+@pytest.fixture(scope="module")
+def fp8():
+    return cp.load_engine(FP8)
+
+
+def test_noise_floor_fp32_against_itself_is_exact(fp32):
+    res = cp.compare(fp32, fp32, PROMPTS, max_new_tokens=N, reference=FP32, candidate=FP32)
+    s = res.summary
+    assert res.noise_floor and s.identical and s.status == "identical"
+    assert s.top3_match == 1.0 and s.same_top == 1.0 and s.top1_agreement_free == 1.0
+    assert s.mean_kld == 0.0 and s.p99_kld == 0.0 and s.max_kld == 0.0
+    assert s.kl_source == "full" and s.positions == sum(len(p.ref_ids) for p in res.prompts) > 0
+    assert s.vllm_passed == s.vllm_total == len(PROMPTS)
+    for p in res.prompts:
+        assert p.ref_ids == p.cand_ids and len(p.ref_ids) > 0
+        assert all(x == 0.0 for x in p.tf.kl) and all(o == 1.0 for o in p.tf.topk_overlap)
+
+
+def test_fp8_against_fp32_differs_but_agrees_on_the_top_token(fp32, fp8):
+    res = cp.compare(fp32, fp8, PROMPTS, max_new_tokens=N, reference=FP32, candidate=FP8)
+    s = res.summary
+    assert not s.identical
+    assert s.kl_source == "full"
+    assert s.mean_kld > 0.0 and s.max_kld >= s.p99_kld >= 0.0
+    assert s.mean_kld < 0.5  # nats; a broken quantization is far above this
+    assert s.same_top >= 0.8  # chance on a 262k vocabulary is ~0
+    assert s.mean_topk_overlap >= 0.6
+    assert s.top3_match is not None and s.status in ("fine", "watch", "calibration failed")
+    assert s.verdict and "FP8" in s.verdict
+    # every id shown has a text, and exports are complete
+    assert all(t in res.token_text for p in res.prompts for t in p.ref_ids + p.cand_ids)
+    assert len(res.rows()) == sum(max(len(p.ref_ids), len(p.cand_ids)) for p in res.prompts)
+    json.dumps(res.to_dict())
+
+
+def test_batched_scoring_matches_the_engine_score(fp32):
+    prompt = fp32.encode("The capital of France is")
+    items = [(prompt, [506, 5279, 529, 506]), (fp32.encode("What is 123 * 456? The answer is"), [236743, 236810])]
+    batched = cp.score_many(fp32, items, top_k=8)
+    for (p, c), got in zip(items, batched):
+        want = fp32.score(p, c, top_k=8, full=True)
+        np.testing.assert_allclose(got.target_logprobs, want.target_logprobs, atol=2e-3)
+        np.testing.assert_allclose(got.full_logprobs, want.full_logprobs, atol=2e-3)
+        assert [max(d, key=d.get) for d in got.top_logprobs] == [max(d, key=d.get) for d in want.top_logprobs]
+
+
+def test_length_groups_keep_the_long_prompt_apart():
+    groups = cp.length_groups([6, 1100, 12, 9, 40])
+    assert [1] in groups and sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+
+
+def test_cli_compare_json_fp8_kv_cache():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "diagnostics", "compare", "--model", "embedded", "--reference", "fp32",
+         "--candidate", "fp32", "--kv-dtype", "fp8", "--prompt", "The capital of France is", "--max-new-tokens", "8",
+         "--top-k", "5", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout)
+    assert d["reference"]["precision"] == "fp32" and d["candidate"]["kv_dtype"] == "fp8"
+    assert d["top_k"] == 5 and len(d["prompts"]) == 1
+    s = d["summary"]
+    assert s["kl_source"] == "full" and s["mean_kld"] >= 0.0 and s["same_top"] >= 0.8
+    assert s["bands"]["top3_match"]["band"] in ("fine", "watch", "calibration failed")
+    assert len(d["prompts"][0]["teacher_forced"]["kl"]) == len(d["prompts"][0]["ref_ids"]) > 0
+
+
+def test_cli_refuses_bad_input_with_one_line():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "compare", "--prompts-file", "/nonexistent/x.txt"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "No prompts file" in out.stderr and "Traceback" not in out.stderr

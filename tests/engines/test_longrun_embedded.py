@@ -1,0 +1,98 @@
+"""Long-context runs on the real embedded model at BF16 on the CPU. Short on purpose (CI has 2 cores): a 1K-token
+prompt, a 512-token needle test (two teacher-forced passes) and a handful of new tokens. Timings are checked for
+plausibility only, never against numbers."""
+import math
+
+import pytest
+
+from core import kvcache, longdoc, longrun
+from core.engines.base import Cancelled
+
+NEW = 4
+
+
+@pytest.fixture(scope="module")
+def engine(engine_cache):
+    return engine_cache("bf16")
+
+
+@pytest.fixture(scope="module")
+def filler(engine):
+    doc = longdoc.sample_document(1200, lambda s: longdoc.count_tokens(engine.tokenizer, s))
+    return longrun.plain_ids(engine, doc)
+
+
+def test_prefill_and_decode_give_plausible_ttft_and_itl(engine, filler):
+    prompt = longrun.exact_prompt(engine, filler, 1024)
+    assert len(prompt) == 1024 and prompt[0] == engine.tokenizer.bos_token_id
+    seen = []
+    r = longrun.run_once(engine, prompt, NEW, progress=lambda f, m: seen.append(f))
+    assert r.prompt_tokens == 1024 and r.new_tokens == NEW
+    assert math.isfinite(r.ttft_s) and r.ttft_s > 0
+    assert len(r.itl_s) == NEW - 1 and all(math.isfinite(x) and x > 0 for x in r.itl_s)
+    p = r.itl_p
+    assert 0 < p["p50"] <= p["p90"] <= p["p99"] <= max(r.itl_s)
+    assert r.decode_tok_s > 0 and r.wall_s >= r.ttft_s
+    assert seen[0] == 0.0 and seen[-1] == 1.0
+    # the cache the engine measured is what the calculator predicts for the tokens it holds (prompt + fed tokens);
+    # transformers keeps window - 1 tokens in a sliding layer between steps, vLLM-style arithmetic keeps window
+    held = 1024 + NEW - 1
+    predicted = kvcache.kv_bytes(kvcache.builtin_shape("embedded"), "bf16", held)
+    assert predicted - 15 * 1024 <= r.kv_bytes <= predicted
+    d = r.to_dict()
+    assert d["itl_p50_ms"] == pytest.approx(1000 * p["p50"])
+
+
+def test_needle_prompts_place_the_fact_at_each_depth_with_equal_lengths(engine, filler):
+    prompts, answer = longrun.needle_prompts(engine, filler, 1024)
+    needle = longrun.plain_ids(engine, "\n" + longrun.NEEDLE.format(answer=longrun.ANSWER) + "\n")
+    assert [d for d, _, _ in prompts] == ["none", "start", "middle", "end"]
+    assert {len(ids) for _, _, ids in prompts} == {1024}
+    question = longrun.plain_ids(engine, longrun.QUESTION)
+    for depth, pos, ids in prompts[1:]:
+        assert ids[pos:pos + len(needle)] == needle
+        assert ids[-len(question):] == question
+    positions = [pos for _, pos, _ in prompts[1:]]
+    assert positions[0] == 1 and positions[0] < positions[1] < positions[2]  # start is right after BOS
+    assert positions[2] + len(needle) + len(question) == 1024  # end: the fact right before the question
+    assert engine.decode(answer).strip() == longrun.ANSWER.strip()
+
+
+def test_needle_scores_are_finite_and_the_fact_is_used(engine, filler):
+    # two teacher-forced passes (control and middle) keep this affordable: scoring computes logits at every position
+    results = longrun.needle_test(engine, filler, 512, depths=("middle",))
+    assert [r.depth for r in results] == ["none", "middle"]
+    for r in results:
+        assert r.answer_tokens >= 5 and len(r.token_logprobs) == r.answer_tokens
+        assert all(math.isfinite(x) and x <= 0 for x in r.token_logprobs)
+        assert r.answer_logprob == pytest.approx(sum(r.token_logprobs))
+    control, middle = results
+    # a fact in the middle of the filler is used: it lifts the answer far above the model's blind guess
+    assert middle.answer_logprob > control.answer_logprob + 5
+
+
+def test_ramp_and_batch_sweep_report_each_point_and_cancel_keeps_finished_ones(engine, filler):
+    got = []
+    runs = longrun.ramp(engine, filler, [128, 64], 2, on_result=got.append)
+    assert [r.prompt_tokens for r in runs] == [64, 128] and got == runs
+    sweep = longrun.batch_sweep(engine, filler, 32, 2, batches=(1, 4))
+    assert [r.batch for r in sweep] == [1, 4] and all(r.decode_tok_s > 0 for r in sweep)
+
+    done = []
+    with pytest.raises(Cancelled):
+        longrun.ramp(engine, filler, [32, 48, 64], 2, should_stop=lambda: len(done) >= 1, on_result=done.append)
+    assert [r.prompt_tokens for r in done] == [32]
+
+
+def test_lengths_beyond_the_model_are_refused_before_running(engine, filler):
+    with pytest.raises(ValueError, match="positions"):
+        longrun.ramp(engine, filler, [64, engine.max_positions], 4)
+
+
+def test_percentiles_match_numpy():
+    import numpy as np
+
+    values = [0.05, 0.01, 0.2, 0.03, 0.07, 0.04, 0.5]
+    for q in (0.5, 0.9, 0.99):
+        assert longrun.percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)))
+    assert longrun.percentile([], 0.5) is None

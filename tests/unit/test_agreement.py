@@ -1,0 +1,278 @@
+"""core.agreement on hand-made token sequences and logprob dicts, including vLLM-shaped ones."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from core import agreement as ag
+
+
+@dataclass
+class Logprob:
+    """The shape of vllm.logprobs.Logprob (what check_logprobs_close receives from vllm_runner)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def lp(*pairs: tuple[int, float]) -> dict[int, float]:
+    return dict(pairs)
+
+
+def log_dist(probs: list[float]) -> np.ndarray:
+    return np.log(np.asarray(probs, dtype=np.float64))
+
+
+# ---- free-running ----
+
+@pytest.mark.parametrize("ref, cand, expected", [
+    ([1, 2, 3, 4], [1, 2, 3, 9], 1.0),  # only the first three count
+    ([1, 2, 3], [1, 9, 3], 2 / 3),
+    ([1, 2, 3], [7, 8, 9], 0.0),
+    ([1, 2, 3], [1, 2], 2 / 3),  # the side that stopped misses position 2
+    ([1], [1], 1.0),  # both stopped after one token: one position compared
+    ([], [], 1.0),
+])
+def test_top3_match(ref, cand, expected):
+    assert ag.top3_match(ref, cand) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("ref, cand, div, prefix", [
+    ([1, 2, 3], [1, 2, 3], None, 3),
+    ([1, 2, 3], [1, 5, 3], 1, 1),
+    ([5, 2, 3], [1, 2, 3], 0, 0),
+    ([1, 2, 3], [1, 2], 2, 2),  # one side stopped early (EOS)
+])
+def test_first_divergence_and_prefix(ref, cand, div, prefix):
+    assert ag.first_divergence(ref, cand) == div
+    assert ag.exact_prefix_len(ref, cand) == prefix
+
+
+def test_positionwise_agreement_counts_over_the_longer_output():
+    assert ag.positionwise_agreement([1, 2, 3, 4], [1, 9, 3, 4]) == 0.75
+    assert ag.positionwise_agreement([1, 2, 3, 4], [1, 2]) == 0.5
+    assert ag.positionwise_agreement([], []) == 1.0
+
+
+# ---- vLLM's check_logprobs_close rule ----
+
+def vllm_topk(*ids_in_rank_order: int, extra: dict[int, int] | None = None) -> dict[int, Logprob]:
+    """A vLLM sample-logprobs dict: top-k entries with ranks 1..k, plus optional {token: rank} beyond k (vLLM adds
+    the sampled token when it is outside the top-k)."""
+    d = {t: Logprob(-0.1 * (r + 1), rank=r + 1, decoded_token=f"t{t}") for r, t in enumerate(ids_in_rank_order)}
+    for t, r in (extra or {}).items():
+        d[t] = Logprob(-5.0 - r, rank=r)
+    return d
+
+
+def test_vllm_rule_passes_without_divergence():
+    ids = [5, 6, 7]
+    tops = [vllm_topk(5, 1), vllm_topk(6, 1), vllm_topk(7, 1)]
+    r = ag.vllm_rule(ids, tops, ids, tops)
+    assert r.passed and r.position is None
+
+
+def test_vllm_rule_mutual_membership_at_first_divergence_passes():
+    ref, cand = [5, 6, 7], [5, 8, 9]
+    ref_top = [vllm_topk(5, 1), vllm_topk(6, 8, 2), vllm_topk(7)]
+    cand_top = [vllm_topk(5, 1), vllm_topk(8, 6, 2), vllm_topk(9)]
+    r = ag.vllm_rule(ref, ref_top, cand, cand_top)
+    assert r.passed and r.position == 1 and (r.ref_token, r.cand_token) == (6, 8)
+    assert r.ref_in_cand_topk and r.cand_in_ref_topk
+
+
+def test_vllm_rule_fails_when_one_side_is_missing_from_the_other():
+    ref, cand = [5, 6], [5, 8]
+    ref_top = [vllm_topk(5), vllm_topk(6, 2, 3)]  # 8 not among the reference's alternatives
+    cand_top = [vllm_topk(5), vllm_topk(8, 6)]
+    r = ag.vllm_rule(ref, ref_top, cand, cand_top)
+    assert not r.passed and r.position == 1
+    assert r.ref_in_cand_topk is True and r.cand_in_ref_topk is False
+    assert "candidate token 8" in r.detail
+
+
+def test_vllm_rule_checks_only_the_first_divergence():
+    ref, cand = [5, 6, 7, 7], [5, 8, 1, 2]
+    ref_top = [vllm_topk(5), vllm_topk(6, 8), vllm_topk(7), vllm_topk(7)]
+    cand_top = [vllm_topk(5), vllm_topk(8, 6), vllm_topk(1), vllm_topk(2)]  # later positions disagree completely
+    assert ag.vllm_rule(ref, ref_top, cand, cand_top).passed
+
+
+def test_vllm_rule_k_cuts_the_dict():
+    ranked = list(range(100, 110))  # 10 alternatives, token 108 at rank 9
+    ref_top = [vllm_topk(*ranked)]
+    cand_top = [vllm_topk(108, 100)]
+    assert not ag.vllm_rule([100], ref_top, [108], cand_top, k=8).passed
+    assert ag.vllm_rule([100], ref_top, [108], cand_top, k=9).passed
+
+
+def test_vllm_rule_ignores_the_sampled_token_vllm_adds_beyond_k():
+    # vLLM adds the sampled token (rank 12) to the dict; with k=8 it is not part of the top-k.
+    ref_top = [vllm_topk(1, 2, 3, 4, 5, 6, 7, 8, extra={50: 12})]
+    cand_top = [vllm_topk(50, 1)]
+    assert not ag.vllm_rule([1], ref_top, [50], cand_top, k=8).passed
+
+
+def test_vllm_rule_missing_logprobs_fail_like_vllm_asserts():
+    r = ag.vllm_rule([1, 2], [{1: -0.1}, None], [1, 3], [{1: -0.1}, {3: -0.1}])
+    assert not r.passed and r.position == 1
+
+
+def test_vllm_rule_prefix_only_mismatch_passes_as_in_vllm():
+    tops = [vllm_topk(1), vllm_topk(2)]
+    assert ag.vllm_rule([1, 2], tops, [1], tops[:1]).passed
+
+
+def test_vllm_rule_accepts_json_shapes():
+    # OpenAI completions with return_tokens_as_token_ids: "token_id:N" keys, float values; and {"logprob": x} values.
+    ref_top = [{"token_id:6": -0.2, "token_id:8": -1.9}]
+    cand_top = [{"8": {"logprob": -0.3, "rank": 1}, "6": {"logprob": -1.5, "rank": 2}}]
+    assert ag.vllm_rule([6], ref_top, [8], cand_top).passed
+    assert ag.normalize_topk(ref_top[0]) == {6: -0.2, 8: -1.9}
+
+
+def test_topk_ids_orders_by_logprob_and_breaks_ties_on_the_lower_id():
+    assert ag.topk_ids({3: -1.0, 1: -0.5, 2: -1.0, 9: -3.0}, 3) == [1, 2, 3]
+
+
+# ---- teacher-forced ----
+
+def test_kl_full_identical_is_exactly_zero():
+    x = np.log(np.random.default_rng(0).dirichlet(np.ones(1000), size=5)).astype(np.float32)
+    kl = ag.kl_full(x, x.copy())
+    assert kl.shape == (5,) and np.all(kl == 0.0)
+
+
+def test_kl_full_known_value_and_zero_probabilities():
+    p, q = [0.5, 0.5, 0.0], [0.25, 0.75, 0.0]
+    want = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    with np.errstate(divide="ignore"):
+        got = ag.kl_full(log_dist(p)[None], log_dist(q)[None])
+    assert got[0] == pytest.approx(want)
+    with pytest.raises(ValueError):
+        ag.kl_full(np.zeros((2, 3)), np.zeros((2, 4)))
+
+
+def test_kl_topk_is_zero_for_identical_and_a_lower_bound_of_the_full_kl():
+    rng = np.random.default_rng(1)
+    p, q = rng.dirichlet(np.ones(50)), rng.dirichlet(np.ones(50))
+    top_p = {int(i): float(np.log(p[i])) for i in np.argsort(-p)[:8]}
+    top_q = {int(i): float(np.log(q[i])) for i in np.argsort(-q)[:8]}
+    assert ag.kl_topk(top_p, dict(top_p)) == 0.0
+    full = float(ag.kl_full(np.log(p)[None], np.log(q)[None])[0])
+    assert 0.0 <= ag.kl_topk(top_p, top_q) <= full + 1e-12
+
+
+def test_kl_topk_known_value():
+    # Shared tokens {1, 2}; remainder buckets 0.2 and 0.4.
+    ref = {1: math.log(0.6), 2: math.log(0.2)}
+    cand = {1: math.log(0.3), 2: math.log(0.3)}
+    want = 0.6 * math.log(0.6 / 0.3) + 0.2 * math.log(0.2 / 0.3) + 0.2 * math.log(0.2 / 0.4)
+    assert ag.kl_topk(ref, cand) == pytest.approx(want)
+
+
+def test_teacher_forced_per_position_metrics():
+    ref = [lp((1, -0.1), (2, -2.0), (3, -3.0)), lp((4, -0.2), (5, -1.0), (6, -4.0))]
+    cand = [lp((1, -0.2), (2, -1.8), (7, -3.0)), lp((5, -0.3), (4, -0.9), (6, -4.0))]
+    tf = ag.teacher_forced(ref, cand, k=3)
+    assert tf.top1_agree == [True, False]
+    assert tf.topk_overlap == [pytest.approx(2 / 3), 1.0]
+    assert tf.kl_source == ag.KL_TOPK and all(x > 0 for x in tf.kl)
+    same = ag.teacher_forced(ref, ref, k=3)
+    assert same.kl == [0.0, 0.0] and same.top1_agree == [True, True] and same.topk_overlap == [1.0, 1.0]
+
+
+def test_teacher_forced_uses_full_distributions_when_given():
+    p = log_dist([0.7, 0.2, 0.1])[None]
+    q = log_dist([0.6, 0.3, 0.1])[None]
+    tops_p, tops_q = [lp((0, p[0, 0]), (1, p[0, 1]))], [lp((0, q[0, 0]), (1, q[0, 1]))]
+    tf = ag.teacher_forced(tops_p, tops_q, 2, p, q)
+    assert tf.kl_source == ag.KL_FULL
+    assert tf.kl[0] == pytest.approx(0.7 * math.log(7 / 6) + 0.2 * math.log(2 / 3))
+    with pytest.raises(ValueError):
+        ag.teacher_forced(tops_p, tops_q * 2, 2)
+
+
+# ---- bands, summary, verdict ----
+
+@pytest.mark.parametrize("value, name", [(1.0, "fine"), (0.92, "fine"), (0.9199, "watch"), (0.85, "watch"),
+                                         (0.8499, "calibration failed"), (0.0, "calibration failed"), (None, "n/a")])
+def test_bands(value, name):
+    assert ag.band(value, "top3_match").name == name
+    assert ag.band(value, "same_top").name == name
+
+
+def test_band_labels_name_the_metric_and_refuse_others():
+    assert "top-3 token match" in ag.band(0.9, "top3_match").label
+    assert "same top token" in ag.band(0.9, "same_top").label
+    with pytest.raises(ValueError):
+        ag.band(0.9, "mean_kld")
+
+
+def _pair(ref_ids, cand_ids, agree, kl):
+    tops = [{t: -0.1} for t in ref_ids]
+    ctops = [{t: -0.1} for t in cand_ids]
+    free = ag.free_run(ref_ids, tops, cand_ids, ctops)
+    tf = ag.TeacherForced(agree, [1.0 if a else 0.5 for a in agree], kl, ag.KL_FULL, 8)
+    return free, tf
+
+
+def test_summary_identical_is_the_noise_floor():
+    f, t = _pair([1, 2, 3, 4], [1, 2, 3, 4], [True] * 4, [0.0] * 4)
+    s = ag.summarize([f, f], [t, t], "FP32", "FP32")
+    assert s.identical and s.status == "identical"
+    assert s.top3_match == 1.0 and s.same_top == 1.0 and s.mean_kld == 0.0 and s.p99_kld == 0.0
+    assert s.vllm_passed == s.vllm_total == 2
+    assert s.verdict.startswith("Identical")
+
+
+def test_summary_pools_positions_and_applies_bands():
+    f1, t1 = _pair([1, 2, 3, 4], [1, 2, 3, 4], [True, True, True, True], [0.01, 0.02, 0.0, 0.01])
+    f2, t2 = _pair([1, 2, 3, 4], [1, 2, 9, 9], [True, True, False, True], [0.0, 0.01, 0.5, 0.02])
+    s = ag.summarize([f1, f2], [t1, t2], "FP16", "FP8")
+    assert s.positions == 8
+    assert s.same_top == pytest.approx(7 / 8)  # 0.875: watch
+    assert s.top3_match == pytest.approx((1 + 2 / 3) / 2)  # 0.833: calibration failed
+    assert s.exact_prefix_mean == 3.0
+    assert s.top1_agreement_free == pytest.approx(6 / 8)
+    assert s.mean_kld == pytest.approx(0.57 / 8)
+    assert s.max_kld == 0.5
+    assert s.bands["same_top"].name == "watch" and s.bands["top3_match"].name == "calibration failed"
+    assert s.status == "calibration failed" and s.verdict.startswith("Calibration failed: FP8 vs FP16")
+
+
+def test_failed_vllm_rule_lifts_fine_to_watch():
+    ref, cand = [1, 2, 3, 4], [1, 2, 3, 5]
+    free = ag.free_run(ref, [{t: -0.1} for t in ref], cand, [{t: -0.1} for t in cand])  # 5 not in ref's top-k
+    assert not free.vllm.passed
+    tf = ag.TeacherForced([True] * 4, [1.0] * 4, [0.001] * 4, ag.KL_FULL, 8)
+    s = ag.summarize([free], [tf])
+    assert s.bands["top3_match"].name == "fine" and s.bands["same_top"].name == "fine"
+    assert s.status == "watch"
+
+
+def test_summary_to_dict_is_json_ready():
+    import json
+
+    f, t = _pair([1, 2], [1, 3], [True, False], [0.0, 0.3])
+    d = ag.summarize([f], [t]).to_dict()
+    json.dumps(d)
+    assert d["bands"]["top3_match"]["label"].startswith(d["bands"]["top3_match"]["band"])
+    assert d["kl_source_text"].startswith("KL over the full vocabulary")
+
+
+def test_near_tie_divergences_do_not_fail_the_verdict_on_top3_alone():
+    # Divergence at position 1, each token in the other's top-k (a near-tie): vLLM's rule passes.
+    ref, cand = [1, 2, 3, 4], [1, 7, 8, 9]
+    ref_top = [{1: -0.1}, {2: -0.6, 7: -0.8}, {3: -0.1}, {4: -0.1}]
+    cand_top = [{1: -0.1}, {7: -0.6, 2: -0.8}, {8: -0.1}, {9: -0.1}]
+    free = ag.free_run(ref, ref_top, cand, cand_top)
+    assert free.vllm.passed and free.top3_match == pytest.approx(1 / 3)
+    tf = ag.TeacherForced([True] * 19 + [False], [1.0] * 20, [0.01] * 20, ag.KL_FULL, 8)  # 95% same top token
+    s = ag.summarize([free], [tf], "FP32", "FP8")
+    assert s.bands["top3_match"].name == "calibration failed" and s.bands["same_top"].name == "fine"
+    assert s.status == "fine" and "near-ties" in s.verdict

@@ -1,0 +1,84 @@
+"""The compare page's HTML, tables, CSV and charts on a hand-made result whose tokens are hostile HTML."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+from core import agreement as ag
+from core import compare_charts as charts
+from core import compare_render as render
+from core.compare import CompareResult, PromptResult, Side
+from core.precision import KVDtype, Precision
+
+EVIL = {
+    10: "<script>alert(1)</script>",
+    11: '" onmouseover="alert(2)',
+    12: "\n",
+    13: "&amp; <b>",
+    14: " ok",
+    15: "<img src=x onerror=alert(3)>",
+    16: "",
+}
+
+
+def _result() -> CompareResult:
+    ref_ids, cand_ids = [14, 10, 12, 11], [14, 15, 13, 16]
+    lp = lambda *ids: {t: math.log(0.5 / (i + 1)) for i, t in enumerate(ids)}  # noqa: E731
+    ref_tf = [lp(14, 10), lp(10, 15), lp(12, 13), lp(11, 16)]
+    cand_tf = [lp(14, 10), lp(15, 10), lp(12, 16), lp(11, 13)]
+    free = ag.free_run(ref_ids, [lp(14), lp(10, 15), lp(12), lp(11)], cand_ids, [lp(14), lp(15, 10), lp(13), lp(16)], 2)
+    tf = ag.teacher_forced(ref_tf, cand_tf, 2)
+    p = PromptResult('<script>name</script>', "Say <script>hi</script>", [2, 5], ref_ids, cand_ids, "ref", "cand",
+                     [lp(14), lp(10, 15), lp(12), lp(11)], [lp(14), lp(15, 10), lp(13), lp(16)], ref_tf, cand_tf,
+                     free, tf)
+    summary = ag.summarize([free], [tf], "FP32", "FP8")
+    return CompareResult(Side(Precision.FP32), Side(Precision.FP8, KVDtype.FP8), 4, 2, [p], summary, dict(EVIL),
+                         {"total": 1.0}, noise_floor=False)
+
+
+def test_side_by_side_escapes_every_token_and_name():
+    res = _result()
+    out = render.side_by_side_html(res, 0)
+    for raw in ("<script>", "</script>", "<img", '" onmouseover="', "&amp; <b>"):
+        assert raw not in out, raw
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    assert "&lt;img src=x onerror=alert(3)&gt;" in out
+    assert "&quot; onmouseover=&quot;alert(2)" in out
+    assert "&amp;amp; &lt;b&gt;" in out  # already-escaped text is escaped again, shown literally
+    assert "&lt;script&gt;name&lt;/script&gt;" in out and "Say &lt;script&gt;hi&lt;/script&gt;" in out
+
+
+def test_tooltips_hold_both_sides_topk_escaped():
+    out = render.side_by_side_html(_result(), 0)
+    assert out.count('class="cmp-tip"') == 8  # every token of both sides
+    assert "cmp-first" in out and "cmp-after" in out and "cmp-tfmiss" in out
+    assert "50.0%" in out and "25.0%" in out  # probabilities, not logprobs
+    assert "\u21b5" in out and "\u2205" in out  # a newline token and an empty token stay visible and hoverable
+
+
+def test_visible_and_esc():
+    assert render.visible("<a>") == "&lt;a&gt;"
+    assert render.esc('"x"') == "&quot;x&quot;"
+
+
+def test_tables_csv_and_json_keep_text_as_data():
+    res = _result()
+    rows = render.prompt_table(res)
+    assert rows[0]["prompt"] == "<script>name</script>" and rows[0]["vLLM rule (top-2)"] == "pass"
+    parsed = list(csv.DictReader(io.StringIO(render.to_csv(res))))
+    assert len(parsed) == 4 and parsed[1]["ref_token"] == EVIL[10] and parsed[1]["cand_free_token"] == EVIL[15]
+    assert parsed[1]["after_first_divergence"] == "True" and parsed[0]["free_same"] == "True"
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["token_text"]["10"] == EVIL[10] and d["candidate"]["kv_dtype"] == "fp8"
+    assert "\n".join(render.summary_lines(res)).count("band:") == 2
+
+
+def test_chart_hover_and_titles_are_escaped():
+    res = _result()
+    for fig in (charts.position_chart(res, 0), charts.prompts_chart(res)):
+        text = json.dumps(fig.to_plotly_json(), default=str)
+        assert "<script>" not in text and "<img" not in text
+    fig = charts.position_chart(res, 0)
+    assert len(fig.data[0].y) == 4 and any(tr.name == "different top token" for tr in fig.data)
