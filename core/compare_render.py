@@ -57,7 +57,10 @@ def visible(token: str) -> str:
 
 
 def _short(token: str) -> str:
-    """A token for a tooltip cell: escaped, newlines and tabs shown as escapes, always non-empty."""
+    """A token for a tooltip cell: escaped, newlines and tabs shown as escapes, a whitespace-only token as visible
+    spaces (a bare space would look like an empty row), never empty."""
+    if token and not token.strip(" "):
+        token = token.replace(" ", "\u2423")
     return esc(token.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")) or "\u2205"
 
 

@@ -134,7 +134,7 @@ if ss.get("lc_running"):
 filler, lim, n_prompt = ids or [0], max(s.limit, 256), len(ids) + s.special_tokens
 tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"])
 with tabs[0]:
-    if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary"):
+    if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary", key="lc_go_single"):
         run("lc_single", lambda p, keep: keep(longrun.run_once(
             engine, longrun.exact_prompt(engine, filler, n_prompt), new_tokens, progress=p)))
     for r1 in ss.get("lc_single", []):
@@ -145,7 +145,7 @@ with tabs[1]:
     steps = [n for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768) if n <= lim]
     lengths = st.multiselect("Prompt lengths (tokens)", steps, steps[:3],
                              help="Cut from this document at exact lengths, repeated if it is shorter")
-    if st.button("Run the ramp", type="primary", disabled=not lengths):
+    if st.button("Run the ramp", type="primary", disabled=not lengths, key="lc_go_ramp"):
         run("lc_ramp", lambda p, keep: longrun.ramp(engine, filler, lengths, new_tokens, p, on_result=keep))
     if ss.get("lc_ramp"):
         st.plotly_chart(lc.ramp_chart(ss.lc_ramp), key="lc_ramp_chart", config=NOBAR)
@@ -154,14 +154,14 @@ with tabs[2]:
     total = st.number_input("Prompt length (tokens)", 128, lim, min(1024, lim))
     st.caption(f"Fact: \"{longrun.NEEDLE.format(answer=longrun.ANSWER.strip())}\" placed at the start, middle and "
                "end of this document; the answer is scored after a question, against a control without the fact.")
-    if st.button("Run the needle test", type="primary"):
+    if st.button("Run the needle test", type="primary", key="lc_go_needle"):
         run("lc_needle", lambda p, keep: longrun.needle_test(engine, filler, int(total), progress=p, on_result=keep))
     if ss.get("lc_needle"):
         st.plotly_chart(lc.needle_chart(ss.lc_needle), key="lc_needle_chart", config=NOBAR)
         st.table([r.row() for r in ss.lc_needle])
 with tabs[3]:
     bt = st.number_input("Prompt tokens per sequence", 16, lim, min(256, lim))
-    if st.button("Run batch 1, 4 and 8", type="primary"):
+    if st.button("Run batch 1, 4 and 8", type="primary", key="lc_go_batch"):
         run("lc_batch", lambda p, keep: longrun.batch_sweep(engine, filler, int(bt), new_tokens, progress=p,
                                                             on_result=keep))
     if ss.get("lc_batch"):

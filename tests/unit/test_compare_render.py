@@ -61,6 +61,7 @@ def test_tooltips_hold_both_sides_topk_escaped():
 def test_visible_and_esc():
     assert render.visible("<a>") == "&lt;a&gt;"
     assert render.esc('"x"') == "&quot;x&quot;"
+    assert render._short(" ") == "\u2423" and render._short(" a") == " a" and render._short("\n<") == "\\n&lt;"
 
 
 def test_tables_csv_and_json_keep_text_as_data():
