@@ -13,6 +13,7 @@ lazily, inside the torch-only helpers, so pages can import this module.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,10 +62,10 @@ class Side:
 def load_engine(side: Side, progress: ProgressFn | None = None):
     """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user."""
     if side.engine == "torch":
-        from core.engines.torch_engine import TorchEngine
+        from core.engines.factory import build_engine  # the CUDA-graph engine where it runs, else TorchEngine
         from core.models import parse_model
 
-        return TorchEngine(parse_model(side.model), side.precision, side.kv_dtype, progress=progress)
+        return build_engine(parse_model(side.model), side.precision, side.kv_dtype, progress=progress)
     if side.engine == "vllm":
         from pathlib import Path
 
@@ -229,6 +230,8 @@ def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> 
     prompt_logprobs requests on a server (which batches them itself)."""
     if _is_torch(engine):
         return _torch_score_batch(engine, items, top_k)
+    if "full" in inspect.signature(engine.score).parameters:  # an in-process engine (the fast CUDA one): exact KL
+        return [engine.score(p, c, top_k, full=True) for p, c in items]
     with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
         return list(pool.map(lambda it: engine.score(it[0], it[1], top_k), items))
 

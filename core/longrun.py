@@ -202,8 +202,7 @@ class NeedleResult:
     def row(self) -> dict:
         return {"needle": "none (control)" if self.depth == "none" else self.depth,
                 "at token": None if self.position < 0 else self.position, "prompt tokens": self.prompt_tokens,
-                "answer logprob (sum)": round(self.answer_logprob, 2),
-                "mean per token": round(self.mean_logprob, 3),
+                "answer logprob (sum)": f"{self.answer_logprob:.2f}", "mean per token": f"{self.mean_logprob:.3f}",
                 "answer tokens ranked first": f"{self.top1_hits} of {self.answer_tokens}"}
 
 
@@ -266,11 +265,11 @@ def headline(run: dict) -> list[tuple[str, str, str]]:
 
 
 def table_row(run: dict) -> dict:
-    """One line of a results table, rounded for reading; `run` is RunResult.to_dict()."""
+    """One line of a results table, as text rounded for reading; `run` is RunResult.to_dict()."""
     def r1(v):
-        return None if v is None else round(v, 1)
+        return "N/A" if v is None else f"{v:,.1f}"
 
-    return {"batch": run["batch"], "prompt tokens": run["prompt_tokens"], "TTFT (ms)": round(run["ttft_ms"]),
+    return {"batch": run["batch"], "prompt tokens": run["prompt_tokens"], "TTFT (ms)": f"{run['ttft_ms']:,.0f}",
             "prefill tok/s": r1(run["prefill_tok_s"]), "ITL p50 (ms)": r1(run["itl_p50_ms"]),
             "ITL p90 (ms)": r1(run["itl_p90_ms"]), "ITL p99 (ms)": r1(run["itl_p99_ms"]),
             "decode tok/s": r1(run["decode_tok_s"]), "tok/s incl. prefill": r1(run["throughput_tok_s"]),

@@ -2,8 +2,9 @@
 the same time, then (when the Live monitor is registered) all 8 switch to the monitor through the sidebar and keep it
 live together. Checks: no errors anywhere, no output shown in the wrong session, and the model loaded once.
 
-Why one after the other: on 2 shared cores, 8 live monitor tabs (each redrawing its charts every second, in the server
-and in Chromium) plus 8 generations starved each other: no generation finished within 10 minutes.
+Why generation first and the monitor after: on 2 busy cores, 8 live monitor tabs (each redrawing its charts every
+second, in the server and in Chromium) plus 8 generations starved each other: no generation finished in 10 minutes.
+The sessions switch to the monitor one at a time (each waits until its page is live), and all eight stay live.
 
 "No leaks": session i asks to continue a prompt made of its own word repeated 4+i times. Its output must contain its
 word and no other session's word, and its Tokens metric must report its own prompt length (all eight differ).
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.e2e
 SESSIONS = 8
 NEW_TOKENS = 3
 WORDS = ["apple", "river", "violin", "tiger", "copper", "planet", "garden", "window"]
-BUDGET_S = 600.0  # the whole test, after the warm-up; every wait below takes what is left of it
+BUDGET_S = 300.0  # connecting and generating, after the warm-up; every wait takes what is left of it
+MONITOR_BUDGET_S = 300.0  # then all eight sessions on the live monitor
 GIB = 2**30
 
 
@@ -63,7 +65,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         assert left > 0, f"the load test ran past its {BUDGET_S:.0f} s budget"
         return left * 1000
 
-    contexts, gen_pages, mon_pages, finished = [], [], [], []
+    contexts, gen_pages, mon_pages, finished, monitor_live = [], [], [], [], []
     try:
         for _ in range(SESSIONS):  # users arrive one after another, then all stay connected
             c, p = new_page(browser, dialogs)
@@ -91,13 +93,16 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
             errors += [f"model session {i}: {e}" for e in errors_on(p)]
         screenshot(gen_pages[-1], "load-model-session-8")
 
-        if monitor:  # the same eight sessions open the live monitor together and keep it running
+        if monitor:  # then the same eight sessions switch to the live monitor, and all keep it running
             title = next(t for f, t, _ in app_pages() if f == "pages/monitor.py")
+            t_mon0 = time.monotonic()
+            mon_deadline = t_mon0 + MONITOR_BUDGET_S
             for p in gen_pages:
-                p.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click(timeout=left_ms())
-            for p in gen_pages:
-                p.wait_for_url(f"**/{url_path('pages/monitor.py')}", timeout=left_ms())
-                p.locator('[data-testid="stMetric"]').first.wait_for(timeout=left_ms())
+                ms = max(1.0, mon_deadline - time.monotonic()) * 1000
+                p.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click(timeout=ms)
+                p.get_by_role("heading", name=title).wait_for(timeout=ms)
+                p.locator('[data-testid="stMetric"]').first.wait_for(timeout=ms)
+                monitor_live.append(round(time.monotonic() - t_mon0, 1))
             t_mon = time.monotonic()
             gen_pages[0].wait_for_timeout(5000)  # five live ticks in every session
             for i, p in enumerate(gen_pages):
@@ -111,7 +116,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         cpu1, main1 = app_server.cpu_seconds(), app_server.cpu_seconds(main_thread_only=True)
     finally:
         result = {"sessions_generating": len(gen_pages), "sessions_on_monitor": len(mon_pages),
-                  "generations_finished_after_s": finished}
+                  "generations_finished_after_s": finished, "monitor_n_live_after_s": monitor_live}
         for c in contexts:
             c.close()
         ARTIFACTS.mkdir(exist_ok=True)
@@ -120,7 +125,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
     result.update({
         "new_tokens_each": NEW_TOKENS, "sessions_connected_s": round(t_ready - t0, 1),
         "all_generated_s": round(t_done - t_fired, 1),
-        "all_monitors_live_s": round(t_mon - t_done, 1) if mon_pages else None,
+        "all_monitors_live_s": round(t_mon - t_mon0, 1) if mon_pages else None,
         "total_s": round(t_end - t0, 1), "errors": errors,
         "prompt_tokens_per_session": counts, "outputs": outputs,
         "server_cpu_s": round(cpu1 - cpu0, 1), "server_main_thread_cpu_s": round(main1 - main0, 1),
