@@ -114,6 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=8, help="new tokens per run (ITL needs at least 2)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per length; the median TTFT is reported")
     ap.add_argument("--record", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
+    ap.add_argument("--note", default="", help="a paragraph recorded under the table (conditions, what to read)")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         import torch
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
     body = "\n".join([
         f"Measured {started} (`date`); {time.perf_counter() - t0:.0f} s in all. Command: `{cmd}`. "
         f"Model: {args.model}, KV cache dtype {args.kv_dtype}, {args.new_tokens} new tokens per run, "
-        f"median of {args.repeats} run(s) per length.", "", HEADER, *rows])
+        f"median of {args.repeats} run(s) per length.", "", HEADER, *rows, *(["", args.note] if args.note else [])])
     if args.record:
         record(label, body)
         print(f"recorded in {DOC}", file=sys.stderr)

@@ -273,9 +273,10 @@ class Summary:
     positions: int
     same_top: float | None  # fraction 0-1 ("same top token %" / 100)
     mean_topk_overlap: float | None
-    mean_kld: float | None
+    mean_kld: float | None  # over positions with a finite KL
     p99_kld: float | None
     max_kld: float | None
+    nonfinite_kl: int  # positions where KL is NaN or inf: NaN/-inf log-probabilities, i.e. numerical overflow
     kl_source: str
     identical: bool  # every id, top-k and KL identical: what the noise floor must show
     bands: dict[str, Band] = field(default_factory=dict)
@@ -310,9 +311,10 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
         positions=len(kl),
         same_top=_mean([float(a) for a in agree]),
         mean_topk_overlap=_mean(overlap),
-        mean_kld=_mean(kl) if len(finite) == len(kl) else math.inf if kl else None,
+        mean_kld=_mean(finite),
         p99_kld=float(np.percentile(finite, 99)) if finite else None,
-        max_kld=max(kl) if kl else None,
+        max_kld=max(finite) if finite else None,
+        nonfinite_kl=len(kl) - len(finite),
         kl_source=KL_TOPK if KL_TOPK in sources else KL_FULL,
         identical=identical,
     )
@@ -338,12 +340,17 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
     vllm_failed = s.vllm_passed < s.vllm_total
     if vllm_failed:
         status = max(status, "watch", top3 if top3 != "n/a" else "fine", key=_SEVERITY.__getitem__)
+    if s.nonfinite_kl:
+        status = "calibration failed"  # NaN or infinite log-probabilities: the candidate's numbers are broken
     head = {"fine": "Fine", "watch": "Watch", "calibration failed": "Calibration failed"}[status]
     kld = "n/a" if s.mean_kld is None else f"{s.mean_kld:.3g} nats" + (" (lower bound)" if s.kl_source == KL_TOPK else "")
     same_txt = "n/a" if s.same_top is None else f"{100 * s.same_top:.1f}%"
     top3_txt = "n/a" if s.top3_match is None else f"{s.top3_match:.2f}"
     note = ""
-    if not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
+    if s.nonfinite_kl:
+        note = (f" KL is not finite at {s.nonfinite_kl} of {s.positions} positions (NaN or -inf log-probabilities: "
+                "numerical overflow, for example FP16 activations past 65504); the mean covers the rest.")
+    elif not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
         note = (f" The seed's top-3 match is in its '{top3}' band, but every early divergence passed vLLM's top-k "
                 "rule: near-ties, not a broken model.")
     return status, (f"{head}: {cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), "

@@ -87,6 +87,16 @@ def load_engine(side: Side, progress: ProgressFn | None = None):
 
 # ---- results ----
 
+def _json_safe(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def _pairs(d: dict) -> list[list]:
     """A top-k dict as [[id, logprob], ...] best first: JSON-safe and ordered."""
     return [[t, d[t]] for t in ag.topk_ids(d, len(d))]
@@ -134,13 +144,14 @@ class CompareResult:
         return "" if tok is None else self.token_text.get(tok, f"[{tok}]")
 
     def to_dict(self) -> dict:
-        return {
+        """Strict JSON: NaN and inf (an overflowing candidate) become null, as JSON has no such numbers."""
+        return _json_safe({
             "reference": self.reference.to_dict(), "candidate": self.candidate.to_dict(),
             "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "noise_floor": self.noise_floor,
             "summary": self.summary.to_dict(), "timings_s": self.timings,
             "prompts": [p.to_dict() for p in self.prompts],
             "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
-        }
+        })
 
     def rows(self) -> list[dict]:
         """One row per position (over the longer output) for CSV: the reference continuation and what the candidate

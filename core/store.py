@@ -93,7 +93,8 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"#{self.id} · {self.kind} · {self.title} · {self.created_iso[:19].replace('T', ' ')} · {self.status}"
+        started = self.created_iso[:19].replace("T", " ")
+        return f"#{self.id} · {self.kind} · {self.title} · {started} · {self.status}"
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -293,9 +294,11 @@ class Store:
     def begin_run(self, kind: str, title: str, payload: Any = None, summary: dict | None = None) -> int:
         """Record a long run as running now; it shows as interrupted if this process dies before finish_run."""
         cur = self._write(
-            "INSERT INTO runs (kind, title, status, created_at, owner, summary, payload) VALUES (?, ?, 'running', ?, ?, ?, ?)",
+            "INSERT INTO runs (kind, title, status, created_at, owner, summary, payload) "
+            "VALUES (?, ?, 'running', ?, ?, ?, ?)",
             (_check_kind(kind), _clean_title(title), time.time(), _owner(),
-             None if summary is None else _dumps(summary, "summary"), _dumps(payload if payload is not None else {}, "payload")))
+             None if summary is None else _dumps(summary, "summary"),
+             _dumps(payload if payload is not None else {}, "payload")))
         return int(cur.lastrowid)
 
     def update_run(self, run_id: int, payload: Any = None, summary: dict | None = None) -> None:

@@ -31,12 +31,13 @@ except store.StoreError as exc:
     st.error(str(exc))
     st.stop()
 if not runs:
-    st.info("No saved runs yet" + ("" if kind == "all" else f" of kind {kind}") + ". Pages save their runs here as they finish "
-            "(for example each generation on the Model page).")
+    st.info("No saved runs yet" + ("" if kind == "all" else f" of kind {kind}") + ". Pages save their runs here as "
+            "they finish (for example each generation on the Model page).")
     st.stop()
 
-c[2].caption(f"{len(runs)} run(s), newest first; "
-             f"{sum(r.status == 'interrupted' for r in runs)} interrupted, {sum(r.status == 'failed' for r in runs)} failed.")
+n_status = {s: sum(r.status == s for r in runs) for s in store.STATUSES}
+c[2].caption(f"{len(runs)} run(s), newest first; {n_status['interrupted']} interrupted, {n_status['failed']} failed, "
+             f"{n_status['running']} running.")
 st.dataframe([{"id": r.id, "kind": r.kind, "title": r.title, "status": r.status,
                "started": r.created_iso[:19].replace("T", " "),
                "duration (s)": None if r.duration_s is None else round(r.duration_s, 2)} for r in runs],

@@ -127,16 +127,18 @@ def run(name, fn):
     ss.lc_running = None
 
 
-if ss.get("lc_running"):
-    st.warning(f"The {ss.lc_running[3:]} run was stopped (Cancel, or a widget changed while it ran); results that "
-               "finished before it are shown.")
-    ss.lc_running = None
+# Still set only if the last run did not reach its end. Its note goes inside its tab, so that the tabs keep their
+# place on the page, and with it the selected tab.
+stopped = ss.pop("lc_running", None)
+STOPPED = "The last run was stopped (Cancel, or a widget changed while it ran); results finished before it are shown."
 filler, lim, n_prompt = ids or [0], max(s.limit, 256), len(ids) + s.special_tokens
-tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"])
+tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"], key="lc_tabs")
 with tabs[0]:
     if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary", key="lc_go_single"):
         run("lc_single", lambda p, keep: keep(longrun.run_once(
             engine, longrun.exact_prompt(engine, filler, n_prompt), new_tokens, progress=p)))
+    if stopped == "lc_single":
+        st.warning(STOPPED)
     for r1 in ss.get("lc_single", []):
         metrics(longrun.headline(r1))
         st.plotly_chart(lc.itl_histogram(r1), key="lc_itl", config=NOBAR)
@@ -147,15 +149,20 @@ with tabs[1]:
                              help="Cut from this document at exact lengths, repeated if it is shorter")
     if st.button("Run the ramp", type="primary", disabled=not lengths, key="lc_go_ramp"):
         run("lc_ramp", lambda p, keep: longrun.ramp(engine, filler, lengths, new_tokens, p, on_result=keep))
+    if stopped == "lc_ramp":
+        st.warning(STOPPED)
     if ss.get("lc_ramp"):
         st.plotly_chart(lc.ramp_chart(ss.lc_ramp), key="lc_ramp_chart", config=NOBAR)
         st.table([longrun.table_row(r) for r in ss.lc_ramp])
 with tabs[2]:
-    total = st.number_input("Prompt length (tokens)", 128, lim, min(1024, lim))
+    # engine.score computes logits at every prompt position (262144-wide for Gemma): 4 GiB at 8K tokens, so cap it
+    total = st.number_input("Prompt length (tokens)", 128, min(lim, 8192), min(1024, lim))
     st.caption(f"Fact: \"{longrun.NEEDLE.format(answer=longrun.ANSWER.strip())}\" placed at the start, middle and "
                "end of this document; the answer is scored after a question, against a control without the fact.")
     if st.button("Run the needle test", type="primary", key="lc_go_needle"):
         run("lc_needle", lambda p, keep: longrun.needle_test(engine, filler, int(total), progress=p, on_result=keep))
+    if stopped == "lc_needle":
+        st.warning(STOPPED)
     if ss.get("lc_needle"):
         st.plotly_chart(lc.needle_chart(ss.lc_needle), key="lc_needle_chart", config=NOBAR)
         st.table([r.row() for r in ss.lc_needle])
@@ -164,6 +171,8 @@ with tabs[3]:
     if st.button("Run batch 1, 4 and 8", type="primary", key="lc_go_batch"):
         run("lc_batch", lambda p, keep: longrun.batch_sweep(engine, filler, int(bt), new_tokens, progress=p,
                                                             on_result=keep))
+    if stopped == "lc_batch":
+        st.warning(STOPPED)
     if ss.get("lc_batch"):
         st.plotly_chart(lc.batch_chart(ss.lc_batch), key="lc_batch_chart", config=NOBAR)
         st.table([longrun.table_row(r) for r in ss.lc_batch])

@@ -69,7 +69,8 @@ def still_serving(at: AppTest, before) -> None:
 
 
 # ---- prompts --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("prompt", ["", "   ", "\n\t\r\n ", "\u3000\u00a0"], ids=["empty", "spaces", "newlines", "unicode-space"])
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t\r\n ", "\u3000\u00a0"],
+                         ids=["empty", "spaces", "newlines", "unicode-space"])
 def test_empty_and_whitespace_prompts_are_refused_politely(embedded_dir, history, prompt):
     at = generate(model_page(), prompt)
     assert any("empty" in w.value for w in at.warning), [w.value for w in at.warning]
@@ -116,47 +117,71 @@ def test_engine_parameters_are_checked_again_below_the_page(kwargs, match):
         GenerationParams(**kwargs).validated()
 
 
-# ---- model paths -----------------------------------------------------------------------------------------------------
-def _paths(tmp):
-    (tmp / "empty_dir").mkdir()
-    (tmp / "bad_config").mkdir()
-    (tmp / "bad_config" / "config.json").write_text("{ this is not json")
-    (tmp / "no_type").mkdir()
-    (tmp / "no_type" / "config.json").write_text("{}")
-    (tmp / "binary_config").mkdir()
-    (tmp / "binary_config" / "config.json").write_bytes(os.urandom(4096))
-    return {
-        "missing file": ("GGUF file", str(tmp / "nope.gguf")),
-        "missing dir": ("Hugging Face directory", str(tmp / "nope")),
-        "dir without config": ("Hugging Face directory", str(tmp / "empty_dir")),
-        "config not json": ("Hugging Face directory", str(tmp / "bad_config")),
-        "config without model_type": ("Hugging Face directory", str(tmp / "no_type")),
-        "binary config": ("Hugging Face directory", str(tmp / "binary_config")),
-        "dir given as gguf": ("GGUF file", str(tmp / "empty_dir")),
-        "empty path": ("GGUF file", ""),
-        "very long path": ("Hugging Face directory", "/x" * 3000),
-        "nul byte": ("GGUF file", "model\x00.gguf"),
-        "home shortcut": ("GGUF file", "~/definitely/not/here.gguf"),
-    }
+# ---- model paths --------------------------------------------------------------------------------------------
+def _make(tmp, name: str) -> str:
+    """Create what a case needs under tmp and return its path text."""
+    if name in ("empty_dir", "bad_config", "no_type", "binary_config"):
+        (tmp / name).mkdir()
+    body = {"bad_config": b"{ this is not json", "no_type": b"{}", "binary_config": os.urandom(4096)}.get(name)
+    if body is not None:
+        (tmp / name / "config.json").write_bytes(body)
+    return str(tmp / name)
 
 
-def test_wrong_model_paths_each_get_a_message_and_keep_the_loaded_model(embedded_dir, history, tmp_path):
+LONG_PATH = "/x" * 3000
+PATH_CASES = {  # id: (source, path; "@name" is created under tmp_path first)
+    "missing-file": ("GGUF file", "@nope.gguf"),
+    "missing-dir": ("Hugging Face directory", "@nope"),
+    "dir-without-config": ("Hugging Face directory", "@empty_dir"),
+    "config-not-json": ("Hugging Face directory", "@bad_config"),
+    "config-without-model-type": ("Hugging Face directory", "@no_type"),
+    "binary-config": ("Hugging Face directory", "@binary_config"),
+    "dir-given-as-gguf": ("GGUF file", "@empty_dir"),
+    "empty-path": ("GGUF file", ""),
+    "nul-byte": ("GGUF file", "model\x00.gguf"),
+    "home-shortcut": ("GGUF file", "~/definitely/not/here.gguf"),
+    "very-long-path": ("Hugging Face directory", LONG_PATH),
+}
+KNOWN = {"very-long-path": "core.models.parse_model lets OSError 'File name too long' through and the page echoes "
+                           "the whole 6000-character path (reported; not a clear message)"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(k, marks=pytest.mark.xfail(reason=KNOWN[k], strict=True))
+                                  if k in KNOWN else k for k in PATH_CASES])
+def test_a_wrong_model_path_gets_a_clear_message_and_keeps_the_loaded_model(embedded_dir, history, tmp_path, case):
+    source, path = PATH_CASES[case]
+    if path.startswith("@"):
+        path = _make(tmp_path, path[1:])
     at = model_page()
     before = at.session_state["setup"]
-    for name, (source, path) in _paths(tmp_path).items():
-        msg = load(at, source, path)
-        print(f"{name}: {msg}")
-        assert msg.startswith("Could not load:") and len(msg) > len("Could not load: ") + 10, (name, msg)
-        assert "Traceback" not in msg, (name, msg)
-        assert at.session_state["setup"] == before, name
-        assert any("Still loaded" in c.value for c in at.caption), name
+    msg = load(at, source, path)
+    assert msg.startswith("Could not load:") and len(msg) > len("Could not load: ") + 10, msg
+    assert "Traceback" not in msg and "Errno" not in msg, msg
+    assert len(msg) < 600, f"{len(msg)} characters"  # says what is wrong, does not dump the input back
+    assert at.session_state["setup"] == before
+    assert any("Still loaded" in c.value for c in at.caption)
+
+
+def test_after_wrong_paths_the_loaded_model_still_answers(embedded_dir, history, tmp_path):
+    at = model_page()
+    before = at.session_state["setup"]
+    for source, path in [("GGUF file", str(tmp_path / "nope.gguf")), ("Hugging Face directory", str(tmp_path))]:
+        load(at, source, path)
     still_serving(at, before)
 
 
-# ---- a GGUF that is not a GGUF -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("content", [b"", b"hello, I am a text file\n" * 50, os.urandom(256 * 1024),
-                                     b"GGUF" + os.urandom(4096), b"GGUF\x03\x00\x00\x00" + b"\xff" * 64],
-                         ids=["empty", "text", "random-bytes", "magic-then-garbage", "magic-then-huge-counts"])
+# ---- a GGUF that is not a GGUF --------------------------------------------------------------------------------
+TRUNCATED_V3 = pytest.param(
+    b"GGUF\x03\x00\x00\x00" + b"\xff" * 64, id="v3-header-then-huge-counts", marks=pytest.mark.xfail(
+        strict=True, reason="transformers' GGUF reader fails and the message says the file 'is not a valid JSON "
+                            "file' (reported: core.models should say the GGUF is truncated or damaged)"))
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(b"", id="empty"), pytest.param(b"hello, I am a text file\n" * 50, id="text"),
+    pytest.param(os.urandom(256 * 1024), id="random-bytes"),
+    pytest.param(b"GGUF" + os.urandom(4096), id="magic-then-garbage"),
+    TRUNCATED_V3])
 def test_a_gguf_that_is_not_a_gguf_gets_a_message_and_keeps_the_loaded_model(embedded_dir, history, tmp_path,
                                                                              content):
     fake = tmp_path / "model.gguf"
@@ -164,7 +189,8 @@ def test_a_gguf_that_is_not_a_gguf_gets_a_message_and_keeps_the_loaded_model(emb
     at = model_page()
     before = at.session_state["setup"]
     msg = load(at, "GGUF file", str(fake))
-    assert msg.startswith("Could not load:") and "model.gguf" in msg, msg
+    assert msg.startswith("Could not load:") and "model.gguf" in msg and "GGUF" in msg, msg
+    assert "Traceback" not in msg and "JSON" not in msg and len(msg) < 600, msg
     assert at.session_state["setup"] == before
 
 

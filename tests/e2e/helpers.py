@@ -36,7 +36,8 @@ def app_pages(app: str | os.PathLike = APP) -> list[tuple[str, str, str]]:
     path = Path(app) if Path(app).is_absolute() else ROOT / app
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
         if any(isinstance(t, ast.Name) and t.id == "PAGES" for t in targets):
             pages = ast.literal_eval(node.value)
             return [tuple(p) for p in pages]

@@ -276,3 +276,19 @@ def test_near_tie_divergences_do_not_fail_the_verdict_on_top3_alone():
     s = ag.summarize([free], [tf], "FP32", "FP8")
     assert s.bands["top3_match"].name == "calibration failed" and s.bands["same_top"].name == "fine"
     assert s.status == "fine" and "near-ties" in s.verdict
+
+
+def test_nan_logprobs_fail_the_verdict_and_are_counted():
+    # An FP16 overflow: the candidate's log-probabilities are NaN at two positions.
+    ref = [1, 2, 3, 4]
+    tops = [{t: -0.1} for t in ref]
+    free = ag.free_run(ref, tops, ref, tops)
+    ref_full = log_dist([0.7, 0.2, 0.1])[None].repeat(4, axis=0)
+    cand_full = ref_full.copy()
+    cand_full[2:] = np.nan
+    tf = ag.teacher_forced(tops, tops, 1, ref_full, cand_full)
+    assert tf.kl[:2] == [0.0, 0.0] and all(math.isnan(x) for x in tf.kl[2:])
+    s = ag.summarize([free], [tf], "FP32", "FP16")
+    assert s.nonfinite_kl == 2 and s.mean_kld == 0.0 and s.max_kld == 0.0
+    assert s.status == "calibration failed" and "not finite at 2 of 4 positions" in s.verdict
+    assert not s.identical
