@@ -201,7 +201,7 @@ class NeedleResult:
 
     def row(self) -> dict:
         return {"needle": "none (control)" if self.depth == "none" else self.depth,
-                "at token": None if self.position < 0 else self.position, "prompt tokens": self.prompt_tokens,
+                "at token": "-" if self.position < 0 else str(self.position), "prompt tokens": self.prompt_tokens,
                 "answer logprob (sum)": f"{self.answer_logprob:.2f}", "mean per token": f"{self.mean_logprob:.3f}",
                 "answer tokens ranked first": f"{self.top1_hits} of {self.answer_tokens}"}
 

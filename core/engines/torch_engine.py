@@ -324,9 +324,11 @@ class TorchEngine:
         with self.lock:
             ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
             cache = make_cache(self.config, self.kv_dtype)
-            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0]
             n = len(continuation_ids)
-            lp = torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) - 1 + n].float(), dim=-1)
+            # Only the n positions that predict the continuation (plus the last, dropped): full-vocabulary logits
+            # at every prompt position would cost ~4 GiB at 8K tokens for a 262K vocabulary.
+            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n + 1).logits[0]
+            lp = torch.log_softmax(logits[:n].float(), dim=-1)
             target = torch.tensor(continuation_ids, device=lp.device)
             tv, ti = lp.topk(top_k, dim=-1)
             return Score(
