@@ -61,6 +61,12 @@ class ModelSpec:
         return self.kind == "synthetic"
 
 
+def shown_path(text: str, limit: int = 120) -> str:
+    """A path as messages quote it: long ones are cut in the middle so the message stays readable."""
+    text = str(text)
+    return repr(text if len(text) <= limit else f"{text[:limit // 2]}...{text[-limit // 3:]}")
+
+
 def parse_model(text: str) -> ModelSpec:
     """'embedded', a synthetic name ('llama-3-8b'), a GGUF file or an HF model directory."""
     text = (text or "").strip()
@@ -69,18 +75,22 @@ def parse_model(text: str) -> ModelSpec:
     if text.lower() in SYNTHETIC_CONFIGS:
         return ModelSpec("synthetic", text.lower())
     p = Path(text).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise ModelError(f"{p} is a directory but has no config.json; point at a Hugging Face model directory.")
-        return ModelSpec("hf_dir", str(p.resolve()))
-    if p.is_file():
-        with p.open("rb") as f:
-            magic = f.read(4)
-        if magic != b"GGUF":
-            raise ModelError(f"{p} is not a GGUF file (it does not start with the GGUF magic bytes).")
-        return ModelSpec("gguf", str(p.resolve()))
+    try:
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise ModelError(f"{shown_path(p)} is a directory but has no config.json; point at a Hugging Face "
+                                 "model directory.")
+            return ModelSpec("hf_dir", str(p.resolve()))
+        if p.is_file():
+            with p.open("rb") as f:
+                magic = f.read(4)
+            if magic != b"GGUF":
+                raise ModelError(f"{shown_path(p)} is not a GGUF file (it does not start with the GGUF magic bytes).")
+            return ModelSpec("gguf", str(p.resolve()))
+    except OSError as exc:  # a name too long, a permission denied: say which, without the errno noise
+        raise ModelError(f"Cannot open {shown_path(text)}: {exc.strerror or exc}.") from exc
     choices = ", ".join([EMBEDDED, *SYNTHETIC_CONFIGS])
-    raise ModelError(f"No model at {text!r}: give {choices}, a Hugging Face model directory, or a .gguf file.")
+    raise ModelError(f"No model at {shown_path(text)}: give {choices}, a Hugging Face model directory, or a .gguf file.")
 
 
 def cache_dir() -> Path:
@@ -154,6 +164,13 @@ def synthetic_config(name: str):
     return LlamaConfig(**SYNTHETIC_CONFIGS[name])
 
 
+def damaged_gguf(path: Path, exc: Exception) -> ModelError:
+    # transformers falls back to JSON parsing after a GGUF read fails, so its own message misleads ("not a valid
+    # JSON file"); only the exception type is passed on.
+    return ModelError(f"{path.name} starts like a GGUF file but could not be read ({type(exc).__name__}): it is "
+                      "probably truncated or damaged. Compare its size with the source, or copy it again.")
+
+
 def load_config(spec: ModelSpec):
     """The transformers config of a model without loading its weights."""
     from transformers import AutoConfig
@@ -164,7 +181,10 @@ def load_config(spec: ModelSpec):
         return AutoConfig.from_pretrained(embedded_model_dir())
     if spec.kind == "gguf":
         p = Path(spec.path)
-        return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        try:
+            return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        except Exception as exc:  # noqa: BLE001 - any parse failure of a user's file is the same answer for them
+            raise damaged_gguf(p, exc) from exc
     return AutoConfig.from_pretrained(spec.path, trust_remote_code=False)
 
 

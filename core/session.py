@@ -91,9 +91,30 @@ def device():
     return current_device()
 
 
+# The Model page's prompt box takes any paste (a browser-side max_chars would drop a longer paste without a word);
+# this bound refuses it with a message before tokenizing megabytes.
+PROMPT_MAX_CHARS = 200_000
+
+
 def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text):
     """Generate for one prompt, calling on_text with the text so far after every token."""
     from core.engines.base import GenerationParams
 
+    if len(prompt) > PROMPT_MAX_CHARS:
+        raise ValueError(f"The prompt is {len(prompt):,} characters; this box runs at most {PROMPT_MAX_CHARS:,}. "
+                         "For a long document use the Long context page: it counts the tokens and truncates to fit.")
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
     return engine.generate([prompt], params, on_step=lambda ev: on_text(ev.texts[0]))[0]
+
+
+def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
+    """Save one Model page generation to history; None when history could not be written (the user keeps the
+    result)."""
+    from core import store
+
+    timing = gen.timing_summary()
+    payload = {"setup": setup.label, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
+               "text": gen.text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
+               "token_times_s": gen.token_times, "timing": timing}
+    summary = {"setup": setup.label, "precision": setup.precision.value, "kv_dtype": setup.kv_dtype.value, **timing}
+    return store.record("generate", prompt, payload, summary)

@@ -16,6 +16,7 @@ import dataclasses
 import datetime as dt
 import enum
 import json
+import logging
 import math
 import os
 import socket
@@ -24,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe")
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -430,22 +431,25 @@ def export_runs(ids: Iterable[int]) -> str:
     return get_store().export_runs(ids)
 
 
-_RECORD_WARNED: set[str] = set()
+_WARNED: set[str] = set()
+
+
+def quietly(call: Callable[..., Any], *args, **kwargs) -> Any:
+    """Run a history call for a page or a job that must not fail because history could not be written: returns None
+    instead (and logs the reason once per message) so the user still sees their result."""
+    try:
+        return call(*args, **kwargs)
+    except (StoreError, ValueError, TypeError) as exc:
+        msg = str(exc)
+        if msg not in _WARNED:
+            _WARNED.add(msg)
+            logging.getLogger(__name__).warning("History not saved: %s", msg)
+        return None
 
 
 def record(kind: str, title: str, payload: Any, summary: dict | None = None) -> int | None:
-    """save_run for pages that must not fail because history could not be written: returns None instead (and logs
-    the reason once per message) so the user still sees their result."""
-    try:
-        return save_run(kind, title, payload, summary)
-    except (StoreError, ValueError, TypeError) as exc:
-        msg = str(exc)
-        if msg not in _RECORD_WARNED:
-            _RECORD_WARNED.add(msg)
-            import logging
-
-            logging.getLogger(__name__).warning("History not saved: %s", msg)
-        return None
+    """save_run that never raises (see quietly): the run's id, or None."""
+    return quietly(save_run, kind, title, payload, summary)
 
 
 # ---- comparing two runs (pure) -----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     res = probe(args.url, n=args.n, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens,
                 concurrency=args.concurrency, api_key=args.api_key, timeout_s=args.timeout)
+    res.record()
     try:
         snap = scrape(res.base_url, api_key=args.api_key)
     except Exception as exc:  # the probe itself succeeded; a metrics failure is reported, not fatal

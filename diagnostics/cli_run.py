@@ -39,6 +39,7 @@ def _print_text(result) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from core import store
     from diagnostics import report, runner
 
     cancel = threading.Event()
@@ -64,6 +65,8 @@ def main(args: argparse.Namespace) -> int:
                             requested_precision=args.precision, progress=progress, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, previous)
+    store.record("checklist", report.history_title(result.inputs, args.duration), result.to_dict(),
+                 report.history_summary(result))
     if args.report_dir:
         for ext, path in report.write_all(result, args.report_dir).items():
             print(f"wrote {ext}: {path}", file=sys.stderr)

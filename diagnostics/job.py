@@ -22,6 +22,7 @@ class Job:
     error: str | None = None
     reports: dict[str, str] = field(default_factory=dict)  # "md" | "json" | "html" -> text, rendered once
     thread: threading.Thread | None = None
+    run_id: int | None = None  # its row in History (None when history could not be written)
 
     @property
     def done(self) -> bool:
@@ -31,16 +32,24 @@ class Job:
         self.fraction, self.message = fraction, message
 
     def _work(self, kwargs: dict[str, Any]) -> None:
+        from core import store
         from diagnostics import report, runner
 
+        # Saved as "running" first: if the app dies mid-window, History lists the run as interrupted.
+        self.run_id = store.quietly(store.begin_run, "checklist", report.history_title(kwargs, self.duration_s),
+                                    {"inputs": kwargs, "requested_s": self.duration_s})
         try:
             result = runner.run(self.duration_s, progress=self._progress, cancel=self.cancel, **kwargs)
             self._progress(1.0, "Writing the reports")
             self.reports = {"md": report.to_markdown(result), "json": report.to_json(result),
                             "html": report.to_html(result)}
+            if self.run_id is not None:
+                store.quietly(store.finish_run, self.run_id, result.to_dict(), report.history_summary(result))
             self.result = result  # last: `done` flips only once the reports exist
         except Exception as exc:  # shown on the page; the thread must not die silently
             self.error = f"{type(exc).__name__}: {exc}"
+            if self.run_id is not None:
+                store.quietly(store.finish_run, self.run_id, status="failed", error=self.error)
 
 
 def start(duration_s: float, vllm_url: str | None = None, launch_cmd: str | None = None,

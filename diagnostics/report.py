@@ -67,6 +67,17 @@ def summary_line(result: RunResult) -> str:
     return f"{', '.join(parts)} over a {window} on {result.host}, {result.started_at}"
 
 
+def history_title(inputs: dict, duration_s: float) -> str:
+    target = inputs.get("vllm_url") or "this host"
+    return f"Checklist, {duration_s:.0f} s on {target}"
+
+
+def history_summary(result: RunResult) -> dict:
+    """The numbers History lists and compares: findings per status and the window."""
+    return {**result.counts(), "window_s": result.window_s, "cancelled": result.cancelled,
+            "summary": summary_line(result)}
+
+
 # --- JSON ---------------------------------------------------------------------------------------------------------
 
 def to_json(result: RunResult) -> str:

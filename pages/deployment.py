@@ -131,6 +131,7 @@ with st.form("dep_probe_form"):
             try:
                 ss.dep_probe = probe(info.base_url, int(n), int(prompt_tokens), int(new_tokens), int(concurrency),
                                      api_key=ss.get("dep_key"))
+                ss.dep_probe.record()
             except (RemoteError, ValueError) as exc:
                 st.error(esc(exc))
 

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from core import session
-from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model
+from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import measured_speedups, source_line
 from core.units import fmt_bytes, fmt_s
@@ -37,7 +37,7 @@ if submitted or st.session_state.get("setup") is None:
             spec = {"embedded": lambda: ModelSpec(EMBEDDED), "synthetic": lambda: ModelSpec("synthetic", synthetic)}.get(
                 kind, lambda: parse_model(path))()
             if kind in ("hf_dir", "gguf") and spec.kind != kind:
-                raise ModelError(f"{path!r} is not a {'GGUF file' if kind == 'gguf' else 'model directory'}.")
+                raise ModelError(f"{shown_path(path)} is not a {'GGUF file' if kind == 'gguf' else 'model directory'}.")
             setup = session.Setup(spec, precision, kv_dtype)
         else:  # first visit: the embedded model at BF16, so the console answers right away
             setup = session.DEFAULT_SETUP
@@ -80,7 +80,7 @@ if speedups:
 
 st.subheader("Prompt")
 with st.form("prompt"):
-    prompt = st.text_area("Prompt", "The capital of France is", height=100, max_chars=200_000)
+    prompt = st.text_area("Prompt", "The capital of France is", height=100)
     c1, c2 = st.columns(2)
     max_new = c1.number_input("New tokens", min_value=1, max_value=1024, value=48)
     temperature = c2.number_input("Temperature (0 = greedy)", min_value=0.0, max_value=5.0, value=0.0, step=0.1)
@@ -98,6 +98,8 @@ if go:
         st.error(str(exc))
         st.stop()
     t = gen.timing_summary()
+    if session.record_generation(setup, prompt, int(max_new), float(temperature), gen) is None:
+        st.caption("This run could not be saved to History (see the server log).")
     cols = st.columns(4)
     cols[0].metric("TTFT", fmt_s(t["ttft_s"]), help="Request start to first token, measured here (prefill).")
     cols[1].metric("ITL median", fmt_s(t["itl_median_s"]), help="Median gap between consecutive tokens.")

@@ -1,6 +1,7 @@
 """Shared fixtures. The embedded model is real: converted once per machine and cached (see core/models.py)."""
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
+# Pages, jobs and the CLI save runs to History: tests write to a throwaway database, never the user's (subprocesses
+# inherit it). Tests that need their own database set TRIAGE_DB themselves.
+os.environ["TRIAGE_DB"] = str(Path(tempfile.mkdtemp(prefix="triage-tests-")) / "history.sqlite")
 
 
 @pytest.fixture(scope="session")

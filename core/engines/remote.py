@@ -439,6 +439,16 @@ class ProbeResult:
         d["requests"] = [g.timing_summary() for g in self.generations]
         return d
 
+    def record(self) -> int | None:
+        """Save to History (None when it could not be written; the caller still has the result)."""
+        from core import store
+
+        summary = {"model": self.model, "requests": self.n, "prompt_tokens": self.prompt_tokens,
+                   "new_tokens": self.max_new_tokens, "concurrency": self.concurrency, "wall_s": self.wall_s,
+                   "tpot_s": self.tpot_s, "client": self.client, "server": self.server}
+        title = f"Probe {self.base_url}: {self.n} x {self.prompt_tokens} -> {self.max_new_tokens} tokens"
+        return store.record("probe", title, self.to_dict(), summary)
+
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:

@@ -9,6 +9,7 @@ import resource
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -25,7 +26,8 @@ from core.engines.base import (
     StreamEvent,
     UnsupportedCombination,
 )
-from core.models import ModelError, ModelSpec, count_parameters, embedded_model_dir, load_config, synthetic_config
+from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
+                         synthetic_config)
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -185,8 +187,6 @@ class TorchEngine:
                             p.normal_(0.0, 0.02)
                 return model, _ByteTokenizer()
             if spec.kind == "gguf":
-                from pathlib import Path
-
                 p = Path(spec.path)
                 kw = dict(gguf_file=p.name)
                 src = str(p.parent)
@@ -194,7 +194,11 @@ class TorchEngine:
                 kw, src = {}, str(model_dir or spec.path)
             model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=False, **kw)
             tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kw)
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a user's file that fails to parse gets one clear message
+            if spec.kind == "gguf":
+                raise damaged_gguf(Path(spec.path), exc) from exc
+            if not isinstance(exc, (OSError, ValueError, KeyError)):
+                raise
             raise ModelError(f"Could not load {spec.label}: {exc}") from exc
         return model.to(dev), tokenizer
 

@@ -78,6 +78,20 @@ def test_run_shows_cards_in_severity_order_with_charts_and_downloads(a100_sample
     assert not re.search(r"(?<!\\)<img|(?<!\\)\]\(javascript", shown)
 
 
+def test_a_run_is_saved_to_history_as_running_then_finished(a100_sampler, monkeypatch, tmp_path):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_VLLM_PYTHON", "")
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    at = run_to_results(AppTest.from_file(PAGE, default_timeout=60).run())
+    job = at.session_state["diag_job"]
+    run = Store(tmp_path / "h.sqlite").get_run(job.run_id)
+    assert run.kind == "checklist" and run.status == "finished" and run.title == "Checklist, 5 s on this host"
+    assert run.summary == {**job.result.counts(), "window_s": job.result.window_s, "cancelled": False,
+                           "summary": run.summary["summary"]}
+    assert [f["id"] for f in run.payload["findings"]] == [f.check_id for f in job.result.findings]
+
+
 def test_bad_url_is_an_error_not_a_traceback(a100_sampler):
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     at.text_input[0].input("ftp://nowhere")

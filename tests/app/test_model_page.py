@@ -30,6 +30,21 @@ def test_prompt_streams_an_answer_with_timings(embedded_dir):
     assert any(m.label == "TTFT" and m.value.endswith(("ms", "s")) for m in at.metric)
 
 
+def test_a_generation_is_saved_to_history(embedded_dir, tmp_path, monkeypatch):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    at = run_page()
+    at.text_area[0].set_value("History: the capital of Spain is")
+    at.number_input[0].set_value(3)
+    at.button[1].click().run()
+    runs = Store(tmp_path / "h.sqlite").list_runs("generate")
+    assert [r.title for r in runs] == ["History: the capital of Spain is"] and runs[0].status == "finished"
+    run = Store(tmp_path / "h.sqlite").get_run(runs[0].id)
+    assert run.summary["new_tokens"] == 3 and "BF16" in run.summary["setup"]
+    assert run.payload["text"] == at.code[0].value and len(run.payload["token_times_s"]) == 3
+
+
 def test_wrong_path_gives_a_message_and_keeps_the_loaded_model(embedded_dir, tmp_path):
     at = run_page()
     before = at.session_state["setup"]

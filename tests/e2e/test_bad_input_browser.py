@@ -45,26 +45,22 @@ def test_script_in_prompts_and_in_generated_tokens_is_shown_as_text(app_server, 
     assert app_server.healthy()
 
 
-@pytest.mark.xfail(reason="under heavy CPU load the error after a 5 MB browser paste did not appear within 240 s; "
-                   "the same 200,000-character prompt through AppTest got its message in 0.6 s. "
-                   "Cause not found yet (issue 8 stays open).", strict=False)
 def test_a_5_mb_paste_gets_a_clear_message_and_the_app_keeps_serving(app_server, model_page, saved):
     page = model_page
     box = page.get_by_role("textbox", name="Prompt", exact=True)
-    big = "The quick brown fox jumps over the lazy dog. " * 116_000  # 5.2 MB
-    box.fill(big, timeout=180_000)
-    kept = page.evaluate("() => document.querySelector('textarea[aria-label=\"Prompt\"]').value.length")
-    assert kept <= 200_000  # the box holds at most max_chars; the rest of the paste is dropped by the browser
-    page.get_by_label("New tokens").fill("2")
+    box.click()
+    page.keyboard.press("Control+A")
+    big = "The quick brown fox jumps over the lazy dog. " * 116_000  # 5.2 MB, pasted as a user would (trusted input)
+    page.keyboard.insert_text(big)
+    assert page.evaluate("() => document.querySelector('textarea[aria-label=\"Prompt\"]').value.length") == len(big)
     page.get_by_role("button", name="Generate").click()
     alert = page.locator('[data-testid="stAlertContentError"]')
     alert.first.wait_for(timeout=240_000)
     wait_idle(page)
     screenshot(page, "bad-input-5mb")
     message = alert.first.inner_text()
-    assert "tokens" in message and "at most" in message, message
-    assert not errors_on(page)
-    assert app_server.healthy()
+    assert f"{len(big):,} characters" in message and "Long context" in message, message
+    assert not errors_on(page) and app_server.healthy()
     out = generate(page, "The capital of France is", new_tokens=2)  # the same session still generates
     assert out.strip()
 
@@ -80,6 +76,10 @@ def test_out_of_range_numbers_are_refused_in_the_browser(app_server, model_page,
     value = box.input_value()
     assert not errors_on(page)
     shown = float(value) if re.fullmatch(r"-?[\d.]+(e\d+)?", value or "") else None
-    assert shown is None or 1 <= shown <= 1024 or value == typed, value
+    # Either the box refuses the text (keeps a number in 1..1024) or it marks the value invalid and says why.
+    if not (shown is not None and 1 <= shown <= 1024):
+        assert box.get_attribute("aria-invalid") == "true", (typed, value)
+        why = page.locator(f'[id="{box.get_attribute("aria-describedby")}"]').inner_text()
+        assert "between 1 and 1024" in why, why
     screenshot(page, f"bad-input-number-{re.sub(r'[^0-9a-z]', '_', typed)}")
     assert app_server.healthy()

@@ -66,8 +66,6 @@ def test_saved_runs_are_listed_reopened_compared_exported_and_deleted(app_server
 
 
 def test_a_generation_on_the_model_page_appears_in_history(app_server, page, history_db, history_page):
-    if "store." not in (ROOT / "pages" / "model.py").read_text():
-        pytest.skip("pages/model.py does not save generations to core.store yet")
     prompt = "History check: the capital of Italy is"
     goto(page, app_server, "")
     page.get_by_role("heading", name="Prompt").wait_for(timeout=300_000)

@@ -79,7 +79,10 @@ def test_server_text_is_escaped(fake_vllm):
 
 
 @pytest.mark.vllm
-def test_live_server_panels_and_probe(vllm_engine):
+def test_live_server_panels_and_probe(vllm_engine, monkeypatch, tmp_path):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
     at = connect(vllm_engine.base_url)
     assert {m.label: m.value for m in at.metric}["Running"] == "0"
     at.number_input[0].set_value(2)  # requests
@@ -90,3 +93,5 @@ def test_live_server_panels_and_probe(vllm_engine):
     assert not at.exception and not at.error
     table = at.dataframe[0].value
     assert (table["client, measured here (ms)"] > 0).all() and (table["server, vLLM /metrics (ms)"] > 0).all()
+    runs = Store(tmp_path / "h.sqlite").list_runs("probe")
+    assert len(runs) == 1 and runs[0].summary["requests"] == 2 and runs[0].summary["client"]["ttft"]["p50"] > 0
