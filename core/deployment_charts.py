@@ -60,6 +60,6 @@ def probe_comparison(client: dict, server: dict | None, *, height: int = 300) ->
               for k in keys for p in PERCENTILES]
         fig.add_trace(go.Bar(x=x, y=ys, name=label, marker_color=COLOURS[i]))
     fig.update_layout(barmode="group")
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1, tickformat=",d")  # labels at 1, 10, 100, 1000 ms: no bare "2" minor labels
     return _layout(fig, "Probe latency: client vs server", "ms (log scale)",
                    "server side interpolated from histogram buckets", height, legend_y=-0.3)
