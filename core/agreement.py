@@ -323,6 +323,15 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
     return s
 
 
+def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a share measured on n positions (stays inside 0-1, sensible at 0 and 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate") -> tuple[str, str]:
     """(status, one line).
 
@@ -353,6 +362,14 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
     elif not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
         note = (f" The seed's top-3 match is in its '{top3}' band, but every early divergence passed vLLM's top-k "
                 "rule: near-ties, not a broken model.")
+    if s.same_top is not None and s.positions > 0:
+        # A few dozen positions cannot tell 0.85 from 0.92: when the 95% interval spans more than one band, say so
+        # rather than let one near-tie read as a calibration failure. The status keeps the seed's rule.
+        lo, hi = wilson_interval(s.same_top, s.positions)
+        if band(lo, "same_top").name != band(hi, "same_top").name:
+            note += (f" With {s.positions} scored positions, same top token lies in {100 * lo:.0f}-{100 * hi:.0f}% "
+                     "(95% interval), which spans more than one band; compare more prompts or tokens before "
+                     "trusting it.")
     return status, (f"{head}: {cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), "
                     f"top-3 match {top3_txt}, mean KLD {kld}, vLLM rule passed on {s.vllm_passed}/{s.vllm_total} "
                     f"prompts.{note}")

@@ -58,6 +58,11 @@ class Side:
         return {"engine": self.engine, "model": self.model, "precision": self.precision.value,
                 "kv_dtype": self.kv_dtype.value, "url": self.url or None, "label": self.label}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Side":
+        return cls(Precision(d["precision"]), KVDtype(d["kv_dtype"]), d.get("model") or "", d.get("engine", "torch"),
+                   d.get("url") or "")
+
 
 def load_engine(side: Side, progress: ProgressFn | None = None):
     """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user."""
@@ -127,6 +132,18 @@ class PromptResult:
         d["teacher_forced"] = asdict(self.tf)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptResult":
+        # JSON null in a top-k list stood for a non-finite logprob; -inf keeps it ranked last.
+        topk = {k: [{int(t): (-math.inf if lp is None else lp) for t, lp in pairs} for pairs in d[k]]
+                for k in ("ref_decode_topk", "cand_decode_topk", "ref_tf_topk", "cand_tf_topk")}
+        free = dict(d["free"])
+        free["vllm"] = ag.VllmRule(**free["vllm"])
+        tf = dict(d["teacher_forced"])
+        tf["kl"] = [math.nan if x is None else x for x in tf["kl"]]  # JSON null stands for NaN/inf (overflow)
+        return cls(d["name"], d["prompt"], d["prompt_ids"], d["ref_ids"], d["cand_ids"], d["ref_text"],
+                   d["cand_text"], **topk, free=ag.FreeRun(**free), tf=ag.TeacherForced(**tf))
+
 
 @dataclass
 class CompareResult:
@@ -152,6 +169,20 @@ class CompareResult:
             "prompts": [p.to_dict() for p in self.prompts],
             "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
         })
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CompareResult":
+        """Rebuild a result from to_dict()'s JSON (a saved history run). The numbers are recomputed from the
+        per-prompt metrics (JSON nulls back to NaN where KL overflowed); the verdict line is the one saved, worded
+        as the run showed it."""
+        ref, cand = Side.from_dict(d["reference"]), Side.from_dict(d["candidate"])
+        prompts = [PromptResult.from_dict(p) for p in d["prompts"]]
+        summary = ag.summarize([p.free for p in prompts], [p.tf for p in prompts], ref.label, cand.label)
+        summary.verdict = (d.get("summary") or {}).get("verdict") or summary.verdict
+        timings = {k: v for k, v in d.get("timings_s", {}).items() if v is not None}
+        return cls(ref, cand, d["max_new_tokens"], d["top_k"], prompts, summary,
+                   {int(k): v for k, v in d.get("token_text", {}).items()}, timings,
+                   bool(d.get("noise_floor", ref == cand)))
 
     def rows(self) -> list[dict]:
         """One row per position (over the longer output) for CSV: the reference continuation and what the candidate
@@ -372,5 +403,56 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
     return result
 
 
+# ---- history ----
+
+def history_title(result: CompareResult) -> str:
+    n = len(result.prompts)
+    return (f"{result.reference.label} vs {result.candidate.label} · {n} prompt{'s' * (n != 1)} · "
+            f"{result.max_new_tokens} tokens")
+
+
+def history_summary(result: CompareResult, noise: CompareResult | None = None) -> dict:
+    """The headline numbers, one level deep, so the History page can put two comparisons side by side field by
+    field. Percentages are 0-100 and KL is in nats, as the page shows them."""
+    s = result.summary
+    ref, cand = result.reference, result.candidate
+    out = {
+        "reference": ref.label, "candidate": cand.label, "model": cand.model or ref.model or None,
+        "reference_precision": ref.precision.value, "reference_kv_dtype": ref.kv_dtype.value,
+        "candidate_precision": cand.precision.value, "candidate_kv_dtype": cand.kv_dtype.value,
+        "prompts": s.prompts, "positions": s.positions, "max_new_tokens": result.max_new_tokens, "top_k": result.top_k,
+        "mean_kld_nats": s.mean_kld, "p99_kld_nats": s.p99_kld, "max_kld_nats": s.max_kld,
+        "same_top_pct": None if s.same_top is None else 100.0 * s.same_top,
+        "top3_match": s.top3_match, "mean_topk_overlap": s.mean_topk_overlap,
+        "exact_prefix_mean_tokens": s.exact_prefix_mean, "top1_agreement_free": s.top1_agreement_free,
+        "vllm_rule_passed": s.vllm_passed, "vllm_rule_total": s.vllm_total,
+        "nonfinite_kl_positions": s.nonfinite_kl, "kl_source": s.kl_source,
+        "verdict_band": s.status, "top3_match_band": s.bands["top3_match"].name,
+        "same_top_band": s.bands["same_top"].name, "verdict": s.verdict,
+        "total_s": result.timings.get("total"), "load_s": result.timings.get("load"),
+    }
+    if noise is not None:
+        out["noise_floor_identical"] = noise.summary.identical
+    return _json_safe(out)
+
+
+def history_payload(result: CompareResult, noise: CompareResult | None = None) -> dict:
+    """Everything CompareResult.from_dict needs to rebuild the run; the noise floor adds only its summary (its
+    per-prompt data would double the size and says nothing new when it is clean)."""
+    payload = result.to_dict()
+    if noise is not None:
+        payload["noise_floor_run"] = {"summary": noise.summary.to_dict(), "timings_s": _json_safe(noise.timings)}
+    return payload
+
+
+def save_to_history(result: CompareResult, noise: CompareResult | None = None) -> int | None:
+    """Save one comparison as a "compare" run; the run id, or None when the history could not be written (the
+    caller still has its result, and core.store logs why)."""
+    from core import store
+
+    return store.record("compare", history_title(result), history_payload(result, noise),
+                        history_summary(result, noise))
+
+
 __all__ = ["Side", "CompareResult", "PromptResult", "compare", "run", "load_engine", "score_many", "length_groups",
-           "EngineError"]
+           "history_title", "history_summary", "history_payload", "save_to_history", "EngineError"]

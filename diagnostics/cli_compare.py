@@ -1,5 +1,8 @@
 """python -m diagnostics compare --model embedded --reference fp16 --candidate fp8 [--kv-dtype fp8]
-[--prompts-file F] [--max-new-tokens N] [--top-k K] [--json]
+[--prompts-file F] [--max-new-tokens N] [--top-k K] [--json] [--no-history]
+
+Every run is saved to the history database as a "compare" run (the History page reopens it) unless --no-history;
+a history that cannot be written is a warning on stderr, never a failed comparison.
 
 Exit code 0 when the comparison ran (whatever the verdict), 1 with --fail-on watch/failed when the verdict is
 at least that bad (for CI gates), 2 on errors (printed as one line by diagnostics.__main__).
@@ -36,12 +39,14 @@ def add_parser(sub) -> None:
     p.add_argument("--noise-floor", action="store_true", help="also compare the reference with itself")
     p.add_argument("--fail-on", choices=["watch", "failed"], help="exit 1 when the verdict is this bad or worse")
     p.add_argument("--json", action="store_true", help="print the full result (ids, top-k, per-position metrics)")
+    p.add_argument("--no-history", action="store_true",
+                   help="do not save the run to the history database ($TRIAGE_DB; saved by default)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from core import compare_render as render
-    from core.compare import Side, run as run_compare
+    from core.compare import Side, run as run_compare, save_to_history
     from core.prompts import default_prompts, parse_user_prompts, read_prompts_file
 
     prompts = parse_user_prompts("\n".join(x.replace("\n", "\\n") for x in args.prompt)) if args.prompt else []
@@ -67,6 +72,7 @@ def run(args) -> int:
     if args.noise_floor:
         noise = run_compare(ref, ref, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress)
 
+    saved = None if args.no_history else save_to_history(res, noise)
     if args.json:
         out = res.to_dict()
         if noise is not None:
@@ -85,6 +91,8 @@ def run(args) -> int:
         t = res.timings
         print(f"time: {t['total']:.1f} s (load {t.get('load', 0):.1f} s, generate {t['reference_generate']:.1f} + "
               f"{t['candidate_generate']:.1f} s, score {t['reference_score']:.1f} + {t['candidate_score']:.1f} s)")
+        if not args.no_history:
+            print(f"history: saved as run #{saved}" if saved else "history: not saved (see the warning above)")
     worst = {"watch": ("watch", "calibration failed"), "failed": ("calibration failed",)}
     return 1 if args.fail_on and res.summary.status in worst[args.fail_on] else 0
 

@@ -8,7 +8,7 @@ import streamlit as st
 from core import compare_charts as charts
 from core import compare_render as render
 from core.agreement import BANDED_METRICS, KL_SOURCE_TEXT
-from core.compare import Side, load_engine, run
+from core.compare import Side, load_engine, run, save_to_history
 from core.engines.base import EngineError
 from core.models import ModelError, parse_model
 from core.precision import KVDtype, Precision
@@ -79,12 +79,15 @@ if submitted:
         with st.status(f"Comparing {len(prompts)} prompts…", expanded=True) as status:
             bar = st.progress(0.0)
             step = lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m)  # noqa: E731
-            ss.cmp_result = run(ref, cand, prompts, max_new_tokens=int(max_new), top_k=int(top_k), progress=step,
-                                loader=loader)
-            ss.cmp_noise = None
+            result = run(ref, cand, prompts, max_new_tokens=int(max_new), top_k=int(top_k), progress=step,
+                         loader=loader)
+            floor = None
             if noise:
-                ss.cmp_noise = run(ref, ref, prompts, max_new_tokens=int(max_new), top_k=int(top_k),
-                                   progress=lambda f, m: step(f, f"Noise floor: {m}"), loader=loader)
+                floor = run(ref, ref, prompts, max_new_tokens=int(max_new), top_k=int(top_k),
+                            progress=lambda f, m: step(f, f"Noise floor: {m}"), loader=loader)
+            # Replaced together, so a failed run leaves the previous result and its history note as they were.
+            ss.cmp_result, ss.cmp_noise = result, floor
+            ss.cmp_saved = save_to_history(result, floor) or False
             status.update(label=f"Compared in {ss.cmp_result.timings['total']:.1f} s", state="complete",
                           expanded=False)
     except (EngineError, ModelError, ValueError, UnicodeDecodeError) as exc:
@@ -102,21 +105,32 @@ noise_res = ss.get("cmp_noise")
 if noise_res is not None:
     ok = noise_res.summary.identical
     (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ") + md(noise_res.summary.verdict))
-m = st.columns(6)
 fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
 COLOUR = {"fine": "green", "watch": "orange", "calibration failed": "red"}
-for col, key, label, value in ((m[0], "top3_match", "Top-3 token match (seed)", fmt(s.top3_match, ".2f")),
-                               (m[1], "same_top", "Same top token", fmt(s.same_top and 100 * s.same_top, ".1f") + " %")):
+
+
+def banded(col, key: str, label: str, value: str) -> None:
     band = s.bands[key]
     col.metric(label, value, delta=band.name, delta_color=COLOUR.get(band.name, "off"), delta_arrow="off",
                help=band.label)
-m[2].metric("Mean KLD", fmt(s.mean_kld, ".3g") + " nats", help=KL_SOURCE_TEXT[s.kl_source] + "; like llama.cpp's "
-            "perplexity --kl-divergence (Q8_0 on Llama-3-8B: 0.00136)")
-m[3].metric("99th pct KLD", fmt(s.p99_kld, ".3g") + " nats", help=f"Over all {s.positions} scored positions")
-m[4].metric("Exact prefix", fmt(s.exact_prefix_mean, ".1f") + " tok", help="Mean tokens before the first difference "
+
+
+# Two rows of three: six columns truncated labels and KL values ("0.02…") in the browser. One row per way of
+# measuring, because free-running and teacher-forced numbers answer different questions.
+st.caption("Free-running: each side generates greedily on its own")
+m = st.columns(3)
+banded(m[0], "top3_match", "Top-3 token match (seed)", fmt(s.top3_match, ".2f"))
+m[1].metric("Exact prefix", fmt(s.exact_prefix_mean, ".1f") + " tok", help="Mean tokens before the first difference "
             f"(free-running); position-wise top-1 agreement {fmt(s.top1_agreement_free, '.2f')}")
-m[5].metric("vLLM rule", f"{s.vllm_passed}/{s.vllm_total}", help=f"check_logprobs_close: at the first divergence, "
-            f"each side's token must be in the other's top-{res.top_k}")
+m[2].metric("vLLM rule", f"{s.vllm_passed}/{s.vllm_total} prompts", help="check_logprobs_close: at the first "
+            f"divergence, each side's token must be in the other's top-{res.top_k}")
+st.caption(f"Teacher-forced: both sides score the reference continuation ({s.positions} positions)")
+m = st.columns(3)
+banded(m[0], "same_top", "Same top token", fmt(s.same_top and 100 * s.same_top, ".1f") + " %")
+m[1].metric("Mean KLD", fmt(s.mean_kld, ".3g") + " nats", help=KL_SOURCE_TEXT[s.kl_source] + "; like llama.cpp's "
+            "perplexity --kl-divergence (Q8_0 on Llama-3-8B: 0.00136)")
+m[2].metric("99th pct KLD", fmt(s.p99_kld, ".3g") + " nats", help=f"Over all {s.positions} scored positions; "
+            f"max {fmt(s.max_kld, '.3g')} nats")
 t = {k: 0.0 for k in ("load", "reference_generate", "candidate_generate", "reference_score", "candidate_score",
                       "total")} | res.timings
 st.caption("Bands (>= 0.92 fine, 0.85-0.92 watch, < 0.85 calibration failed) come from the seed and are applied only to "
@@ -131,6 +145,12 @@ st.html(render.side_by_side_html(res, idx))
 c = st.columns([3, 2])
 c[0].plotly_chart(charts.position_chart(res, idx), key="cmp_pos", config={"displayModeBar": False})
 c[1].plotly_chart(charts.prompts_chart(res), key="cmp_prompts", config={"displayModeBar": False})
+saved = ss.get("cmp_saved")
+if saved:
+    st.caption(f"Saved to History as run #{saved}.")
+elif saved is False:
+    st.caption("This comparison was not saved to History (the history database could not be written; the console's "
+               "log says why). The downloads below still have it.")
 c = st.columns(2)
 c[0].download_button("Download JSON", json.dumps(res.to_dict(), indent=1), "precision_compare.json", "application/json")
 c[1].download_button("Download CSV (per position)", render.to_csv(res), "precision_compare.csv", "text/csv")

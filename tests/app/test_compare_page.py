@@ -1,14 +1,28 @@
 """The Precision compare page in Streamlit's AppTest: the empty state, input errors, and one real (small) comparison
-on the embedded model: FP32 against itself (the noise floor), one prompt of the user's, 6 tokens."""
+on the embedded model: FP32 against itself (the noise floor), one prompt of the user's, 6 tokens. Each comparison
+is saved to a temporary history database (TRIAGE_DB), never the user's."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
+from core.compare import CompareResult
 from core.precision import Precision
+from core.store import Store
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "compare.py")
+
+
+@pytest.fixture(autouse=True)
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "history.sqlite"
+    monkeypatch.setenv("TRIAGE_DB", str(path))
+    s = Store(path)
+    yield s
+    s.close()
 
 
 def _page() -> AppTest:
@@ -36,14 +50,17 @@ def test_no_prompts_is_a_clear_error():
     assert any("Choose at least one" in e.value for e in at.error)
 
 
-def test_a_real_comparison_renders_summary_side_by_side_and_exports():
-    at = _page()
+def _compare_fp32_with_itself(at: AppTest, prompt: str = "The capital of France is <script>x</script>") -> AppTest:
     at.selectbox(key="cmp_cand_prec").set_value(Precision.FP32)
     at.multiselect[0].set_value([])
-    at.text_area[0].input("The capital of France is <script>x</script>")
+    at.text_area[0].input(prompt)
     at.number_input[0].set_value(6)
     at.button[0].click()
-    at.run(timeout=600)
+    return at.run(timeout=600)
+
+
+def test_a_real_comparison_renders_summary_side_by_side_and_exports(db):
+    at = _compare_fp32_with_itself(_page())
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     # FP32 against FP32 is the noise floor: one engine load, and the result must be exact.
@@ -53,3 +70,34 @@ def test_a_real_comparison_renders_summary_side_by_side_and_exports():
     html = [e for e in at.get("html")]
     assert html and "&lt;script&gt;" in html[0].proto.body and "<script>x" not in html[0].proto.body
     assert len(at.get("download_button")) == 2
+
+
+def test_a_comparison_is_saved_to_history_and_can_be_rebuilt(db):
+    assert db.list_runs("compare") == []
+    at = _compare_fp32_with_itself(_page(), "What is 123 * 456?")
+    assert not at.exception, at.exception
+    runs = db.list_runs()
+    assert [r.kind for r in runs] == ["compare"] and runs[0].status == "finished"
+    assert any(f"run #{runs[0].id}" in c.value for c in at.caption)
+    s = runs[0].summary
+    assert s["reference_precision"] == s["candidate_precision"] == "fp32"
+    assert s["reference"].startswith("FP32") and s["candidate"].startswith("FP32")
+    assert s["verdict_band"] == "identical" and s["mean_kld_nats"] == 0.0 and s["p99_kld_nats"] == 0.0
+    assert s["same_top_pct"] == 100.0 and s["top3_match"] == 1.0 and s["vllm_rule_passed"] == s["vllm_rule_total"] == 1
+    assert all(not isinstance(v, (dict, list)) for v in s.values())  # flat: the History page diffs it field by field
+    # The payload is enough to reopen the run: the same prompt, ids and summary as the page showed.
+    payload = db.get_run(runs[0].id).payload
+    rebuilt = CompareResult.from_dict(json.loads(json.dumps(payload)))
+    assert rebuilt.prompts[0].prompt == "What is 123 * 456?" and len(rebuilt.prompts[0].ref_ids) == 6
+    assert rebuilt.summary.to_dict() == at.session_state["cmp_result"].summary.to_dict()
+    assert rebuilt.to_dict() == payload
+
+
+def test_an_unwritable_history_still_shows_the_comparison(tmp_path, monkeypatch):
+    # Injected fault: TRIAGE_DB names a directory, so the history cannot be opened.
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path))
+    at = _compare_fp32_with_itself(_page(), "The capital of France is")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert any(m.value.startswith("Identical") for m in at.success)
+    assert any("not saved to History" in c.value for c in at.caption)

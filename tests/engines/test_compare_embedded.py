@@ -1,4 +1,5 @@
-"""Precision compare on the real embedded Gemma 3 270M: the noise floor, FP8 against FP32, batched scoring, the CLI.
+"""Precision compare on the real embedded Gemma 3 270M: the noise floor, FP8 against FP32, batched scoring, the CLI
+and what it saves to history (a temporary TRIAGE_DB).
 
 Each precision is loaded once per module. Prompts are short and outputs 16 tokens: FP8 W8A8 goes through
 torch._scaled_mm, which is slow on a CPU. No golden strings: assertions are on agreement metrics.
@@ -17,6 +18,7 @@ import pytest
 from core import compare as cp
 from core.precision import KVDtype, Precision
 from core.prompts import Prompt
+from core.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [Prompt("france", "The capital of France is"), Prompt("arithmetic", "What is 123 * 456?")]
@@ -61,7 +63,14 @@ def test_fp8_against_fp32_differs_but_agrees_on_the_top_token(fp32, fp8):
     # every id shown has a text, and exports are complete
     assert all(t in res.token_text for p in res.prompts for t in p.ref_ids + p.cand_ids)
     assert len(res.rows()) == sum(max(len(p.ref_ids), len(p.cand_ids)) for p in res.prompts)
-    json.dumps(res.to_dict())
+    # What history stores (strict JSON) rebuilds the same result, and its summary carries the headline numbers.
+    payload = json.loads(json.dumps(cp.history_payload(res), allow_nan=False))
+    rebuilt = cp.CompareResult.from_dict(payload)
+    assert rebuilt.summary.to_dict() == s.to_dict() and rebuilt.rows() == res.rows()
+    hs = cp.history_summary(res)
+    assert hs["mean_kld_nats"] == s.mean_kld and hs["p99_kld_nats"] == s.p99_kld
+    assert hs["same_top_pct"] == 100 * s.same_top and hs["verdict_band"] == s.status
+    assert hs["candidate_precision"] == "fp8" and "FP8" in hs["candidate"] and "FP8" in cp.history_title(res)
 
 
 def test_batched_scoring_matches_the_engine_score(fp32):
@@ -80,8 +89,9 @@ def test_length_groups_keep_the_long_prompt_apart():
     assert [1] in groups and sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
 
 
-def test_cli_compare_json_fp8_kv_cache():
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def test_cli_compare_json_fp8_kv_cache(tmp_path):
+    db = tmp_path / "history.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRIAGE_DB": str(db)}
     out = subprocess.run(
         [sys.executable, "-m", "diagnostics", "compare", "--model", "embedded", "--reference", "fp32",
          "--candidate", "fp32", "--kv-dtype", "fp8", "--prompt", "The capital of France is", "--max-new-tokens", "8",
@@ -95,10 +105,18 @@ def test_cli_compare_json_fp8_kv_cache():
     assert s["kl_source"] == "full" and s["mean_kld"] >= 0.0 and s["same_top"] >= 0.8
     assert s["bands"]["top3_match"]["band"] in ("fine", "watch", "calibration failed")
     assert len(d["prompts"][0]["teacher_forced"]["kl"]) == len(d["prompts"][0]["ref_ids"]) > 0
+    # The run is in history, with the same numbers as printed.
+    store = Store(db)
+    runs = store.list_runs()
+    assert [r.kind for r in runs] == ["compare"]
+    hs = runs[0].summary
+    assert hs["candidate_kv_dtype"] == "fp8" and hs["mean_kld_nats"] == s["mean_kld"] and hs["top_k"] == 5
+    assert store.get_run(runs[0].id).payload["prompts"][0]["ref_ids"] == d["prompts"][0]["ref_ids"]
+    store.close()
 
 
-def test_cli_refuses_bad_input_with_one_line():
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def test_cli_refuses_bad_input_with_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRIAGE_DB": str(tmp_path / "history.sqlite")}
     out = subprocess.run([sys.executable, "-m", "diagnostics", "compare", "--prompts-file", "/nonexistent/x.txt"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "No prompts file" in out.stderr and "Traceback" not in out.stderr

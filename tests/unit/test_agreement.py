@@ -292,3 +292,25 @@ def test_nan_logprobs_fail_the_verdict_and_are_counted():
     assert s.nonfinite_kl == 2 and s.mean_kld == 0.0 and s.max_kld == 0.0
     assert s.status == "calibration failed" and "not finite at 2 of 4 positions" in s.verdict
     assert not s.identical
+
+
+@pytest.mark.parametrize("share, n", [(10 / 12, 12), (0.9, 200), (0.0, 5), (1.0, 5), (0.97, 5000)])
+def test_wilson_interval_contains_the_share_and_narrows_with_n(share, n):
+    lo, hi = ag.wilson_interval(share, n)
+    assert 0.0 <= lo <= share <= hi <= 1.0
+    lo4, hi4 = ag.wilson_interval(share, 4 * n)
+    assert hi4 - lo4 < hi - lo
+
+
+def test_few_positions_say_the_band_is_not_settled_but_keep_the_seed_status():
+    # 10 of 12 positions agree (83%, the failed band), but 12 positions allow anything from about 55% to 95%.
+    few = ag.TeacherForced([True] * 10 + [False] * 2, [1.0] * 12, [0.01] * 12, ag.KL_FULL, 8)
+    ref = list(range(12))
+    free = ag.free_run(ref, [{t: -0.1} for t in ref], ref, [{t: -0.1} for t in ref])
+    s = ag.summarize([free], [few], "FP32", "FP8")
+    assert s.status == "calibration failed"
+    assert "With 12 scored positions, same top token lies in 55-95% (95% interval)" in s.verdict
+    # 5,000 positions at 97% settle it: no caveat.
+    many = ag.TeacherForced([True] * 4850 + [False] * 150, [1.0] * 5000, [0.01] * 5000, ag.KL_FULL, 8)
+    s = ag.summarize([free], [many], "FP32", "FP8")
+    assert s.status == "fine" and "interval" not in s.verdict
