@@ -1,0 +1,123 @@
+"""The Precision compare page's main flow by clicking: FP32 against FP8 (W8A8) on the embedded model, one built-in
+prompt and one typed prompt carrying HTML, 6 tokens each (FP8 runs through torch._scaled_mm, slow on a CPU). The
+summary, the side-by-side outputs and the hover tooltips appear, and the run lands in the server's history.
+
+Also a known router problem: a deep link opened first on a freshly started server skips app.py (xfail, see below)."""
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import (APP, LOAD_TIMEOUT_S, SCREENSHOTS, AppServer, errors_on, goto, metric_value, new_page,
+                               screenshot, wait_idle)
+
+pytestmark = pytest.mark.e2e
+TYPED = "<b>bold</b> & the capital of Italy is"
+# Both precisions load on first use and FP8 W8A8 is slow on 2 cores.
+RUN_TIMEOUT_S = 2 * LOAD_TIMEOUT_S
+
+
+def only_builtin_prompt(page, name: str) -> None:
+    """Remove every chosen built-in prompt except `name` with the chips' own remove buttons."""
+    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Built-in prompts")
+    for other in box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))"):
+        if other != name:
+            box.get_by_role("button", name=f"Remove {other}", exact=True).click()
+    assert [t.get_attribute("aria-label") for t in box.locator("[data-tag]").all()] == [name]
+
+
+def select(page, label: str, option: str) -> None:
+    """Pick `option` in the selectbox labelled `label`. The first click on a combobox right after a long run
+    sometimes only focuses it (seen in headless Chromium), so click until the list is open."""
+    box = page.get_by_role("combobox", name=label, exact=True)
+    choice = page.get_by_role("option", name=option, exact=True)
+    for _ in range(5):
+        box.click()
+        try:
+            choice.wait_for(state="visible", timeout=2000)
+            break
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError; try again
+            page.keyboard.press("Escape")
+    choice.click()
+    wait_idle(page)
+
+
+def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, page, history_db):
+    before = {r.id for r in history_db.list_runs("compare")}
+    # The root URL first: until one session has run app.py, Streamlit serves page files on their own (see
+    # test_a_deep_link_on_a_fresh_server_runs_the_router). It loads the Model page's BF16 model.
+    goto(page, app_server, "", timeout_s=LOAD_TIMEOUT_S)
+    goto(page, app_server, "compare")
+    assert page.locator('[data-testid="stSidebar"]').get_by_text("Precision compare").count() == 1
+    assert not errors_on(page)
+    # The defaults are the comparison this test wants: FP32 reference, FP8 W8A8 candidate, auto KV cache.
+    prec = page.get_by_role("combobox", name="Precision", exact=True)
+    assert prec.nth(0).input_value() == "FP32" and "W8A8" in prec.nth(1).input_value()
+    only_builtin_prompt(page, "france")
+    page.get_by_label("Your prompts, one per line").fill(TYPED)
+    page.get_by_label("Max new tokens").fill("6")
+    page.get_by_role("button", name="Compare").click()
+
+    page.locator('[data-testid="stMetric"]', has_text="Mean KLD").wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    wait_idle(page, RUN_TIMEOUT_S)
+    assert not errors_on(page)
+    assert re.fullmatch(r"[0-9.e+-]+ nats", metric_value(page, "Mean KLD").strip())
+    assert re.fullmatch(r"[0-9.]+ %", metric_value(page, "Same top token").strip())
+    assert re.fullmatch(r"[0-2]/2 prompts", metric_value(page, "vLLM rule").strip())
+    verdict = page.locator('[data-testid="stAlert"]').first.inner_text()
+    assert "FP8" in verdict and "FP32" in verdict, verdict
+
+    # The side-by-side view of the first prompt: reference left, candidate right, 6 tokens each.
+    heads = page.locator(".cmp-wrap .cmp-head").all_inner_texts()
+    assert len(heads) == 2 and heads[0].startswith("Reference: FP32") and heads[1].startswith("Candidate: FP8")
+    assert all(h.endswith("6 tokens") for h in heads), heads
+    first = page.locator(".cmp-wrap .cmp-col").first.locator(".cmp-tok").first
+    first.hover()
+    tip = first.locator(".cmp-tip")
+    tip.wait_for(state="visible")
+    assert "teacher-forced" in tip.inner_text() and "%" in tip.inner_text()
+    # The tooltip only shows while hovered, and the full-page screenshot resizes the viewport: take it first.
+    box = page.locator(".cmp-wrap").bounding_box()
+    page.screenshot(path=str(SCREENSHOTS / "flow-compare-hover.png"),
+                    clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"] + 260})
+    page.mouse.move(0, 0)
+    screenshot(page, "flow-compare-fp32-fp8")
+
+    # The typed prompt's HTML is shown as text, never rendered (the dialogs fixture also fails on any alert).
+    select(page, "Prompt", "user-1")
+    assert TYPED in page.locator(".cmp-wrap .cmp-prompt").first.inner_text()
+    assert page.locator(".cmp-wrap b").count() == 0
+    screenshot(page, "flow-compare-typed-prompt")
+
+    saved = page.get_by_text(re.compile(r"Saved to History as run #\d+")).inner_text()
+    run_id = int(re.search(r"#(\d+)", saved).group(1))
+    new = [r for r in history_db.list_runs("compare") if r.id not in before]
+    assert [r.id for r in new] == [run_id] and new[0].status == "finished"
+    assert "FP32" in new[0].title and "W8A8" in new[0].title
+    s = new[0].summary
+    assert s["reference_precision"] == "fp32" and s["candidate_precision"] == "fp8" and s["prompts"] == 2
+    assert s["mean_kld_nats"] > 0 and s["verdict_band"] in ("fine", "watch", "calibration failed")
+    payload = history_db.get_run(run_id).payload
+    assert [p["prompt"] for p in payload["prompts"]] == ["The capital of France is", TYPED]
+    assert not errors_on(page)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="Streamlit 1.67 treats an app with a pages/ folder as a pages-folder app until one session "
+                          "has run app.py's st.navigation; the first deep link after a restart runs pages/compare.py "
+                          "alone (no router, no wide layout, no sidebar status). Fix: rename pages/ (the router names "
+                          "every page explicitly), then drop this mark.")
+def test_a_deep_link_on_a_fresh_server_runs_the_router(browser, dialogs):
+    server = AppServer(APP, Path(tempfile.mkdtemp()) / "history.sqlite", SCREENSHOTS.parent / "e2e-fresh-server.log")
+    try:
+        server.start()
+        context, page = new_page(browser, dialogs)
+        try:
+            goto(page, server, "compare")
+            sidebar = page.locator('[data-testid="stSidebar"]').inner_text()
+            assert "Precision compare" in sidebar, sidebar  # the router's title, not the file name "compare"
+        finally:
+            context.close()
+    finally:
+        server.stop()
