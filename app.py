@@ -1,4 +1,6 @@
-"""Router only: page config, navigation and the sidebar status line. Each page lives in pages/."""
+"""Router only: page config, navigation and the sidebar status line. Each page lives in views/ (not pages/: Streamlit
+runs a file of a pages/ folder on its own when a deep link is the first request after a restart, skipping this router).
+"""
 import streamlit as st
 
 from core import session
@@ -7,13 +9,13 @@ st.set_page_config(page_title="Triage console", page_icon=":material/monitor_hea
 
 # (file, title, icon). A page is listed here only once it works end to end.
 PAGES = [
-    ("pages/model.py", "Model", ":material/memory:"),
-    ("pages/monitor.py", "Live monitor", ":material/monitoring:"),
-    ("pages/checklist.py", "Diagnostics", ":material/checklist:"),
-    ("pages/compare.py", "Precision compare", ":material/compare:"),
-    ("pages/long_context.py", "Long context", ":material/article:"),
-    ("pages/deployment.py", "vLLM deployment", ":material/dns:"),
-    ("pages/history.py", "History", ":material/history:"),
+    ("views/model.py", "Model", ":material/memory:"),
+    ("views/monitor.py", "Live monitor", ":material/monitoring:"),
+    ("views/checklist.py", "Diagnostics", ":material/checklist:"),
+    ("views/compare.py", "Precision compare", ":material/compare:"),
+    ("views/long_context.py", "Long context", ":material/article:"),
+    ("views/deployment.py", "vLLM deployment", ":material/dns:"),
+    ("views/history.py", "History", ":material/history:"),
 ]
 
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])

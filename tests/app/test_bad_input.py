@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from core.engines.base import GenerationParams
 from tests.conftest import ROOT
 
-MODEL_PAGE = str(ROOT / "pages" / "model.py")
+MODEL_PAGE = str(ROOT / "views" / "model.py")
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(1)>"
 
 

@@ -13,7 +13,7 @@ from core.compare import CompareResult
 from core.precision import Precision
 from core.store import Store
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "compare.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "compare.py")
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from core.telemetry.sampler import Sampler, shutdown_sampler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_telemetry_fakenvml import A100, FakeNvml  # noqa: E402
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "checklist.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "checklist.py")
 HOSTILE = "[click](javascript:alert(1)) <img src=x onerror=alert(1)>"
 
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from core.store import Store
 from tests.conftest import ROOT
 
-PAGE = str(ROOT / "pages" / "history.py")
+PAGE = str(ROOT / "views" / "history.py")
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(1)>"
 
 

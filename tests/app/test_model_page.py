@@ -3,7 +3,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.conftest import ROOT
 
-PAGE = str(ROOT / "pages" / "model.py")
+PAGE = str(ROOT / "views" / "model.py")
 
 
 def run_page():

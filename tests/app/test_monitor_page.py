@@ -16,7 +16,7 @@ from core.telemetry.sampler import Sampler, shutdown_sampler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_telemetry_fakenvml import A100, GPUIsLost, FakeNvml, NotSupported  # noqa: E402
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "monitor.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "monitor.py")
 
 
 @pytest.fixture

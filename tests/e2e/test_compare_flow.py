@@ -103,12 +103,10 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     assert not errors_on(page)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="Streamlit 1.67 treats an app with a pages/ folder as a pages-folder app until one session "
-                          "has run app.py's st.navigation; the first deep link after a restart runs pages/compare.py "
-                          "alone (no router, no wide layout, no sidebar status). Fix: rename pages/ (the router names "
-                          "every page explicitly), then drop this mark.")
 def test_a_deep_link_on_a_fresh_server_runs_the_router(browser, dialogs):
+    """Streamlit treats an app with a folder named pages/ as a pages-folder app until one session has run the
+    router: the first deep link after a restart ran the page alone (no router, no wide layout, no sidebar status).
+    The pages live in views/ for that reason."""
     server = AppServer(APP, Path(tempfile.mkdtemp()) / "history.sqlite", SCREENSHOTS.parent / "e2e-fresh-server.log")
     try:
         server.start()

@@ -70,7 +70,7 @@ def test_sigkill_mid_run_keeps_saved_runs_and_marks_the_killed_one_interrupted(t
     restarted = AppServer(server.app, db, ARTIFACTS / "e2e-crash-restart.log").start()
     try:
         assert restarted.healthy()
-        if page_registered("pages/history.py"):
+        if page_registered("views/history.py"):
             ctx, page = new_page(browser, dialogs)
             goto(page, restarted, "history")
             cells = page.locator('[data-testid="stDataFrame"] [role="gridcell"]')

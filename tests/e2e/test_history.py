@@ -14,8 +14,8 @@ EVIL = "<script>alert(1)</script><img src=x onerror=alert(1)>"
 
 @pytest.fixture
 def history_page():
-    if not page_registered("pages/history.py"):
-        pytest.skip("pages/history.py is not in app.py's PAGES yet")
+    if not page_registered("views/history.py"):
+        pytest.skip("views/history.py is not in app.py's PAGES yet")
     return "history"
 
 

@@ -41,7 +41,7 @@ def size_bytes(text: str) -> float:
 def our_errors(log: str) -> list[str]:
     """Lines of tracebacks that pass through this project's code (a browser closing its websocket early makes
     Starlette log a harmless traceback of its own, which is not counted)."""
-    marks = [f"{ROOT}/{d}/" for d in ("pages", "core", "diagnostics")] + [f"{ROOT}/app.py"]
+    marks = [f"{ROOT}/{d}/" for d in ("views", "core", "diagnostics")] + [f"{ROOT}/app.py"]
     return [line.strip()[:200] for line in log.splitlines() if any(m in line for m in marks)]
 
 
@@ -56,7 +56,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
     rss0, log0 = app_server.rss_bytes(), len(app_server.log_text())
     loads0 = app_server.log_text().count("Loading weights")
     cpu0, main0 = app_server.cpu_seconds(), app_server.cpu_seconds(main_thread_only=True)
-    monitor = page_registered("pages/monitor.py")
+    monitor = page_registered("views/monitor.py")
     prompts = [" ".join([WORDS[i]] * (4 + i)) for i in range(SESSIONS)]
     t0 = time.monotonic()
 
@@ -94,7 +94,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         screenshot(gen_pages[-1], "load-model-session-8")
 
         if monitor:  # then the same eight sessions switch to the live monitor, and all keep it running
-            title = next(t for f, t, _ in app_pages() if f == "pages/monitor.py")
+            title = next(t for f, t, _ in app_pages() if f == "views/monitor.py")
             t_mon0 = time.monotonic()
             mon_deadline = t_mon0 + MONITOR_BUDGET_S
             for p in gen_pages:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_DIRS = ("pages", "core", "diagnostics", "bench", "scripts")
+SOURCE_DIRS = ("views", "core", "diagnostics", "bench", "scripts")
 EXCLUDE = {".venv", ".venv-vllm", ".git", "__pycache__", "tests", ".cache", "artifacts"}
 
 # Raw-HTML sinks whose argument is built by a renderer that escapes every piece of user, server or model text, each
@@ -108,7 +108,7 @@ def html_sinks(path: str, tree: ast.AST) -> list[ast.Call]:
         unsafe = any(kw.arg == "unsafe_allow_html" and not (isinstance(kw.value, ast.Constant) and not kw.value.value)
                      for kw in node.keywords)
         html_call = isinstance(f, ast.Attribute) and f.attr == "html" and (
-            path.startswith("pages/") or path == "app.py" or ast.unparse(f.value) in ("st", "components", "stc")
+            path.startswith("views/") or path == "app.py" or ast.unparse(f.value) in ("st", "components", "stc")
             or ast.unparse(f.value).endswith("components.v1"))
         if unsafe or html_call:
             sinks.append(node)
@@ -159,7 +159,7 @@ def test_reviewed_renderer_escapes_hostile_tokens_end_to_end():
 def test_the_sink_detector_finds_what_it_should():
     """The scanner itself: the compare page's sink is found, and unescaped snippets are caught."""
     found = [f"{p}:{c.lineno}" for p, t in parsed() for c in html_sinks(p, t)]
-    assert any(f.startswith("pages/compare.py:") for f in found), found
+    assert any(f.startswith("views/compare.py:") for f in found), found
     snippet = ast.parse('st.markdown(f"<b>{token}</b>", unsafe_allow_html=True)\ncol.html(text)\n'
                         'st.markdown("**ok**")\nst.markdown(x, unsafe_allow_html=False)\n')
-    assert [c.lineno for c in html_sinks("pages/x.py", snippet)] == [1, 2]
+    assert [c.lineno for c in html_sinks("views/x.py", snippet)] == [1, 2]

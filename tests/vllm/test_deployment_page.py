@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "deployment.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "deployment.py")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
