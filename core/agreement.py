@@ -367,7 +367,9 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
         # rather than let one near-tie read as a calibration failure. The status keeps the seed's rule.
         lo, hi = wilson_interval(s.same_top, s.positions)
         if band(lo, "same_top").name != band(hi, "same_top").name:
-            note += (f" With {s.positions} scored positions, same top token lies in {100 * lo:.0f}-{100 * hi:.0f}% "
+            # Rounded outwards: 91.97% shown as "92" would hide why the interval leaves the fine band.
+            lo_pct, hi_pct = math.floor(1000 * lo) / 10, math.ceil(1000 * hi) / 10
+            note += (f" With {s.positions} scored positions, same top token lies in {lo_pct:.1f}-{hi_pct:.1f}% "
                      "(95% interval), which spans more than one band; compare more prompts or tokens before "
                      "trusting it.")
     return status, (f"{head}: {cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), "
