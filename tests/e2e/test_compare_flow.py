@@ -1,8 +1,7 @@
 """The Precision compare page's main flow by clicking: FP32 against FP8 (W8A8) on the embedded model, one built-in
 prompt and one typed prompt carrying HTML, 6 tokens each (FP8 runs through torch._scaled_mm, slow on a CPU). The
-summary, the side-by-side outputs and the hover tooltips appear, and the run lands in the server's history.
-
-Also a known router problem: a deep link opened first on a freshly started server skips app.py (xfail, see below)."""
+summary, the side-by-side outputs and the hover tooltips appear, and the run lands in the server's history. Also: a
+deep link opened first on a freshly started server goes through the router."""
 import re
 import tempfile
 from pathlib import Path
@@ -45,9 +44,6 @@ def select(page, label: str, option: str) -> None:
 
 def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, page, history_db):
     before = {r.id for r in history_db.list_runs("compare")}
-    # The root URL first: until one session has run app.py, Streamlit serves page files on their own (see
-    # test_a_deep_link_on_a_fresh_server_runs_the_router). It loads the Model page's BF16 model.
-    goto(page, app_server, "", timeout_s=LOAD_TIMEOUT_S)
     goto(page, app_server, "compare")
     assert page.locator('[data-testid="stSidebar"]').get_by_text("Precision compare").count() == 1
     assert not errors_on(page)
