@@ -229,12 +229,21 @@ def headline(r: KVReport) -> list[tuple[str, str, str]]:
     beyond = (f"Beyond the {r.sliding_window}-token window: {fmt_bytes(r.bytes_per_token_beyond_window)} "
               f"({r.sliding_layers} of {r.layers} layers slide)." if r.sliding_layers else "Every layer, K and V.")
     fits = ("nothing" if r.budget_bytes is not None and r.budget_bytes <= 0 else "any length"
-            if r.max_tokens is None else f"{r.max_tokens:,} tokens")
-    budget = (f"GPU x {r.gpu_memory_utilization:g} (vLLM --gpu-memory-utilization) - weights = "
+            if r.max_tokens is None else f"{r.max_tokens:,}" if r.max_tokens < 10**6
+            else f"{r.max_tokens / 10**6:,.1f}M")  # a metric cuts long values short
+    exact = f"{r.max_tokens:,} tokens fit on this GPU. " if r.max_tokens else ""
+    budget = (f"{exact}GPU x {r.gpu_memory_utilization:g} (vLLM --gpu-memory-utilization) - weights = "
               f"{fmt_bytes(r.budget_bytes)} for the cache, shared by concurrent sequences; one sequence still stops "
               "at the model's maximum positions. Activations and CUDA graphs are not counted.")
     return [("Per token", fmt_bytes(r.bytes_per_token), beyond),
             (f"At {r.tokens:,} tokens", fmt_bytes(r.total_bytes), f"{r.total_bytes:,} bytes"),
             ("vLLM blocks", f"{r.blocks:,}", f"ceil({r.tokens} / {r.block_size}); whole blocks hold "
                                              f"{fmt_bytes(r.allocated_bytes)}"),
-            ("Fits on this GPU", fits if r.budget_bytes is not None else "N/A", budget)]
+            ("Tokens that fit", fits if r.budget_bytes is not None else "N/A", budget)]
+
+
+def formula(r: KVReport) -> str:
+    """The arithmetic behind a report, in words, for a caption under its numbers."""
+    capped = ", sliding-window layers capped at their window" if r.sliding_layers else ""
+    return (f"2 (K, V) x {r.layers} layers x {r.kv_heads} KV heads x head_dim {r.head_dim} x "
+            f"{DTYPE_BYTES[r.kv_dtype]} bytes per token{capped}. {r.note}").strip()

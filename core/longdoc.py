@@ -248,6 +248,15 @@ def headline(s: DocStats) -> list[tuple[str, str, str]]:
     """(label, value, help) for the document's metrics row."""
     return [("Characters", f"{s.chars:,}", ""),
             ("Tokens", f"{s.prompt_tokens:,}", f"{s.tokens:,} of text + {s.special_tokens} special (BOS)"),
-            ("Characters per token", f"{s.chars_per_token:.2f}", "code and JSON spend more tokens per character"),
+            ("Chars per token", f"{s.chars_per_token:.2f}", "code and JSON spend more tokens per character"),
             ("Prompt limit", f"{s.limit:,}" if s.limit else "N/A", "min(model positions, max length) - new tokens"),
             ("Fits", "yes" if s.fits else f"no, {s.prompt_tokens - s.limit:,} over", "")]
+
+
+def fit(s: DocStats, mode: str = "head") -> tuple[list[int], str | None]:
+    """The document's ids that runs use, and a warning when they had to be truncated to the prompt limit."""
+    if s.fits:
+        return s.ids, None
+    ids, dropped = truncate_ids(s.ids, s.limit - s.special_tokens, mode)
+    return ids, (f"Over the limit: runs use {len(ids) + s.special_tokens:,} tokens, {dropped:,} dropped "
+                 f"({TRUNCATIONS[mode]}).")

@@ -1,5 +1,5 @@
-"""Plotly builders for the Long context page. Pure: result dicts in (RunResult.to_dict(), NeedleResult), go.Figure
-out. Section titles come from user documents, so they are escaped before plotly renders them as HTML."""
+"""Plotly builders for the Long context page. Pure: result dicts in (RunResult.to_dict(), NeedleResult.to_dict()),
+go.Figure out. Section titles come from user documents, so they are escaped before plotly renders them as HTML."""
 from __future__ import annotations
 
 import html
@@ -34,11 +34,14 @@ def itl_histogram(run: dict, height: int = 300) -> go.Figure:
     itl = [1000 * x for x in run["itl_s"]]
     fig = go.Figure(go.Histogram(x=itl, nbinsx=min(40, max(5, len(itl) // 2)), marker_color=COLOURS[1],
                                  name="ITL"))
+    # labels alternate sides and heights: p90 and p99 are often a few ms apart and would print over each other
+    places = {"p50": ("top left", 1.0), "p90": ("top right", 1.0), "p99": ("top right", 0.88)}
     for i, q in enumerate(("p50", "p90", "p99")):
         v = run.get(f"itl_{q}_ms")
         if v is not None:
-            fig.add_vline(x=v, line_dash="dash", line_color=COLOURS[2 + i],
-                          annotation_text=f"{q} {v:.0f}", annotation_position="top")
+            where, y = places[q]
+            fig.add_vline(x=v, line_dash="dash", line_color=COLOURS[2 + i], annotation_text=f"{q} {v:,.0f}",
+                          annotation_position=where, annotation_y=y)
     return _layout(fig, f"Inter-token latency, {run['prompt_tokens']} prompt tokens", "ms", "tokens",
                    f"{len(itl)} gaps between {run['new_tokens']} new tokens, measured here", height)
 
@@ -60,10 +63,10 @@ def ramp_chart(runs: Sequence[dict], height: int = 320) -> go.Figure:
 
 def needle_chart(results: Sequence, height: int = 300) -> go.Figure:
     """Mean log-probability per answer token at each needle depth, beside the control without the needle."""
-    names = [("no needle (control)" if r.depth == "none" else f"needle at {r.depth}") for r in results]
-    fig = go.Figure(go.Bar(x=names, y=[r.mean_logprob for r in results], text=[f"{r.mean_logprob:.2f}"
-                                                                               for r in results],
-                           marker_color=[COLOURS[4] if r.depth == "none" else COLOURS[0] for r in results]))
+    names = [("no needle (control)" if r["depth"] == "none" else f"needle at {r['depth']}") for r in results]
+    means = [r["mean_logprob"] for r in results]
+    fig = go.Figure(go.Bar(x=names, y=means, text=[f"{m:.2f}" for m in means],
+                           marker_color=[COLOURS[4] if r["depth"] == "none" else COLOURS[0] for r in results]))
     return _layout(fig, "Needle: log-probability of the answer", "", "mean logprob per answer token",
                    "teacher-forced (engine.score); higher is better, 0 is certain", height)
 

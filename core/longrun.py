@@ -64,6 +64,57 @@ def check_length(engine, n: int, new_tokens: int) -> None:
         raise ValueError(f"{n} prompt tokens + {new_tokens} new tokens is more than the model's {cap} positions.")
 
 
+# ---- memory on the CPU ------------------------------------------------------------------------------------------
+# On the CPU a run that outgrows memory raises nothing: the kernel's OOM killer ends the whole server. So a CPU run
+# is refused up front when one forward pass would not fit in the memory available now. The estimate is calibrated
+# on the embedded model (bench/needle_memory.py; docs/PERFORMANCE.md, "Long context"): one pass over 32K tokens
+# peaked 4.1 GiB above the loaded model at BF16 (0.15 GiB at 2K, 0.60 GiB at 8K) and 7.0 GiB at FP32. That fits
+# 2 bytes per (query, key) pair (transformers' SDPA path materializes an n x n boolean mask for the sliding-window
+# layers, and more while building it) plus about 17 activation elements per token and MLP intermediate unit. The
+# guard counts 26 of those (half again), the whole KV cache, and 1 byte a pair without sliding layers (a padded
+# batch materializes the full-attention mask too).
+PASS_ELEMENTS_PER_INTER = 26  # activation elements per token and intermediate unit
+HEADROOM_BYTES = 1 * 2**30  # left for the server, the browser sessions and the OS
+
+
+def pass_bytes(config, tokens: int, batch: int = 1, act_bytes: int = 2) -> int:
+    """Estimated peak memory of one forward pass over `batch` x `tokens` on the CPU, beyond the loaded weights;
+    act_bytes is the activations' element size (4 for FP32, 2 for BF16 and FP16, and for FP8, which computes
+    in BF16)."""
+    from core import kvcache
+
+    inter = getattr(config, "intermediate_size", None) or 4 * (getattr(config, "hidden_size", None) or 4096)
+    try:
+        shape = kvcache.shape_from_config(config)
+        masks, kv = (2 if shape.sliding_layers else 1), kvcache.kv_bytes(shape, "bf16", tokens) * act_bytes // 2
+    except kvcache.KVConfigError:
+        masks, kv = 2, 0
+    return batch * (PASS_ELEMENTS_PER_INTER * act_bytes * inter * tokens + masks * tokens * tokens + kv)
+
+
+def check_memory(engine, tokens: int, batch: int = 1) -> None:
+    """Refuse a CPU run whose forward pass would not fit in the memory available now, with what would fit."""
+    device = getattr(engine, "device", None)
+    if device is None or device.kind != "cpu":
+        return  # a GPU out of memory raises an error the page shows; it does not take the server down
+    import psutil
+
+    act = getattr(getattr(engine, "dtype", None), "itemsize", 2)  # a torch dtype's element size
+    room = psutil.virtual_memory().available - HEADROOM_BYTES
+    need = pass_bytes(engine.config, tokens, batch, act)
+    if need <= room:
+        return
+    lo, hi = 0, tokens  # the longest prompt that would fit, for the message
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if pass_bytes(engine.config, mid, batch, act) <= room else (lo, mid - 1)
+    rows = f"{batch} x {tokens:,}" if batch > 1 else f"{tokens:,}"
+    raise ValueError(f"{rows} tokens needs about {need / 2**30:.1f} GiB of memory for one forward pass on the CPU "
+                     f"(estimate); {max(room, 0) / 2**30:.1f} GiB is free beyond 1 GiB of headroom. Use at most "
+                     f"about {lo:,} tokens{' per sequence or a smaller batch' if batch > 1 else ''}, or free memory: "
+                     "running out of memory on the CPU ends the whole server.")
+
+
 # ---- one run ---------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -117,6 +168,7 @@ def run_once(engine, prompt_ids: list[int], new_tokens: int, batch: int = 1, pro
     if new_tokens < 2:
         raise ValueError("Ask for at least 2 new tokens: inter-token latency needs two.")
     check_length(engine, len(prompt_ids), new_tokens)
+    check_memory(engine, len(prompt_ids) + new_tokens, batch)
     params = GenerationParams(max_new_tokens=new_tokens, stop_at_eos=False, top_logprobs=0)
     progress(0.0, f"Prefill of {len(prompt_ids)} tokens x {batch}")
 
@@ -144,6 +196,7 @@ def ramp(engine, filler: list[int], lengths: list[int], new_tokens: int, progres
     lengths = sorted(set(lengths))
     for n in lengths:
         check_length(engine, n, new_tokens)
+    check_memory(engine, lengths[-1] + new_tokens)  # before the short ones: refuse now, not after an hour
     out = []
     for i, n in enumerate(lengths):
         if should_stop and should_stop():
@@ -161,6 +214,7 @@ def batch_sweep(engine, filler: list[int], prompt_tokens: int, new_tokens: int, 
                 on_result: Callable[[RunResult], None] = _noop) -> list[RunResult]:
     """The same prompt at each batch size: tokens/s of the whole batch."""
     prompt = exact_prompt(engine, filler, prompt_tokens)
+    check_memory(engine, prompt_tokens + new_tokens, max(batches))
     out = []
     for i, b in enumerate(batches):
         if should_stop and should_stop():
@@ -199,14 +253,28 @@ class NeedleResult:
     def answer_prob(self) -> float:
         return math.exp(self.answer_logprob)
 
-    def row(self) -> dict:
-        return {"needle": "none (control)" if self.depth == "none" else self.depth,
-                "at token": "-" if self.position < 0 else str(self.position), "prompt tokens": self.prompt_tokens,
-                "answer logprob (sum)": f"{self.answer_logprob:.2f}", "mean per token": f"{self.mean_logprob:.3f}",
-                "answer tokens ranked first": f"{self.top1_hits} of {self.answer_tokens}"}
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mean_logprob": self.mean_logprob}
+
+
+def needle_row(r: dict) -> dict:
+    """One line of the needle table; `r` is NeedleResult.to_dict(). The control's position is "none": st.table
+    renders a lone "-" as a list bullet."""
+    return {"needle": "none (control)" if r["depth"] == "none" else r["depth"],
+            "at token": "none" if r["position"] < 0 else str(r["position"]), "prompt tokens": r["prompt_tokens"],
+            "answer logprob (sum)": f"{r['answer_logprob']:.2f}", "mean per token": f"{r['mean_logprob']:.3f}",
+            "answer tokens ranked first": f"{r['top1_hits']} of {r['answer_tokens']}"}
 
 
 DEPTHS = {"start": 0.0, "middle": 0.5, "end": 1.0}
+NEEDLE_NOTE = (f"Fact: \"{NEEDLE.format(answer=ANSWER.strip())}\" placed at the start, middle and end of the document; "
+               "the answer is scored after a question, against a control without the fact.")
+RAMP_STEPS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def ramp_steps(limit: int) -> list[int]:
+    """The ramp's prompt lengths (powers of two) that fit under `limit` tokens."""
+    return [n for n in RAMP_STEPS if n <= limit]
 
 
 def needle_prompts(engine, filler: list[int], total_tokens: int, depths=("start", "middle", "end"),
@@ -228,17 +296,34 @@ def needle_prompts(engine, filler: list[int], total_tokens: int, depths=("start"
     return out, answer_ids
 
 
+def needle_max_tokens(engine, max_length: int | None = None) -> int | None:
+    """Longest needle-test prompt: the answer is scored after it, so prompt + answer must fit the model's positions
+    (and the configured max length, when one is given)."""
+    caps = [c for c in (engine.max_positions, max_length) if c]
+    return min(caps) - len(plain_ids(engine, ANSWER)) if caps else None
+
+
+def check_needle_length(engine, total_tokens: int, max_length: int | None = None) -> None:
+    cap = needle_max_tokens(engine, max_length)
+    if cap and total_tokens > cap:
+        limit = min(c for c in (engine.max_positions, max_length) if c)
+        raise ValueError(f"A needle test of {total_tokens:,} tokens does not fit: the answer is scored after the "
+                         f"prompt, within {limit:,} positions. Use at most {cap:,} tokens.")
+
+
 def needle_test(engine, filler: list[int], total_tokens: int, depths=("start", "middle", "end"),
                 progress: Progress = _noop, should_stop: Stop | None = None,
-                on_result: Callable[[NeedleResult], None] = _noop) -> list[NeedleResult]:
+                on_result: Callable[[NeedleResult], None] = _noop,
+                max_length: int | None = None) -> list[NeedleResult]:
     """Teacher-forced log-probability of the answer after the question, with the fact at each depth and without
     it (the control: what the model guesses). A fact that is used lifts the answer far above the control."""
+    check_needle_length(engine, total_tokens, max_length)
     prompts, answer = needle_prompts(engine, filler, total_tokens, depths)
-    check_length(engine, len(prompts[0][2]), len(answer))
     out = []
     for i, (depth, pos, ids) in enumerate(prompts):
         if should_stop and should_stop():
             raise Cancelled("Needle test cancelled.")
+        check_memory(engine, len(ids) + len(answer))  # before each pass: free memory may have changed meanwhile
         progress(i / len(prompts), f"scoring with the needle at {depth}" if pos >= 0 else "scoring the control")
         s = engine.score(ids, answer, top_k=1)
         hits = sum(1 for t, top in zip(answer, s.top_logprobs) if max(top, key=top.get) == t)

@@ -32,3 +32,22 @@ def source_line() -> str:
         return ""
     return (f"Measured by bench/fp8_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
             f"{d.get('model')}, fast CUDA-graph decode path; tok/s at decode.")
+
+
+def by_context(kv_dtype: str = "auto") -> tuple[int, int, list[dict], list[str]] | None:
+    """Decode speed after the shortest and after the longest prompt measured: (short, long, one display row per
+    (precision, batch) measured at both, one note per batch that did not fit at the long prompt). None when fewer
+    than two prompt lengths were measured."""
+    rows = [r for r in _results().get("rows", []) if r.get("kv") == kv_dtype]
+    prompts = sorted({r["prompt"] for r in rows})
+    if len(prompts) < 2:
+        return None
+    short, long = prompts[0], prompts[-1]
+    at = {(r["precision"], r["batch"], r["prompt"]): r for r in rows if r.get("status") == "ok"}
+    out = [{"precision": p, "batch": b,
+            f"tok/s at {short:,}": round(s["tok_s"], 1), f"x BF16 at {short:,}": round(s["speedup_vs_bf16"], 2),
+            f"tok/s at {long:,}": round(r["tok_s"], 1), f"x BF16 at {long:,}": round(r["speedup_vs_bf16"], 2)}
+           for (p, b, n), r in at.items() if n == long and (s := at.get((p, b, short)))]
+    notes = sorted({f"batch {r['batch']} at {long:,} tokens: {r['status']}" for r in rows
+                    if r["prompt"] == long and r.get("status", "ok") != "ok"})
+    return short, long, sorted(out, key=lambda d: (d["batch"], d["precision"] != "bf16", d["precision"])), notes

@@ -6,7 +6,7 @@ from core.precision import Precision
 from core.session import Setup
 from tests.conftest import ROOT
 
-PAGE = str(ROOT / "pages" / "long_context.py")
+PAGE = str(ROOT / "views" / "long_context.py")
 BF16 = Setup(ModelSpec("embedded"), Precision.BF16)
 
 
@@ -54,3 +54,76 @@ def test_binary_looking_paste_gives_an_error_not_a_crash(embedded_dir):
     at.text_area(key="lc_text").set_value("\x01\x02\x03\x04" * 100).run()
     assert not at.exception
     assert any("looks binary" in e.value for e in at.error)
+
+
+SHORT_DOC = "# Notes\n\nThe cache filled after a long paste of logs.\n\n## Log\n\n" + "WARN preempted request\n" * 20
+
+
+def run_single(at: AppTest, new_tokens: int = 2) -> AppTest:
+    at.text_area(key="lc_text").set_value(SHORT_DOC).run()
+    at.number_input(key="lc_new").set_value(new_tokens).run()
+    at.button(key="lc_go_single").click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_a_single_run_is_saved_to_history_as_a_longdoc_run(embedded_dir, tmp_path, monkeypatch):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    at = run_single(page())
+    assert any(m.label == "TTFT" for m in at.metric)
+    db = Store(tmp_path / "h.sqlite")
+    runs = db.list_runs("longdoc")
+    assert len(runs) == 1 and runs[0].status == "finished" and "single run" in runs[0].title
+    run = db.get_run(runs[0].id)
+    summary, result = run.summary, run.payload["results"][0]
+    assert summary["new_tokens"] == 2 and summary["prompt_tokens"] == result["prompt_tokens"] > 20
+    assert summary["ttft_s"] > 0 and summary["itl_p50_s"] > 0 and summary["decode_tok_s"] > 0
+    assert summary["peak_bytes"] > 0
+    assert len(result["itl_s"]) == 1 and run.payload["params"]["document_chars"] == len(SHORT_DOC)
+    assert "BF16" in run.payload["model"]
+
+
+def test_a_ramp_is_saved_as_running_then_finished_with_each_length(embedded_dir, tmp_path, monkeypatch):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    at = page()
+    at.text_area(key="lc_text").set_value(SHORT_DOC).run()
+    at.number_input(key="lc_new").set_value(2).run()
+    at.multiselect[0].set_value([256]).run()
+    at.button(key="lc_go_ramp").click().run()
+    assert not at.exception, at.exception
+    run = Store(tmp_path / "h.sqlite").get_run(Store(tmp_path / "h.sqlite").list_runs("longdoc")[0].id)
+    assert run.status == "finished" and run.payload["test"] == "ramp"
+    assert [r["prompt_tokens"] for r in run.payload["results"]] == [256]
+    assert run.summary["points"] == 1 and set(run.summary["ttft_s_by"]) == {"256"}
+
+
+def test_when_history_cannot_be_written_the_result_still_shows_with_one_warning(embedded_dir, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path))  # a directory: the store refuses it (a real fault, not a fake)
+    at = run_single(page())
+    assert any(m.label == "TTFT" for m in at.metric)
+    warnings = [w.value for w in at.warning if "not saved to the history" in w.value]
+    assert len(warnings) == 1 and "is a directory" in warnings[0]
+    assert not at.error
+
+
+def test_the_needle_test_shows_its_table_and_is_saved(embedded_dir, tmp_path, monkeypatch):
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    at = page()
+    at.text_area(key="lc_text").set_value(SHORT_DOC).run()
+    needle_len = next(n for n in at.number_input if n.label == "Prompt length (tokens)")
+    assert needle_len.max == 32758  # the model's positions less the scored answer
+    needle_len.set_value(128).run()
+    at.button(key="lc_go_needle").click().run()
+    assert not at.exception, at.exception
+    rows = at.table[0].value
+    assert list(rows["needle"]) == ["none (control)", "start", "middle", "end"]
+    run = Store(tmp_path / "h.sqlite").get_run(Store(tmp_path / "h.sqlite").list_runs("longdoc")[0].id)
+    assert run.status == "finished" and run.payload["test"] == "needle" and len(run.payload["results"]) == 4
+    assert set(run.summary["lift_over_control"]) == {"start", "middle", "end"}

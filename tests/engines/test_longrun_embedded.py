@@ -59,7 +59,7 @@ def test_needle_prompts_place_the_fact_at_each_depth_with_equal_lengths(engine, 
 
 
 def test_needle_scores_are_finite_and_the_fact_is_used(engine, filler):
-    # two teacher-forced passes (control and middle) keep this affordable: scoring computes logits at every position
+    # two teacher-forced passes (control and middle) keep this affordable on 2 cores
     results = longrun.needle_test(engine, filler, 512, depths=("middle",))
     assert [r.depth for r in results] == ["none", "middle"]
     for r in results:
@@ -87,6 +87,14 @@ def test_ramp_and_batch_sweep_report_each_point_and_cancel_keeps_finished_ones(e
 def test_lengths_beyond_the_model_are_refused_before_running(engine, filler):
     with pytest.raises(ValueError, match="positions"):
         longrun.ramp(engine, filler, [64, engine.max_positions], 4)
+    # the needle goes up to the model's positions less the answer it scores, and no further
+    cap = longrun.needle_max_tokens(engine)
+    assert cap == engine.max_positions - len(longrun.plain_ids(engine, longrun.ANSWER)) == 32758
+    with pytest.raises(ValueError, match=r"Use at most 32,758 tokens"):
+        longrun.needle_test(engine, filler, cap + 1)
+    assert longrun.needle_max_tokens(engine, 4096) == 4086  # a configured max length caps it too
+    with pytest.raises(ValueError, match=r"within 4,096 positions\. Use at most 4,086"):
+        longrun.needle_test(engine, filler, 4087, max_length=4096)
 
 
 def test_percentiles_match_numpy():
@@ -96,3 +104,18 @@ def test_percentiles_match_numpy():
     for q in (0.5, 0.9, 0.99):
         assert longrun.percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)))
     assert longrun.percentile([], 0.5) is None
+
+
+def test_a_cpu_run_that_would_not_fit_in_memory_is_refused_before_it_starts(engine):
+    import psutil
+
+    # the needle at the model's full length fits with room to spare on a 24 GiB machine (measured peaks 5.2 GiB
+    # in all at BF16, 7.7 GiB at FP32, docs/PERFORMANCE.md); the estimate stays above what the pass itself took
+    assert 4.1 * 2**30 < longrun.pass_bytes(engine.config, 32768) < 8 * 2**30
+    assert 7.0 * 2**30 < longrun.pass_bytes(engine.config, 32768, act_bytes=4) < 12 * 2**30
+    # a batch whose pass needs more than twice the memory free now: refused with what would fit, nothing run
+    per_row = longrun.pass_bytes(engine.config, 4096)
+    batch = 2 * psutil.virtual_memory().available // per_row + 1
+    with pytest.raises(ValueError, match=r"GiB of memory for one forward pass on the CPU .* Use at most about") as e:
+        longrun.check_memory(engine, 4096, batch)
+    assert f"{batch} x 4,096 tokens" in str(e.value) and "ends the whole server" in str(e.value)

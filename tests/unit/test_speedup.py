@@ -1,0 +1,15 @@
+"""The FP8/BF16 speedups the pages show, read from the H200 results recorded in docs/fp8_speed_h200.json."""
+import pytest
+
+from core import speedup
+
+
+def test_h200_speedups_by_context_come_from_the_recorded_results():
+    short, long, rows, notes = speedup.by_context("auto")  # docs/fp8_speed_h200.json, as recorded
+    assert (short, long) == (512, 32768)
+    fp8 = next(r for r in rows if r["precision"] == "fp8" and r["batch"] == 1)
+    bf16 = next(r for r in rows if r["precision"] == "bf16" and r["batch"] == 1)
+    assert fp8["x BF16 at 512"] == pytest.approx(fp8["tok/s at 512"] / bf16["tok/s at 512"], rel=0.01)
+    # the KV cache is read every step at length, so the FP8 weights' share of the win shrinks there
+    assert fp8["x BF16 at 32,768"] < fp8["x BF16 at 512"]
+    assert {r["batch"] for r in rows} == {1, 8} and any("batch 64" in n and "does not fit" in n for n in notes)
