@@ -18,12 +18,20 @@ RUN_TIMEOUT_S = 2 * LOAD_TIMEOUT_S
 
 
 def only_builtin_prompt(page, name: str) -> None:
-    """Remove every chosen built-in prompt except `name` with the chips' own remove buttons."""
+    """Remove every chosen built-in prompt except `name` with the chips' own remove buttons, one at a time: each
+    removal reruns the page, and a click while it reruns can be lost."""
     box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Built-in prompts")
-    for other in box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))"):
-        if other != name:
-            box.get_by_role("button", name=f"Remove {other}", exact=True).click()
-    assert [t.get_attribute("aria-label") for t in box.locator("[data-tag]").all()] == [name]
+
+    def chosen() -> list[str]:
+        return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
+
+    for _ in range(20):
+        others = [t for t in chosen() if t != name]
+        if not others:
+            break
+        box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
+        wait_idle(page)
+    assert chosen() == [name]
 
 
 def select(page, label: str, option: str) -> None:
@@ -65,6 +73,8 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     assert "FP8" in verdict and "FP32" in verdict, verdict
 
     # The side-by-side view of the first prompt: reference left, candidate right, 6 tokens each.
+    # st.html content can arrive after the metrics above it on a loaded machine: wait for it by name.
+    page.locator(".cmp-wrap .cmp-head").nth(1).wait_for(timeout=RUN_TIMEOUT_S * 1000)
     heads = page.locator(".cmp-wrap .cmp-head").all_inner_texts()
     assert len(heads) == 2 and heads[0].startswith("Reference: FP32") and heads[1].startswith("Candidate: FP8")
     assert all(h.endswith("6 tokens") for h in heads), heads
