@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
 # inherit it). Tests that need their own database set TRIAGE_DB themselves.
 os.environ["TRIAGE_DB"] = str(Path(tempfile.mkdtemp(prefix="triage-tests-")) / "history.sqlite")
 
+# One app server and one browser for the whole session, whichever directory asks first (tests/e2e/fixtures.py).
+from tests.e2e.fixtures import app_server, browser, dialogs, history_db, page  # noqa: E402,F401
+
 
 @pytest.fixture(scope="session")
 def embedded_dir():

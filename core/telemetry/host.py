@@ -107,7 +107,8 @@ class HostSource:
         prev = self._prev.get("cpu")
         self._prev["cpu"] = (sum(cpu), busy)
         if prev and sum(cpu) > prev[0]:
-            vals["cpu_pct"] = 100.0 * (busy - prev[1]) / (sum(cpu) - prev[0])
+            # Sums of float counters: an idle interval can come out a hair below 0 (-1e-10 seen), so clamp.
+            vals["cpu_pct"] = min(100.0, max(0.0, 100.0 * (busy - prev[1]) / (sum(cpu) - prev[0])))
         else:
             why["cpu_pct"] = "needs two readings a second apart"
         try:

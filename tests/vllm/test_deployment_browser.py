@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("playwright")
-from tests.e2e.conftest import app_server, browser, dialogs, history_db, page  # noqa: E402,F401 - fixtures
 from tests.e2e.helpers import CHROMIUM, errors_on, goto, metric_value, screenshot, wait_idle  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
