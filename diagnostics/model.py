@@ -81,7 +81,7 @@ def fail(verdict: str, remedy: str, **kw: Any) -> Outcome:
 
 def skip(missing: str, **kw: Any) -> Outcome:
     """`missing` names the input and why it is missing: 'no GPU: NVML library not found'."""
-    return Outcome(Status.SKIP, f"Not decided: {missing}.", missing=missing, **kw)
+    return Outcome(Status.SKIP, f"Not decided: {missing.rstrip('.')}.", missing=missing, **kw)
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,11 @@ st.caption("Bands (>= 0.92 fine, 0.85-0.92 watch, < 0.85 calibration failed) com
            f"{t['reference_generate']:.1f} s (reference) + {t['candidate_generate']:.1f} s (candidate), teacher-forced "
            f"scoring {t['reference_score']:.1f} s + {t['candidate_score']:.1f} s, total {t['total']:.1f} s.")
 
-st.dataframe(render.prompt_table(res), hide_index=True, width="stretch")
+number = st.column_config.NumberColumn
+st.dataframe(render.prompt_table(res), hide_index=True, width="stretch", column_config={
+    "top-3 match": number(format="%.2f"), "free top-1 agreement": number(format="%.2f"),
+    "same top token %": number(format="%.1f"), f"top-{res.top_k} overlap": number(format="%.3f"),
+    "mean KLD (nats)": number(format="%.3g"), "max KLD (nats)": number(format="%.3g")})
 names = [p.name for p in res.prompts]
 idx = names.index(st.selectbox("Prompt", names, key="cmp_prompt")) if len(names) > 1 else 0
 st.html(render.side_by_side_html(res, idx))

@@ -82,14 +82,15 @@ def live():
         f"prefix caching {cfg.get('enable_prefix_caching', 'N/A')}") if cfg else "vllm:cache_config_info: N/A")
 
     src = (lambda f: f"vLLM /metrics {snap.sources[f]}" if f in snap.sources else "not reported by this server")
-    m = st.columns(7)
+    # Two rows: seven metrics in one row cut "3.6 tok/s" to "3.6 to…" in a normal browser window.
+    m = st.columns(4) + st.columns(4)
     m[0].metric("Running", num(row["running"], "{:.0f}"), help=src("running"))
     m[1].metric("Waiting", num(row["waiting"], "{:.0f}"), help=src("waiting"))
     m[2].metric("KV cache usage", num(row["kv_cache_usage_pct"], suffix=" %"), help=src("kv_cache_usage"))
-    m[3].metric("Generation", num(row["generation_tok_s"], suffix=" tok/s"),
+    m[4].metric("Generation", num(row["generation_tok_s"], suffix=" tok/s"),
                 help=f"Rate between the last two scrapes of {src('generation_tokens')}")
-    m[4].metric("Prompt", num(row["prompt_tok_s"], suffix=" tok/s"), help=f"Rate of {src('prompt_tokens')}")
-    m[5].metric("Preemptions", num(row["preemptions_total"], "{:.0f}"),
+    m[5].metric("Prompt", num(row["prompt_tok_s"], suffix=" tok/s"), help=f"Rate of {src('prompt_tokens')}")
+    m[3].metric("Preemptions", num(row["preemptions_total"], "{:.0f}"),
                 delta=None if not row["preemptions_new"] else f"+{row['preemptions_new']:.0f}", delta_color="inverse",
                 help=f"Total since start; {src('preemptions')}. Rising with KV usage near 100 %: cache too small.")
     m[6].metric("Prefix cache hits", num(row["prefix_hit_pct_total"], suffix=" %"),
@@ -138,12 +139,13 @@ with st.form("dep_probe_form"):
 res = ss.get("dep_probe")
 if res is not None:
     table = [{"latency": f"{dc.LATENCY_LABELS[k]} {p}",
-              "client, measured here (ms)": None if res.client[k][p] is None else 1000 * res.client[k][p],
-              "server, vLLM /metrics (ms)": None if not res.server or res.server[k][p] is None else 1000 * res.server[k][p]}
+              "client (ms)": None if res.client[k][p] is None else 1000 * res.client[k][p],
+              "server (ms)": None if not res.server or res.server[k][p] is None else 1000 * res.server[k][p]}
              for k in ("ttft", "itl", "e2e") for p in dc.PERCENTILES]
     c = st.columns([2, 3])
-    c[0].dataframe(table, hide_index=True, column_config={k: st.column_config.NumberColumn(format="%.1f")
-                                                          for k in table[0] if k != "latency"})
+    c[0].dataframe(table, hide_index=True, width="stretch", column_config={
+        "client (ms)": st.column_config.NumberColumn(format="%.1f", help="Measured here, from the streamed chunks"),
+        "server (ms)": st.column_config.NumberColumn(format="%.1f", help="vLLM /metrics histograms, same window")})
     c[1].plotly_chart(dc.probe_comparison(res.client, res.server), key="dep_probe_chart",
                       config={"displayModeBar": False})
     st.caption(esc(f"{res.n} requests x {res.prompt_tokens} prompt tokens -> {res.max_new_tokens} new tokens, "

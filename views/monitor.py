@@ -86,7 +86,7 @@ def live():
         key = p + "throttle_reasons"
         rows[1][4].caption(f"Clock throttle reasons (NVML): **{fmt(key, v.get(key))}**",
                            help=f"N/A: {snap.reason(key)}" if v.get(key) is None else None)
-    h = st.columns(8)
+    h = st.columns(4) + st.columns(4)  # one row of eight cut values like "63 kB/s" to "63 k…"
     for col, (label, key) in zip(h, [("Host CPU", "host.cpu_pct"), ("Load 1 min", "host.load1"),
                                      ("Swap used", "host.swap_used_bytes"), ("Disk read", "host.disk_read_bytes_s"),
                                      ("Disk write", "host.disk_write_bytes_s"), ("Net RX", "host.net_rx_bytes_s"),

@@ -92,6 +92,6 @@ def test_live_server_panels_and_probe(vllm_engine, monkeypatch, tmp_path):
     at.run()
     assert not at.exception and not at.error
     table = at.dataframe[0].value
-    assert (table["client, measured here (ms)"] > 0).all() and (table["server, vLLM /metrics (ms)"] > 0).all()
+    assert (table["client (ms)"] > 0).all() and (table["server (ms)"] > 0).all()
     runs = Store(tmp_path / "h.sqlite").list_runs("probe")
     assert len(runs) == 1 and runs[0].summary["requests"] == 2 and runs[0].summary["client"]["ttft"]["p50"] > 0
