@@ -3,7 +3,7 @@ session state (ss["lc_<test>"]) as they arrive, every run saved to the history (
 a stopped run leaves behind.
 
 Cancel works through Streamlit itself: the click reruns the page script, which stops the running one at its next
-progress update (every token). "lc_running" is set while a run is in progress and cleared at its end, so finding it
+progress update (a few times a second: core/throttle.py). "lc_running" is set while a run is in progress and cleared at its end, so finding it
 set at the start of a script run means the previous run was stopped.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Callable
 import streamlit as st
 
 from core import longrun_history as hist
+from core.throttle import throttled
 
 NOBAR = {"displayModeBar": False}
 STOPPED = ("The last run was stopped (Cancel, or a widget changed while it ran); results finished before it are "
@@ -40,9 +41,8 @@ def run(test: str, model: str, params: dict, fn: Callable) -> None:
     ss[f"lc_{test}"], ss.lc_running = [], test
     bar, cancel = st.progress(0.0, "Starting"), st.empty()
     cancel.button("Cancel", key=f"cancel_{test}")
-    out = hist.run_recorded(test, model, params,
-                            lambda keep: fn(lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), msg), keep),
-                            ss[f"lc_{test}"].append)
+    progress = throttled(lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), msg), is_last=lambda f, msg: f >= 1.0)
+    out = hist.run_recorded(test, model, params, lambda keep: fn(progress, keep), ss[f"lc_{test}"].append)
     if out.message:
         (st.warning if out.status == "cancelled" else st.error)(out.message)
     ss[f"lc_{test}_warning"] = out.warning

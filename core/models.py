@@ -185,7 +185,23 @@ def load_config(spec: ModelSpec):
             return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
         except Exception as exc:  # noqa: BLE001 - any parse failure of a user's file is the same answer for them
             raise damaged_gguf(p, exc) from exc
-    return AutoConfig.from_pretrained(spec.path, trust_remote_code=False)
+    try:
+        return AutoConfig.from_pretrained(spec.path, trust_remote_code=trust_remote_code())
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise ModelError(f"{spec.label} ships its own Python code (auto_map in its config.json), which the "
+                             f"console does not run unless told to. {REMOTE_CODE_HOWTO}") from exc
+        raise ModelError(f"Could not read the config of {spec.label}: {exc}") from exc
+
+
+REMOTE_CODE_HOWTO = ("If you trust where it came from, restart the console with TRIAGE_TRUST_REMOTE_CODE=1; "
+                     "otherwise pick a model that transformers supports natively.")
+
+
+def trust_remote_code() -> bool:
+    """transformers' trust_remote_code for a user's model directory: off unless the console was started with
+    TRIAGE_TRUST_REMOTE_CODE=1, because it runs the directory's Python files inside this process."""
+    return os.environ.get("TRIAGE_TRUST_REMOTE_CODE", "").strip() == "1"
 
 
 def count_parameters(config) -> dict[str, int]:

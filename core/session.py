@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from core.models import ModelSpec
+from core.throttle import throttled
 from core.precision import KVDtype, Precision
 
 
@@ -97,14 +98,18 @@ PROMPT_MAX_CHARS = 200_000
 
 
 def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text):
-    """Generate for one prompt, calling on_text with the text so far after every token."""
+    """Generate for one prompt, calling on_text with the text so far a few times a second and with the whole text at
+    the end."""
     from core.engines.base import GenerationParams
 
     if len(prompt) > PROMPT_MAX_CHARS:
         raise ValueError(f"The prompt is {len(prompt):,} characters; this box runs at most {PROMPT_MAX_CHARS:,}. "
                          "For a long document use the Long context page: it counts the tokens and truncates to fit.")
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    return engine.generate([prompt], params, on_step=lambda ev: on_text(ev.texts[0]))[0]
+    show = throttled(on_text)  # a page update per token would slow the decode it times
+    gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
+    on_text(gen.text)
+    return gen
 
 
 def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:

@@ -1,6 +1,6 @@
 """Long context: paste or upload a long document, count its tokens, check the fit, size its KV cache, and time
 prefill and decode on the loaded model. Cancel works through Streamlit itself: the click reruns this script, which
-stops the running one at its next progress update (every token); results finished before it stay on the page and
+stops the running one at its next progress update (a few a second); results finished before it stay on the page and
 in the history (core/longrun_ui.py, core/longrun_history.py).
 """
 import streamlit as st

@@ -6,6 +6,7 @@ the agreement metrics and the benchmarks never care which one produced a result.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Protocol
 
@@ -101,6 +102,40 @@ class StreamEvent:
     token_ids: list[int | None]
     texts: list[str]  # the decoded text of each sequence so far
     t: float
+
+
+def stop_if_asked(should_stop: Callable[[], bool] | None, gens: list[Generation], done: list[bool]) -> None:
+    """Between decode steps: mark unfinished rows cancelled and raise Cancelled when the caller asked to stop."""
+    if should_stop and should_stop():
+        for g, d in zip(gens, done):
+            if not d:
+                g.finish_reason = "cancelled"
+        raise Cancelled("Generation cancelled.")
+
+
+def append_step(gens: list[Generation], done: list[bool], next_ids, chosen_logprobs, top, t0: float,
+                eos_ids: set[int], stop_at_eos: bool) -> tuple[list[int | None], float]:
+    """Record one decode step in every unfinished row: token, its logprob, the top-k (a (values, ids) pair of device
+    tensors, or None) and the time since t0. Reading the tensors syncs the device, so the time is taken after the
+    token exists. Returns what each row emitted (None for rows already done) and that time; rows that hit EOS are
+    marked done."""
+    chosen, nxt = chosen_logprobs.tolist(), next_ids.tolist()
+    now = time.perf_counter() - t0
+    top_v, top_i = (top[0].tolist(), top[1].tolist()) if top is not None else (None, None)
+    emitted: list[int | None] = []
+    for b, g in enumerate(gens):
+        if done[b]:
+            emitted.append(None)
+            continue
+        tok = nxt[b]
+        g.token_ids.append(tok)
+        g.logprobs.append(chosen[b])
+        g.top_logprobs.append(dict(zip(top_i[b], top_v[b])) if top_v is not None else {})
+        g.token_times.append(now)
+        emitted.append(tok)
+        if stop_at_eos and tok in eos_ids:
+            done[b], g.finish_reason = True, "eos"
+    return emitted, now
 
 
 @dataclass

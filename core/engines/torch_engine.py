@@ -17,7 +17,6 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingW
 
 from core import fp8
 from core.engines.base import (
-    Cancelled,
     EngineError,
     Generation,
     GenerationParams,
@@ -25,9 +24,11 @@ from core.engines.base import (
     Score,
     StreamEvent,
     UnsupportedCombination,
+    append_step,
+    stop_if_asked,
 )
 from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
-                         synthetic_config)
+                         synthetic_config, trust_remote_code)
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -192,8 +193,8 @@ class TorchEngine:
                 src = str(p.parent)
             else:
                 kw, src = {}, str(model_dir or spec.path)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=False, **kw)
-            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=False, **kw)
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=trust_remote_code(), **kw)
+            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code(), **kw)
         except Exception as exc:  # noqa: BLE001 - a user's file that fails to parse gets one clear message
             if spec.kind == "gguf":
                 raise damaged_gguf(Path(spec.path), exc) from exc
@@ -267,11 +268,7 @@ class TorchEngine:
             past = 0
             t0 = time.perf_counter()
             for step in range(params.max_new_tokens):
-                if should_stop and should_stop():
-                    for g, d in zip(gens, done):
-                        if not d:
-                            g.finish_reason = "cancelled"
-                    raise Cancelled("Generation cancelled.")
+                stop_if_asked(should_stop, gens, done)
                 q = input_ids.shape[1]
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -q:]
                 out = self.model(
@@ -282,24 +279,9 @@ class TorchEngine:
                 logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
                 nxt = self._pick(logprobs, params, gen)
                 k = params.top_logprobs
-                top_v, top_i = logprobs.topk(max(k, 1), dim=-1) if k else (None, None)
-                chosen_lp = logprobs.gather(1, nxt[:, None])[:, 0].tolist()
-                nxt_list = nxt.tolist()  # syncs the device: the token exists now
-                now = time.perf_counter() - t0
-                top_v_l, top_i_l = (top_v.tolist(), top_i.tolist()) if k else (None, None)
-                emitted: list[int | None] = []
-                for b, g in enumerate(gens):
-                    if done[b]:
-                        emitted.append(None)
-                        continue
-                    tok = nxt_list[b]
-                    g.token_ids.append(tok)
-                    g.logprobs.append(chosen_lp[b])
-                    g.top_logprobs.append(dict(zip(top_i_l[b], top_v_l[b])) if k else {})
-                    g.token_times.append(now)
-                    emitted.append(tok)
-                    if params.stop_at_eos and tok in self.eos_ids:
-                        done[b], g.finish_reason = True, "eos"
+                emitted, now = append_step(gens, done, nxt, logprobs.gather(1, nxt[:, None])[:, 0],
+                                           logprobs.topk(k, dim=-1) if k else None, t0, self.eos_ids,
+                                           params.stop_at_eos)
                 yield StreamEvent(step, emitted, [self.decode(g.token_ids) for g in gens], now)
                 if all(done):
                     break

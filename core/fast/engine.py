@@ -12,7 +12,6 @@ from typing import Callable, Iterator
 import torch
 
 from core.engines.base import (
-    Cancelled,
     EngineError,
     Generation,
     GenerationParams,
@@ -20,6 +19,8 @@ from core.engines.base import (
     Score,
     StreamEvent,
     UnsupportedCombination,
+    append_step,
+    stop_if_asked,
 )
 from core.engines.torch_engine import (
     TorchEngine,
@@ -29,7 +30,7 @@ from core.engines.torch_engine import (
     estimate_weight_bytes,
 )
 from core.fast.model import DecodeGraph, Dims, FastLlama
-from core.models import ModelError, ModelSpec, load_config, synthetic_config
+from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
 from core.precision import KVDtype, Precision, unsupported_reasons
 
 GRAPH_TOP_K = 20  # GenerationParams allows at most 20 alternatives; one graph serves every request
@@ -96,8 +97,8 @@ class FastLlamaEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
-            hf = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.bfloat16, trust_remote_code=False)
-            tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=False)
+            hf = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.bfloat16, trust_remote_code=trust_remote_code())
+            tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust_remote_code())
         except (OSError, ValueError, KeyError) as exc:
             raise ModelError(f"Could not load {spec.label}: {exc}") from exc
         progress(0.5, "Moving weights to the GPU")
@@ -169,11 +170,7 @@ class FastLlamaEngine:
             lp = torch.log_softmax(logits.float(), dim=-1)
             pos = torch.tensor(lens, device="cuda")
             for step in range(params.max_new_tokens):
-                if should_stop and should_stop():
-                    for g, d in zip(gens, done):
-                        if not d:
-                            g.finish_reason = "cancelled"
-                    raise Cancelled("Generation cancelled.")
+                stop_if_asked(should_stop, gens, done)
                 if step > 0:
                     out = runner.step()
                     lp = out["logprobs"]
@@ -185,28 +182,11 @@ class FastLlamaEngine:
                     runner.set_state(nxt, pos)
                 elif params.temperature != 0:
                     runner.tokens.copy_(nxt)  # the replay advanced with argmax; overwrite with the sample
+                top = None
                 if k:
-                    if step == 0:
-                        top_v, top_i = lp.topk(k, dim=-1)
-                    else:
-                        top_v, top_i = out["top_values"][:, :k], out["top_ids"][:, :k]
-                chosen_lp = lp.gather(1, nxt[:, None])[:, 0].tolist()
-                nxt_list = nxt.tolist()  # syncs the device: the token exists now
-                now = time.perf_counter() - t0
-                top_v_l, top_i_l = (top_v.tolist(), top_i.tolist()) if k else (None, None)
-                emitted: list[int | None] = []
-                for b, g in enumerate(gens):
-                    if done[b]:
-                        emitted.append(None)
-                        continue
-                    tok = nxt_list[b]
-                    g.token_ids.append(tok)
-                    g.logprobs.append(chosen_lp[b])
-                    g.top_logprobs.append(dict(zip(top_i_l[b], top_v_l[b])) if k else {})
-                    g.token_times.append(now)
-                    emitted.append(tok)
-                    if params.stop_at_eos and tok in self.eos_ids:
-                        done[b], g.finish_reason = True, "eos"
+                    top = lp.topk(k, dim=-1) if step == 0 else (out["top_values"][:, :k], out["top_ids"][:, :k])
+                emitted, now = append_step(gens, done, nxt, lp.gather(1, nxt[:, None])[:, 0], top, t0, self.eos_ids,
+                                           params.stop_at_eos)
                 yield StreamEvent(step, emitted, [self.decode(g.token_ids) for g in gens], now)
                 if all(done):
                     break

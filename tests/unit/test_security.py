@@ -19,7 +19,10 @@ REVIEWED_RENDERERS = {
     "side_by_side_html": "tests/unit/test_compare_render.py::test_side_by_side_escapes_every_token_and_name",
 }
 # Calls that may pass a non-constant trust_remote_code because a user switched it on explicitly: "path:function".
-USER_TOGGLED_TRUST_REMOTE_CODE: set[str] = set()
+# Each passes core.models.trust_remote_code(), which is True only when the console was started with
+# TRIAGE_TRUST_REMOTE_CODE=1 (tested below).
+USER_TOGGLED_TRUST_REMOTE_CODE: set[str] = {
+    "core/models.py:load_config", "core/engines/torch_engine.py:_load", "core/fast/engine.py:_load_hf"}
 
 
 def python_files() -> list[Path]:
@@ -94,6 +97,31 @@ def test_no_code_trusts_remote_code_unless_a_user_turned_it_on():
                 if site not in USER_TOGGLED_TRUST_REMOTE_CODE and "flags" not in path:
                     bad.append(f"{path}:{node.lineno} passes --trust-remote-code")
     assert not bad, "trust_remote_code must stay off unless the user turns it on:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("true", False), ("1", True),
+                                       (" 1 ", True)])
+def test_remote_code_runs_only_when_the_console_was_started_with_the_switch(monkeypatch, value, on):
+    from core.models import trust_remote_code
+
+    if value is None:
+        monkeypatch.delenv("TRIAGE_TRUST_REMOTE_CODE", raising=False)
+    else:
+        monkeypatch.setenv("TRIAGE_TRUST_REMOTE_CODE", value)
+    assert trust_remote_code() is on
+
+
+def test_a_model_directory_with_its_own_code_is_refused_with_the_switch_named(tmp_path, monkeypatch):
+    from core.models import ModelError, load_config, parse_model
+
+    monkeypatch.delenv("TRIAGE_TRUST_REMOTE_CODE", raising=False)
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "xyzmodel", "auto_map": {"AutoConfig": "configuration_xyz.XyzConfig"}}')
+    ran = tmp_path / "ran"
+    (tmp_path / "configuration_xyz.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    with pytest.raises(ModelError, match="ships its own Python code.*TRIAGE_TRUST_REMOTE_CODE=1"):
+        load_config(parse_model(str(tmp_path)))
+    assert not ran.exists(), "the model directory's code ran"
 
 
 # ---- raw HTML -----------------------------------------------------------------------------------------------------

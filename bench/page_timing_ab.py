@@ -1,0 +1,38 @@
+"""ITL and decode tok/s as the pages show them: the Model page generates 32 tokens, the Long context page runs a
+256-token sample with 32 new tokens, in headless Chromium against the app of the checkout given.
+
+    .venv/bin/python bench/page_timing_ab.py /path/to/checkout-A      # then checkout B, alternating, same machine
+
+Prints one JSON line. Compare checkouts in one sitting and alternate them (these machines are noisy).
+"""
+import json, re, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from playwright.sync_api import sync_playwright
+from tests.e2e.helpers import AppServer, CHROMIUM, CHROMIUM_ARGS, goto, new_page, wait_idle, metric_value
+
+srv = AppServer("app.py", Path(tempfile.mkdtemp()) / "h.sqlite", Path(tempfile.mkdtemp()) / "server.log").start()
+out = {"repo": sys.argv[1]}
+try:
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        ctx, page = new_page(b, [])
+        goto(page, srv, "", timeout_s=300)
+        page.get_by_role("heading", name="Prompt").wait_for(timeout=300_000)
+        box = page.get_by_label("New tokens"); box.fill("32"); box.press("Tab")
+        page.get_by_role("button", name="Generate").click()
+        page.locator('[data-testid="stMetric"]', has_text="TTFT").wait_for(timeout=300_000); wait_idle(page)
+        out["model_itl_median"] = metric_value(page, "ITL median"); out["model_decode"] = metric_value(page, "Decode")
+        page.locator('[data-testid="stSidebarNav"]').get_by_text("Long context", exact=True).click()
+        page.get_by_label("Sample size (tokens)").wait_for(timeout=120_000); wait_idle(page)
+        box = page.get_by_label("Sample size (tokens)"); box.fill("256"); box.press("Tab"); wait_idle(page)
+        page.get_by_role("button", name="Build a sample document").click(); wait_idle(page)
+        box = page.get_by_label("New tokens per run"); box.fill("32"); box.press("Tab"); wait_idle(page)
+        page.get_by_role("button", name=re.compile(r"^Run: prefill")).click()
+        page.locator('[data-testid="stMetric"]', has_text="ITL p50").wait_for(timeout=300_000); wait_idle(page)
+        out["lc_itl_p50"] = metric_value(page, "ITL p50"); out["lc_decode"] = metric_value(page, "Decode")
+        out["lc_ttft"] = metric_value(page, "TTFT")
+        ctx.close(); b.close()
+finally:
+    srv.stop()
+print(json.dumps(out))
