@@ -113,6 +113,9 @@ def _json_block(rng: random.Random, i: int) -> str:
     return "```json\n" + json.dumps(records, indent=2) + "\n```"
 
 
+SAMPLE_OVERSHOOT_TOKENS = 64  # the smallest shipped paragraph is about 45 tokens
+
+
 def sample_document(target_tokens: int = 2000, count: Callable[[str], int] | None = None, seed: int = 0) -> str:
     """Markdown sections of shuffled prose, a code block and JSON records until about `target_tokens` tokens.
     With `count` (the model's token counter) the target is measured, else estimated at 4 characters a token."""
@@ -120,14 +123,24 @@ def sample_document(target_tokens: int = 2000, count: Callable[[str], int] | Non
     prose, code = _source_blocks()
     rng = random.Random(seed)
     parts, total, i = [f"# Sample long document (about {target_tokens} tokens)"], 0, 0
+    limit = target_tokens + SAMPLE_OVERSHOOT_TOKENS
     while total < target_tokens:
         i += 1
-        for block in [f"## Section {i}", *rng.sample(prose, 2), rng.choice(code), _json_block(rng, i),
-                      rng.choice(prose)]:
+        heading, added = f"## Section {i}", False
+        for block in [*rng.sample(prose, 2), rng.choice(code), _json_block(rng, i), rng.choice(prose)]:
+            n = count(block) + 1  # counted alone, plus the blank line that joins it
+            if total + n > limit:
+                continue  # a JSON block is ~200 tokens: near the end, a smaller block of this round may fit
+            if not added:
+                parts.append(heading)
+                total += count(heading) + 1
+                added = True
             parts.append(block)
-            total += count(block)  # blocks are counted alone; each join adds a token at most
+            total += n
             if total >= target_tokens:
                 break
+        if not added:  # nothing of this round fitted: stop short rather than overshoot
+            break
     return "\n\n".join(parts) + "\n"
 
 

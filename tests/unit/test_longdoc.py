@@ -89,7 +89,10 @@ def test_sample_document_mixes_prose_code_and_json(tokenizer):
     doc = longdoc.sample_document(3000, lambda s: longdoc.count_tokens(tokenizer, s))
     assert "```python" in doc and "```json" in doc and "## Section 1" in doc
     n = longdoc.count_tokens(tokenizer, doc)
-    assert 3000 <= n < 3000 + 300  # one block (a paragraph, code or JSON) of overshoot at most
+    assert 3000 <= n <= 3000 + longdoc.SAMPLE_OVERSHOOT_TOKENS  # blocks that would overshoot more are skipped
+    count = lambda s: longdoc.count_tokens(tokenizer, s)  # noqa: E731
+    for target in (256, 1000):  # near the target a ~200-token JSON block no longer lands whole beyond it
+        assert target <= count(longdoc.sample_document(target, count)) <= target + longdoc.SAMPLE_OVERSHOOT_TOKENS
     assert longdoc.sample_document(3000, seed=0) == longdoc.sample_document(3000, seed=0)
 
 
