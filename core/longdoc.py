@@ -94,10 +94,15 @@ def check_text(text: str, name: str = "", limit_mb: int | None = None) -> None:
 
 # ---- sample document -------------------------------------------------------------------------------------------
 
+def source_text() -> str:
+    """The shipped source text after its introduction: headings, prose and fenced code, in file order."""
+    text = SOURCE.read_text(encoding="utf-8")
+    return text[text.index("\n## "):].strip()
+
+
 def _source_blocks() -> tuple[list[str], list[str]]:
     """(prose paragraphs, fenced code blocks) of the shipped source text, after its introduction."""
-    text = SOURCE.read_text(encoding="utf-8")
-    body = text[text.index("\n## "):]
+    body = source_text()
     fence = r"```[a-z]*\n.*?\n```"
     blocks = [b.strip() for b in re.sub(fence, "", body, flags=re.S).split("\n\n")]
     prose = [b.replace("\n", " ") for b in blocks if b and not b.startswith("#")]

@@ -1,22 +1,21 @@
 """Prompt sets for precision comparison: the seed's three prompts, code, JSON and a long-context prompt, plus the
 user's own. The embedded model is a base (not instruction-tuned) model, so prompts are written to be continued.
 
-The long-context prompt is built from docstrings of modules shipped in this repository (nothing is downloaded). It is
-longer than Gemma 3's 512-token sliding window, so the global-attention layers and the window both take part.
+The long-context prompt is the text core/longdoc.py ships for its sample documents (written for this project, nothing
+is downloaded), so it changes only when that text does, and saved comparisons stay comparable. It is longer than
+Gemma 3's 512-token sliding window, so the global-attention layers and the window both take part.
 """
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-# Committed core modules, in a fixed order, so the long prompt stays the same from run to run.
-LONG_SOURCES = ("core/precision.py", "core/fp8.py", "core/models.py", "core/engines/base.py",
-                "core/engines/torch_engine.py", "core/engines/remote.py", "core/engines/vllm_engine.py")
+from core import longdoc
+
 LONG_CHARS = 4800  # about 1,100 Gemma tokens: past the 512-token window, still quick on a CPU
-LONG_QUESTION = "\n\nQuestion: Which FP8 mode needs compute capability 8.9, and why?\nAnswer:"
+LONG_QUESTION = ("\n\nQuestion: Why does the first token of an answer take longer to appear than the tokens after it?"
+                 "\nAnswer:")
 MAX_PROMPTS = 64
 MAX_PROMPT_CHARS = 100_000
 
@@ -29,19 +28,8 @@ class Prompt:
 
 
 def long_context_text(chars: int = LONG_CHARS) -> str:
-    """Docstrings of the repository's core modules, cut at a paragraph boundary near `chars`."""
-    parts: list[str] = []
-    for rel in LONG_SOURCES:
-        path = REPO / rel
-        if not path.is_file():
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc:
-                    parts.append(doc.strip())
-    text = "\n\n".join(parts)
+    """The shipped long-document source text, cut at a paragraph boundary near `chars`."""
+    text = longdoc.source_text()
     if len(text) > chars:
         cut = text.rfind("\n\n", 0, chars)
         text = text[: cut if cut > chars // 2 else chars]
