@@ -3,8 +3,8 @@ session state (ss["lc_<test>"]) as they arrive, every run saved to the history (
 a stopped run leaves behind.
 
 Cancel works through Streamlit itself: the click reruns the page script, which stops the running one at its next
-progress update (a few times a second: core/throttle.py). "lc_running" is set while a run is in progress and cleared at its end, so finding it
-set at the start of a script run means the previous run was stopped.
+progress update (a few times a second: core/throttle.py). "lc_running" is set while a run is in progress and
+cleared at its end, so finding it set at the start of a script run means the previous run was stopped.
 """
 from __future__ import annotations
 

@@ -193,8 +193,9 @@ class TorchEngine:
                 src = str(p.parent)
             else:
                 kw, src = {}, str(model_dir or spec.path)
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=trust_remote_code(), **kw)
-            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code(), **kw)
+            trust = trust_remote_code()
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=self.dtype, trust_remote_code=trust, **kw)
+            tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
         except Exception as exc:  # noqa: BLE001 - a user's file that fails to parse gets one clear message
             if spec.kind == "gguf":
                 raise damaged_gguf(Path(spec.path), exc) from exc

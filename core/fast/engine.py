@@ -97,8 +97,9 @@ class FastLlamaEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
-            hf = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.bfloat16, trust_remote_code=trust_remote_code())
-            tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust_remote_code())
+            trust = trust_remote_code()
+            hf = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.bfloat16, trust_remote_code=trust)
+            tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=trust)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelError(f"Could not load {spec.label}: {exc}") from exc
         progress(0.5, "Moving weights to the GPU")
