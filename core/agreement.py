@@ -40,6 +40,8 @@ def _token_id(key: Any) -> int:
 
 
 def _logprob(value: Any) -> float:
+    if value is None:  # JSON null: how a server serializes a NaN logprob
+        return math.nan
     if hasattr(value, "logprob"):  # vllm.logprobs.Logprob
         return float(value.logprob)
     if isinstance(value, Mapping):  # the JSON form of the same
@@ -165,36 +167,61 @@ KL_SOURCE_TEXT = {
 }
 
 
+KL_ROWS_PER_CHUNK = 16  # float64 temporaries of 16 x 262,144 positions: ~32 MiB each, whatever the length
+
+
 def kl_full(ref_logprobs: np.ndarray, cand_logprobs: np.ndarray) -> np.ndarray:
-    """Per-position KL(ref || cand) in nats from [positions, vocab] log-probabilities."""
+    """Per-position KL(ref || cand) in nats from [positions, vocab] log-probabilities; NaN where either side has a
+    NaN (an overflowed forward pass), so it is counted as non-finite rather than as agreement."""
+    if np.shape(ref_logprobs) != np.shape(cand_logprobs):
+        raise ValueError(f"Distributions differ in shape: {np.shape(ref_logprobs)} vs {np.shape(cand_logprobs)}.")
+    rows = np.shape(ref_logprobs)[0] if np.ndim(ref_logprobs) > 1 else None
+    if rows is None:
+        return _kl_rows(np.asarray(ref_logprobs), np.asarray(cand_logprobs))
+    out = np.empty(rows)
+    for a in range(0, rows, KL_ROWS_PER_CHUNK):  # in chunks: whole-run float64 temporaries were ~10x the input
+        out[a:a + KL_ROWS_PER_CHUNK] = _kl_rows(ref_logprobs[a:a + KL_ROWS_PER_CHUNK],
+                                                 cand_logprobs[a:a + KL_ROWS_PER_CHUNK])
+    return out
+
+
+def _kl_rows(ref_logprobs: np.ndarray, cand_logprobs: np.ndarray) -> np.ndarray:
     ref = np.asarray(ref_logprobs, dtype=np.float64)
     cand = np.asarray(cand_logprobs, dtype=np.float64)
-    if ref.shape != cand.shape:
-        raise ValueError(f"Distributions differ in shape: {ref.shape} vs {cand.shape}.")
     p = np.exp(ref)
     # p * (a - a) is exactly 0, so identical inputs give exactly 0. -inf logprobs (p = 0) contribute nothing.
     with np.errstate(invalid="ignore"):
         terms = np.where(p > 0, p * (ref - cand), 0.0)
     # Rounding can leave a tiny negative sum for near-identical rows; KL itself is never negative.
-    return np.maximum(terms.sum(axis=-1), 0.0)
+    kl = np.maximum(terms.sum(axis=-1), 0.0)
+    return np.where(np.isnan(ref).any(axis=-1) | np.isnan(cand).any(axis=-1), np.nan, kl)
+
+
+# Top-k probabilities can add up to a hair over 1 (a confident token reported as logprob 0.0 in float32), leaving
+# one side's remainder bucket at 0 and the other's at 1e-7: that is rounding, not a candidate with no mass there.
+REMAINDER_FLOOR = 1e-6
 
 
 def kl_topk(ref: TopK, cand: TopK) -> float:
     """KL(ref || cand) over the tokens both sides report, plus one bucket for the rest of the vocabulary.
 
     Merging outcomes into buckets can only lower KL (data-processing inequality), so this is a lower bound of the
-    true KL, and exactly 0 when both sides report the same numbers."""
+    true KL, and exactly 0 when both sides report the same numbers. NaN when either side reports a NaN logprob."""
     r, c = normalize_topk(ref), normalize_topk(cand)
+    if any(math.isnan(v) for v in (*r.values(), *c.values())):
+        return math.nan
     shared = sorted(set(r) & set(c))
     p = [math.exp(r[t]) for t in shared]
     q = [math.exp(c[t]) for t in shared]
-    p.append(max(0.0, 1.0 - math.fsum(p)))
-    q.append(max(0.0, 1.0 - math.fsum(q)))
+    rest_p, rest_q = 1.0 - math.fsum(p), 1.0 - math.fsum(q)
+    if rest_p > REMAINDER_FLOOR or rest_q > REMAINDER_FLOOR:  # else both put all their mass on shared tokens
+        p.append(max(rest_p, 0.0))
+        q.append(max(rest_q, REMAINDER_FLOOR))
     kl = 0.0
     for pi, qi in zip(p, q):
         if pi <= 0.0:
             continue
-        if qi <= 0.0:  # the candidate puts (numerically) no mass where the reference does
+        if qi <= 0.0:  # a -inf logprob: the candidate gives no mass to a token the reference expects
             return math.inf
         kl += pi * (math.log(pi) - math.log(qi))
     return max(kl, 0.0)

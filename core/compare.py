@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from core import agreement as ag
 from core.engines.base import Cancelled, EngineError, Generation, GenerationParams, Score, UnsupportedCombination
 from core.precision import KVDtype, Precision
-from core.prompts import Prompt
+from core.prompts import Prompt, unique_names
 
 ENGINES = ("torch", "vllm", "remote")
 MAX_TOP_K = 20  # GenerationParams.top_logprobs and vLLM's default --max-logprobs
@@ -315,7 +315,8 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
     non-deterministic engine shows up as less than 1.0."""
     if not 1 <= top_k <= MAX_TOP_K:
         raise ValueError(f"top-k must be between 1 and {MAX_TOP_K}; got {top_k}.")
-    prompts = [p if isinstance(p, Prompt) else Prompt(f"prompt-{i + 1}", p) for i, p in enumerate(prompts)]
+    prompts = unique_names([p if isinstance(p, Prompt) else Prompt(f"prompt-{i + 1}", p)
+                            for i, p in enumerate(prompts)])
     if not prompts:
         raise ValueError("Give at least one prompt.")
     reference, candidate = reference or Side(), candidate or Side()
@@ -394,11 +395,22 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
     """Load both sides (once each; the same object when they are the same setup) and compare."""
     progress = progress or (lambda f, m: None)
     t0 = time.perf_counter()
-    ref = loader(reference, lambda f, m: progress(0.1 * f, f"Reference: {m}"))
-    cand = ref if candidate == reference else loader(candidate, lambda f, m: progress(0.1 + 0.1 * f, f"Candidate: {m}"))
-    load_s = time.perf_counter() - t0
-    result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
-                     candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m), should_stop=should_stop)
+    started = []
+    try:
+        ref = loader(reference, lambda f, m: progress(0.1 * f, f"Reference: {m}"))
+        started.append((reference, ref))
+        cand = ref if candidate == reference else loader(candidate,
+                                                         lambda f, m: progress(0.1 + 0.1 * f, f"Candidate: {m}"))
+        started.append((candidate, cand))
+        load_s = time.perf_counter() - t0
+        result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
+                         candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),
+                         should_stop=should_stop)
+    finally:
+        # A vLLM side is a server process started for this comparison alone: stop it, whoever called.
+        for side, engine in started:
+            if side.engine == "vllm":
+                engine.unload()
     result.timings["load"] = load_s
     return result
 

@@ -69,7 +69,11 @@ def shape_from_config(config) -> KVShape:
     if not layers or not heads:
         raise KVConfigError("The config needs num_hidden_layers and num_attention_heads; found "
                             f"{layers!r} and {heads!r}. Is this a decoder model's config.json?")
-    kv_heads = d.get("num_key_value_heads") or heads  # no field means plain multi-head attention
+    kv_heads = d.get("num_key_value_heads")
+    if not kv_heads and ("multi_query" in d or "new_decoder_architecture" in d):  # Falcon's own fields
+        kv_heads = (d.get("num_kv_heads") if d.get("new_decoder_architecture") else
+                    1 if d.get("multi_query") else None)
+    kv_heads = kv_heads or heads  # no field means plain multi-head attention
     head_dim = d.get("head_dim")
     if not head_dim:
         if not d.get("hidden_size"):
@@ -81,6 +85,8 @@ def shape_from_config(config) -> KVShape:
     if window and d.get("use_sliding_window", True):  # Qwen2 sets a window but switches it off with this flag
         types = d.get("layer_types")
         pattern = d.get("sliding_window_pattern") or d.get("_sliding_window_pattern")
+        if not types and not pattern and d.get("model_type") == "gemma2":
+            pattern = 2  # Gemma 2's config.json says neither; its layers alternate, sliding first
         if types:
             sliding = sum(1 for t in types[:layers] if t == "sliding_attention")
         elif pattern:

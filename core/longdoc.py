@@ -226,6 +226,10 @@ class DocStats:
 
 def stats(text: str, tokenizer, max_positions: int | None, max_length: int | None = None,
           reserve_new_tokens: int = 0, special_tokens: int = 1) -> DocStats:
+    caps = [c for c in (max_positions, max_length) if c]
+    if caps and min(caps) - reserve_new_tokens <= special_tokens:
+        raise DocumentError(f"{reserve_new_tokens:,} new tokens leave no room for a prompt within {min(caps):,} "
+                            "positions. Ask for fewer new tokens or raise the configured max length.")
     sections = split_sections(text)
     ids, offsets = encode_with_offsets(tokenizer, text)
     total = len(ids)

@@ -66,13 +66,13 @@ class Recorder:
     params: dict
     run_id: int | None = None
     results: list[dict] = field(default_factory=list)
-    warning: str | None = None  # the first store failure, for the page; later writes are skipped
+    warning: str | None = None  # the first store failure, for the page; later checkpoints are skipped
 
     def _payload(self, **extra) -> dict:
         return {"test": self.test, "model": self.model, "params": self.params, "results": self.results, **extra}
 
-    def _try(self, fn: Callable[[], Any]) -> Any:
-        if self.warning:
+    def _try(self, fn: Callable[[], Any], always: bool = False) -> Any:
+        if self.warning and not always:
             return None
         try:
             return fn()
@@ -91,10 +91,17 @@ class Recorder:
 
     def finish(self, error: str | None = None, cancelled: bool = False) -> None:
         # store.finish_run takes "finished" or "failed"; a cancel is stored as failed, and its error says so
-        if self.run_id is not None:
-            self._try(lambda: store.finish_run(self.run_id, self._payload(cancelled=cancelled),
-                                               summary(self.test, self.results),
-                                               status="failed" if error or cancelled else "finished", error=error))
+        if self.run_id is None:
+            return
+
+        def write() -> bool:
+            store.finish_run(self.run_id, self._payload(cancelled=cancelled), summary(self.test, self.results),
+                             status="failed" if error or cancelled else "finished", error=error)
+            return True
+
+        # Tried even after a failed checkpoint (a locked database passes): it writes every result at once.
+        if self._try(write, always=True):
+            self.warning = None
 
 
 @dataclass

@@ -8,7 +8,7 @@ Gemma 3's 512-token sliding window, so the global-attention layers and the windo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core import longdoc
@@ -94,3 +94,15 @@ def _checked(prompts: list[Prompt]) -> list[Prompt]:
         if len(p.text) > MAX_PROMPT_CHARS:
             raise ValueError(f"Prompt {p.name!r} is {len(p.text):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
     return prompts
+
+
+def unique_names(prompts: list[Prompt]) -> list[Prompt]:
+    """Typed and file prompts are both numbered user-1, user-2, ... and a JSON file may repeat a name: a repeat gets
+    -2, -3, ... so the page can pick each prompt by name and the CSV rows stay apart."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        n = seen[p.name] = seen.get(p.name, 0) + 1
+        out.append(p if n == 1 else replace(p, name=f"{p.name}-{n}"))
+    return out
+

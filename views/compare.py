@@ -95,8 +95,9 @@ if submitted:
 
 res = ss.get("cmp_result")
 if res is None:
-    st.info("Pick two precisions and press Compare. On this CPU the embedded model takes about a minute for the "
-            "built-in prompts at FP32 vs BF16; FP8 W8A8 runs through torch._scaled_mm, which is much slower on a CPU.")
+    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 25 s for "
+            "FP32 against BF16 and about a minute against FP8 weights, whose matmuls are slow on a CPU "
+            "(measured in docs/PERFORMANCE.md).")
     st.stop()
 
 s = res.summary

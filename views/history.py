@@ -13,10 +13,11 @@ st.title("History")
 
 try:
     db = store.get_store()
+    schema = db.schema_version()
 except store.StoreError as exc:
     st.error(f"The history is not available: {exc}")
     st.stop()
-st.caption(f"Saved runs live in `{db.path}` (SQLite, schema {db.schema_version()}); set the TRIAGE_DB environment "
+st.caption(f"Saved runs live in `{db.path}` (SQLite, schema {schema}); set the TRIAGE_DB environment "
            "variable before starting the console to keep them elsewhere. Runs whose process ended before they "
            "finished are marked interrupted.")
 
@@ -97,8 +98,11 @@ def show(run, col):
             st.code(text[:500_000], language="json")
 
 
-full = [db.get_run(i) for i in chosen[:2]]
-full = [r for r in full if r is not None]
+try:
+    full = [r for r in (db.get_run(i) for i in chosen[:2]) if r is not None]
+except store.StoreError as exc:  # a locked or damaged database: say so, keep the page
+    st.error(str(exc))
+    st.stop()
 if len(chosen) == 1 and full:
     show(full[0], st.container())
 elif len(full) == 2:

@@ -136,6 +136,15 @@ class ServerInfo:
     raw_models: list[dict] = field(default_factory=list)
 
 
+def _float_or_nan(value) -> float:
+    """A logprob from JSON: a server's NaN (an overflowed forward pass) arrives as null; anything that is not a number
+    counts as not finite too, and the agreement summary reports it as such."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
 def _token_key(key: str) -> int:
     # return_tokens_as_token_ids gives "token_id:123"
     return int(key.rsplit(":", 1)[1]) if ":" in key else int(key)
@@ -295,8 +304,8 @@ class RemoteEngine:
                     gen.token_times += [now] * len(new_ids)
                     gen.text += choice.get("text") or ""
                     lp = choice.get("logprobs") or {}
-                    gen.logprobs += [x if x is not None else float("nan") for x in lp.get("token_logprobs") or []]
-                    gen.top_logprobs += [{_token_key(k): v for k, v in (d or {}).items()}
+                    gen.logprobs += [_float_or_nan(x) for x in lp.get("token_logprobs") or []]
+                    gen.top_logprobs += [{_token_key(k): _float_or_nan(v) for k, v in (d or {}).items()}
                                          for d in lp.get("top_logprobs") or []]
                     if choice.get("finish_reason"):
                         gen.finish_reason = "eos" if choice["finish_reason"] == "stop" else choice["finish_reason"]
@@ -386,11 +395,16 @@ class RemoteEngine:
             raise RemoteError(f"{url} returned no usable prompt_logprobs (a vLLM extension), so teacher-forced "
                               "scoring is not possible on this server.")
         target, tops = [], []
-        for pos, tok in zip(plp[len(prompt_ids):], continuation_ids):
-            entries = {int(k): v for k, v in (pos or {}).items()}
-            # vLLM adds the actual prompt token to each position's dict; keep the server's own top-k (rank <= k).
-            tops.append({k: e["logprob"] for k, e in entries.items() if e.get("rank") is not None and e["rank"] <= top_k})
-            target.append(entries[tok]["logprob"] if tok in entries else float("nan"))
+        try:
+            for pos, tok in zip(plp[len(prompt_ids):], continuation_ids):
+                entries = {int(k): v for k, v in (pos or {}).items()}
+                # vLLM adds the actual prompt token to each position's dict; keep the server's own top-k (rank <= k).
+                tops.append({k: _float_or_nan(e["logprob"]) for k, e in entries.items()
+                             if e.get("rank") is not None and e["rank"] <= top_k})
+                target.append(_float_or_nan(entries[tok]["logprob"]) if tok in entries else float("nan"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RemoteError(f"{url} returned prompt_logprobs in a shape this console does not know ({exc!r}); "
+                              "teacher-forced scoring needs vLLM's {token id: {logprob, rank}} per position.") from exc
         return Score(list(continuation_ids), target, tops)
 
     def memory_report(self) -> MemoryReport:

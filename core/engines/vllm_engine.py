@@ -16,7 +16,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -201,7 +200,9 @@ class VllmServer:
         self.stop()
 
 
-_LIVE: "weakref.WeakSet[VllmServer]" = weakref.WeakSet()
+# Strong references: a server whose engine was dropped without unload() (a CLI run that just returned) must still
+# be stopped at exit. A WeakSet lost those, and their processes (4 GB each here) outlived the CLI.
+_LIVE: set[VllmServer] = set()
 
 
 @atexit.register

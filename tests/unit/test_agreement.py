@@ -314,3 +314,28 @@ def test_few_positions_say_the_band_is_not_settled_but_keep_the_seed_status():
     many = ag.TeacherForced([True] * 4850 + [False] * 150, [1.0] * 5000, [0.01] * 5000, ag.KL_FULL, 8)
     s = ag.summarize([free], [many], "FP32", "FP8")
     assert s.status == "fine" and "interval" not in s.verdict
+
+
+# ---- rounding and non-finite inputs ----
+
+def test_topk_probabilities_summing_a_hair_over_one_are_rounding_not_infinite_kl():
+    # A confident token reported as logprob 0.0 (float32) leaves the candidate no remainder, the reference 1e-7.
+    kl = ag.kl_topk({1: -1e-7, 2: -17.5, 3: -18.0}, {1: 0.0, 2: -17.0, 3: -18.5})
+    assert math.isfinite(kl) and kl < 1e-6
+    assert ag.kl_topk({1: -0.1, 2: -3.0}, {2: -0.01, 1: float("-inf")}) == math.inf  # a real zero stays infinite
+
+
+def test_nan_on_either_side_is_nan_never_agreement():
+    assert math.isnan(ag.kl_topk({1: float("nan")}, {1: -0.1}))
+    assert math.isnan(ag.kl_topk({1: -0.1}, {1: -0.1, 2: None}))  # a server's NaN arrives as JSON null
+    ok = [math.log(0.9), math.log(0.1)]
+    kl = ag.kl_full(np.array([[np.nan, np.nan], ok]), np.array([ok, [np.nan, 0.0]]))
+    assert np.isnan(kl).all()
+    assert ag.kl_full(np.array([ok]), np.array([ok]))[0] == 0.0
+
+
+def test_full_kl_in_chunks_equals_one_pass():
+    rng = np.random.default_rng(0)
+    ref, cand = (np.log(rng.dirichlet(np.ones(500), size=3 * ag.KL_ROWS_PER_CHUNK + 5)) for _ in range(2))
+    p = np.exp(ref)
+    assert np.allclose(ag.kl_full(ref, cand), (p * (ref - cand)).sum(axis=-1), rtol=1e-12, atol=0)

@@ -83,3 +83,14 @@ def test_chart_hover_and_titles_are_escaped():
         assert "<script>" not in text and "<img" not in text
     fig = charts.position_chart(res, 0)
     assert len(fig.data[0].y) == 4 and any(tr.name == "different top token" for tr in fig.data)
+
+
+def test_repeated_prompt_names_are_numbered_apart():
+    from core.prompts import Prompt, parse_prompts, parse_user_prompts, unique_names
+
+    typed = parse_user_prompts("first\nsecond")
+    filed = parse_prompts('{"prompt": "a", "name": "x"}\n{"prompt": "b", "name": "x"}\n"c"', "p.jsonl")
+    names = [p.name for p in unique_names(typed + filed)]
+    assert names == ["user-1", "user-2", "x", "x-2", "user-3"]
+    assert [p.name for p in unique_names(typed + typed)] == ["user-1", "user-2", "user-1-2", "user-2-2"]
+    assert unique_names([Prompt("a", "1"), Prompt("a", "2"), Prompt("a", "3")])[2].name == "a-3"

@@ -127,3 +127,17 @@ def test_cli_text_and_json(capsys, tmp_path):
     cfg.write_text("{not json")
     assert main(["kv", "--config", str(cfg), "--tokens", "1"]) == 2
     assert "Could not read" in capsys.readouterr().err
+
+
+def test_gemma2_alternates_sliding_and_global_layers_without_saying_so():
+    # Gemma 2 9B's config.json: sliding_window but neither layer_types nor a pattern.
+    shape = kv.shape_from_config({"model_type": "gemma2", "num_hidden_layers": 42, "num_attention_heads": 16,
+                                  "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 4096})
+    assert shape.sliding_layers == 21 and shape.sliding_window == 4096
+
+
+def test_falcon_kv_heads_come_from_its_own_fields():
+    base = {"model_type": "falcon", "num_hidden_layers": 32, "num_attention_heads": 71, "hidden_size": 4544}
+    assert kv.shape_from_config({**base, "multi_query": True}).kv_heads == 1  # Falcon 7B
+    assert kv.shape_from_config({**base, "new_decoder_architecture": True, "num_kv_heads": 8}).kv_heads == 8  # 40B
+    assert kv.shape_from_config({**base, "multi_query": False}).kv_heads == 71

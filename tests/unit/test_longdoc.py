@@ -121,3 +121,8 @@ def test_truncation_head_tail_middle():
     assert longdoc.truncate_ids(ids, 50, "head") == (ids, 0)
     with pytest.raises(ValueError, match="head, tail, middle"):
         longdoc.truncate_ids(ids, 4, "start")
+
+
+def test_new_tokens_that_fill_the_max_length_get_a_message_not_a_crash(tokenizer):
+    with pytest.raises(longdoc.DocumentError, match="600 new tokens leave no room for a prompt within 512 positions"):
+        longdoc.stats("some text " * 100, tokenizer, max_positions=32768, max_length=512, reserve_new_tokens=600)
