@@ -29,7 +29,7 @@ def _ms(v: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from core.engines.remote import probe
-    from core.telemetry.vllm_metrics import MetricsError, scrape
+    from core.telemetry.vllm_metrics import scrape
 
     res = probe(args.url, n=args.n, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens,
                 concurrency=args.concurrency, api_key=args.api_key, timeout_s=args.timeout)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import ROOT, errors_on, goto, page_registered, screenshot, wait_idle
+from tests.e2e.helpers import errors_on, goto, page_registered, screenshot, wait_idle
 from tests.e2e.test_model_flow import generate
 
 pytestmark = pytest.mark.e2e

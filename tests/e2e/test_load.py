@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tests.e2e.helpers import (ARTIFACTS, LOAD_TIMEOUT_S, ROOT, app_pages, errors_on, goto, metric_value, new_page,
-                               page_registered, screenshot, url_path)
+                               page_registered, screenshot)
 
 pytestmark = pytest.mark.e2e
 SESSIONS = 8

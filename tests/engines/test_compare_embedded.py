@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from core import compare as cp
-from core.precision import KVDtype, Precision
+from core.precision import Precision
 from core.prompts import Prompt
 from core.store import Store
 
