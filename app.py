@@ -20,5 +20,8 @@ PAGES = [
 
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])
 session.init()
-session.sidebar_status()
-nav.run()
+status = st.sidebar.empty()  # filled after the page ran: a model loaded on this run shows at once
+try:
+    nav.run()
+finally:
+    session.sidebar_status(status)

@@ -45,13 +45,15 @@ def _check_size(n_bytes: int, limit_mb: int) -> None:
                             "(server.maxUploadSize in .streamlit/config.toml). Split it, or paste the part you need.")
 
 
-def decode_bytes(data: bytes, name: str = "", limit_mb: int | None = None) -> str:
-    """Text of an uploaded file: UTF-8 (with or without BOM) or UTF-16 with a BOM; line ends normalised to \\n."""
+def decode_bytes(data: bytes, name: str = "", limit_mb: int | None = None,
+                 extensions: tuple[str, ...] | None = EXTENSIONS) -> str:
+    """Text of an uploaded file: UTF-8 (with or without BOM) or UTF-16 with a BOM; line ends normalised to \\n.
+    `extensions` are the ones accepted (None: any)."""
     what = f"{name} " if name else "The file "
     ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
-    if name and ext not in EXTENSIONS:
+    if name and extensions is not None and ext not in extensions:
         raise DocumentError(f"{what}has extension {('.' + ext) if ext else '(none)'}; this page reads "
-                            f"{', '.join('.' + e for e in EXTENSIONS)} files.")
+                            f"{', '.join('.' + e for e in extensions)} files.")
     if not data:
         raise DocumentError(f"{what}is empty (0 bytes). Choose another file or paste text.")
     _check_size(len(data), limit_mb or upload_limit_mb())

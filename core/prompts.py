@@ -60,7 +60,17 @@ def read_prompts_file(path: str | Path) -> list[Prompt]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"No prompts file at {str(p)!r}; give a text file with one prompt per line.")
-    return parse_prompts(p.read_text(encoding="utf-8"), p.name)
+    return prompts_from_bytes(p.read_bytes(), p.name, extensions=None)
+
+
+PROMPT_FILE_EXTENSIONS = ("txt", "jsonl", "json")
+
+
+def prompts_from_bytes(data: bytes, filename: str,
+                       extensions: tuple[str, ...] | None = PROMPT_FILE_EXTENSIONS) -> list[Prompt]:
+    """Prompts from an uploaded or read file, which must be text: a binary file (an image, an archive) is refused
+    with the reason, never compared as replacement characters."""
+    return parse_prompts(longdoc.decode_bytes(data, filename, extensions=extensions), filename)
 
 
 def parse_prompts(text: str, filename: str = "") -> list[Prompt]:

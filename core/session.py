@@ -6,6 +6,7 @@ Loading happens outside any cached function so its progress bar can update the p
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 import streamlit as st
 
 from core.models import ModelSpec
-from core.throttle import throttled
 from core.precision import KVDtype, Precision
+from core.throttle import throttled
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,10 @@ def current():
     return setup, engine if engine is not None else load(setup)
 
 
-def sidebar_status() -> None:
+def sidebar_status(box) -> None:
+    """The loaded model's line in the sidebar placeholder `box`."""
     setup = st.session_state.get("setup")
-    with st.sidebar:
-        if setup:
-            st.caption(f"Loaded: {setup.label}")
-        else:
-            st.caption("No model loaded yet: open the Model page.")
+    box.caption(f"Loaded: {setup.label}" if setup else "No model loaded yet: open the Model page.")
 
 
 @st.cache_resource(show_spinner=False)
@@ -110,6 +108,19 @@ def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float
     gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
     on_text(gen.text)
     return gen
+
+
+def non_finite_warning(gen, setup: Setup) -> str | None:
+    """What to tell the user when a generation's log-probabilities were NaN: the forward pass overflowed and the
+    tokens picked from it (argmax of NaN: token 0, the pad token) mean nothing."""
+    n = sum(1 for lp in gen.logprobs if math.isnan(lp))
+    if not n:
+        return None
+    why = ("FP16 tops out at 65504 and Gemma 3's activations go past it (vLLM refuses float16 for Gemma 3 too)"
+           if setup.precision is Precision.FP16 else "the activations left this precision's range")
+    return (f"{n} of {len(gen.logprobs)} generated tokens came from NaN log-probabilities: the forward pass "
+            f"overflowed at {setup.precision.label}, so this output means nothing. {why[0].upper() + why[1:]}. "
+            "Use BF16 or FP32.")
 
 
 def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:

@@ -12,7 +12,7 @@ from core.compare import Side, load_engine, run, save_to_history
 from core.engines.base import EngineError
 from core.models import ModelError, parse_model
 from core.precision import KVDtype, Precision
-from core.prompts import default_prompts, parse_prompts, parse_user_prompts
+from core.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
 from core import session
 
 ss = st.session_state
@@ -62,7 +62,7 @@ with st.form("cmp_form"):
     model = c[3].text_input("Model", "embedded", help="embedded, an HF model directory or a .gguf file")
     c = st.columns([3, 2])
     own = c[0].text_area("Your prompts, one per line (write \\n for a newline)", height=90)
-    upload = c[1].file_uploader("or a prompts file (.txt, .jsonl, .json)", type=["txt", "jsonl", "json"])
+    upload = c[1].file_uploader("or a prompts file (.txt, .jsonl, .json)", type=list(PROMPT_FILE_EXTENSIONS))
     noise = st.checkbox("Also run the noise floor (reference against itself: must be 1.0 and KL 0)")
     submitted = st.form_submit_button("Compare", type="primary")
 
@@ -70,7 +70,7 @@ if submitted:
     try:
         prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)
         if upload is not None:
-            prompts += parse_prompts(upload.getvalue().decode("utf-8", errors="replace"), upload.name)
+            prompts += prompts_from_bytes(upload.getvalue(), upload.name)
         if not prompts:
             raise ValueError("Choose at least one built-in prompt or type your own.")
         # A server serves its own model: the model box is for the in-process engine.

@@ -56,15 +56,20 @@ if engine is None:
     st.stop()
 
 st.subheader("Memory")
-mem = engine.memory_report()
-cols = st.columns(4)
-cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
-cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the end "
-               "of the last generation on this model.")
-cols[2].metric("Peak", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
-cols[3].metric("Device", mem.device)
-st.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)} for k, v in sorted(mem.weights_by_dtype.items())],
-             hide_index=True)
+memory_box = st.container()  # filled at the end of the script, so it includes a generation made on this run
+
+
+def show_memory() -> None:
+    mem = engine.memory_report()
+    cols = memory_box.columns(4)
+    cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
+    cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "
+                   "end of the last generation on this model.")
+    cols[2].metric("Peak", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
+    cols[3].metric("Device", mem.device)
+    memory_box.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)}
+                          for k, v in sorted(mem.weights_by_dtype.items())], hide_index=True)
+
 
 speedups = measured_speedups(setup.kv_dtype.value)
 if speedups:
@@ -86,17 +91,21 @@ with st.form("prompt"):
     temperature = c2.number_input("Temperature (0 = greedy)", min_value=0.0, max_value=5.0, value=0.0, step=0.1)
     go = st.form_submit_button("Generate", type="primary")
 
-if go:
+
+
+def run_prompt() -> None:
     if not prompt.strip():
         st.warning("The prompt is empty: type some text first.")
-        st.stop()
+        return
     out = st.empty()
     try:
         gen = session.stream_generate(engine, prompt, int(max_new), float(temperature),
                                       lambda text: out.code(text, language=None, wrap_lines=True))
     except (ValueError, RuntimeError) as exc:
         st.error(str(exc))
-        st.stop()
+        return
+    if (warning := session.non_finite_warning(gen, setup)) is not None:
+        st.warning(warning)
     t = gen.timing_summary()
     if session.record_generation(setup, prompt, int(max_new), float(temperature), gen) is None:
         st.caption("This run could not be saved to History (see the server log).")
@@ -106,3 +115,8 @@ if go:
     cols[2].metric("Decode", f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "N/A",
                    help="Tokens after the first, divided by their time.")
     cols[3].metric("Tokens", f"{t['prompt_tokens']} in / {t['new_tokens']} out")
+
+
+if go:
+    run_prompt()
+show_memory()

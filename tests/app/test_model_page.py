@@ -62,3 +62,18 @@ def test_empty_prompt_is_refused_politely(embedded_dir):
     at.button[1].click().run()
     assert not at.exception
     assert any("empty" in w.value for w in at.warning)
+
+
+def test_fp16_overflow_gets_a_warning_not_a_silent_empty_answer(embedded_dir):
+    # Gemma 3 overflows FP16 (NaN from decoder layer 7 on): the output is pad tokens and must be called out.
+    at = run_page()
+    at.selectbox[1].set_value(next(p for p in at.selectbox[1].options if "FP16" in p))  # Precision
+    at.button[0].click().run()  # Load
+    assert not at.exception, at.exception
+    assert "FP16" in at.session_state["setup"].label
+    at.text_area[0].set_value("The capital of France is")
+    at.number_input[0].set_value(3)
+    at.button[1].click().run()
+    assert not at.exception, at.exception
+    warning = " ".join(w.value for w in at.warning)
+    assert "NaN log-probabilities" in warning and "Use BF16 or FP32" in warning, warning

@@ -6,6 +6,8 @@ import io
 import json
 import math
 
+import pytest
+
 from core import agreement as ag
 from core import compare_charts as charts
 from core import compare_render as render
@@ -94,3 +96,18 @@ def test_repeated_prompt_names_are_numbered_apart():
     assert names == ["user-1", "user-2", "x", "x-2", "user-3"]
     assert [p.name for p in unique_names(typed + typed)] == ["user-1", "user-2", "user-1-2", "user-2-2"]
     assert unique_names([Prompt("a", "1"), Prompt("a", "2"), Prompt("a", "3")])[2].name == "a-3"
+
+
+def test_a_binary_prompts_file_is_refused_not_compared_as_replacement_characters(tmp_path):
+    from core.longdoc import DocumentError
+    from core.prompts import prompts_from_bytes, read_prompts_file
+
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
+    with pytest.raises(DocumentError, match="looks binary"):
+        prompts_from_bytes(png, "small.txt")
+    with pytest.raises(DocumentError, match="not valid UTF-8"):
+        prompts_from_bytes("caf\xe9\n".encode("latin-1"), "p.txt")
+    (tmp_path / "p.bin").write_bytes(png)
+    with pytest.raises(DocumentError, match="looks binary"):
+        read_prompts_file(tmp_path / "p.bin")  # the CLI: any name, still text only
+    assert [p.text for p in prompts_from_bytes(b"one\ntwo\n", "p.txt")] == ["one", "two"]
