@@ -394,6 +394,11 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
         loader: Callable[[Side, ProgressFn | None], object] = load_engine) -> CompareResult:
     """Load both sides (once each; the same object when they are the same setup) and compare."""
     progress = progress or (lambda f, m: None)
+    from core.engines.remote import normalize_base_url
+
+    for side in (reference, candidate):  # a mistyped URL is reported before minutes of loading the other side
+        if side.engine == "remote":
+            normalize_base_url(side.url)
     t0 = time.perf_counter()
     started = []
     try:

@@ -274,7 +274,8 @@ def headline(s: DocStats) -> list[tuple[str, str, str]]:
             ("Tokens", f"{s.prompt_tokens:,}", f"{s.tokens:,} of text + {s.special_tokens} special (BOS)"),
             ("Chars per token", f"{s.chars_per_token:.2f}", "code and JSON spend more tokens per character"),
             ("Prompt limit", f"{s.limit:,}" if s.limit else "N/A", "min(model positions, max length) - new tokens"),
-            ("Fits", "yes" if s.fits else f"no, {s.prompt_tokens - s.limit:,} over", "")]
+            ("Fits", "yes" if s.fits else f"no: +{s.prompt_tokens - s.limit:,}",
+             "" if s.fits else f"{s.prompt_tokens - s.limit:,} tokens over the prompt limit; choose how to truncate")]
 
 
 def fit(s: DocStats, mode: str = "head") -> tuple[list[int], str | None]:

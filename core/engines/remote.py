@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,8 +37,13 @@ def normalize_base_url(url: str) -> str:
     if not text:
         raise RemoteError("No server URL given. Enter the base URL of the vLLM server, e.g. http://127.0.0.1:8000.")
     if "://" not in text:
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:(?!\d)", text):  # javascript:..., mailto:... (not host:port)
+            raise RemoteError(f"{url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000.")
         text = "http://" + text
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+        raise RemoteError(f"{url!r} is not a valid URL ({exc}); expected e.g. http://127.0.0.1:8000.") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteError(f"{url!r} is not an http(s) URL with a host; expected e.g. http://127.0.0.1:8000.")
     if parts.query or parts.fragment:
@@ -171,8 +177,8 @@ class RemoteEngine:
         resp = _request("GET", url, self.timeout_s, self.api_key, self._session)
         if resp.status_code == 404:
             body = resp.text.lstrip()
-            kind = "an HTML page" if body.startswith("<") else "404"
-            raise RemoteError(f"{url} answered {kind} with HTTP 404: the server at {self.base_url} is not an "
+            page = " with an HTML page" if body.startswith("<") else ""
+            raise RemoteError(f"{url} answered HTTP 404{page}: the server at {self.base_url} is not an "
                               "OpenAI-compatible API (vLLM serves /v1/models). Check the port, and give the base "
                               "URL without a path.")
         data = _json(resp, url)

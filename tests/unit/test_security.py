@@ -3,6 +3,7 @@ raw HTML. The rules are read from the code with ast, so a new page or module is 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -191,3 +192,14 @@ def test_the_sink_detector_finds_what_it_should():
     snippet = ast.parse('st.markdown(f"<b>{token}</b>", unsafe_allow_html=True)\ncol.html(text)\n'
                         'st.markdown("**ok**")\nst.markdown(x, unsafe_allow_html=False)\n')
     assert [c.lineno for c in html_sinks("views/x.py", snippet)] == [1, 2]
+
+
+@pytest.mark.parametrize("url, message", [
+    ("javascript:alert(1)", "is not an http(s) URL"), ("mailto:a@b", "is not an http(s) URL"),
+    ("http://[::1", "is not a valid URL"), ("file:///etc/passwd", "is not an http(s) URL with a host")])
+def test_urls_that_are_not_servers_are_refused_with_the_reason(url, message):
+    from core.engines.remote import RemoteError, normalize_base_url
+
+    with pytest.raises(RemoteError, match=re.escape(message)):
+        normalize_base_url(url)
+    assert normalize_base_url("localhost:8000/v1/") == "http://localhost:8000"
