@@ -82,17 +82,17 @@ def live():
         f"prefix caching {cfg.get('enable_prefix_caching', 'N/A')}") if cfg else "vllm:cache_config_info: N/A")
 
     src = (lambda f: f"vLLM /metrics {snap.sources[f]}" if f in snap.sources else "not reported by this server")
-    # Two rows: seven metrics in one row cut "3.6 tok/s" to "3.6 to…" in a normal browser window.
+    # Two rows (scheduler and cache, then throughput): seven in one row cut "3.6 tok/s" to "3.6 to…".
     m = st.columns(4) + st.columns(4)
     m[0].metric("Running", num(row["running"], "{:.0f}"), help=src("running"))
     m[1].metric("Waiting", num(row["waiting"], "{:.0f}"), help=src("waiting"))
     m[2].metric("KV cache usage", num(row["kv_cache_usage_pct"], suffix=" %"), help=src("kv_cache_usage"))
-    m[4].metric("Generation", num(row["generation_tok_s"], suffix=" tok/s"),
-                help=f"Rate between the last two scrapes of {src('generation_tokens')}")
-    m[5].metric("Prompt", num(row["prompt_tok_s"], suffix=" tok/s"), help=f"Rate of {src('prompt_tokens')}")
     m[3].metric("Preemptions", num(row["preemptions_total"], "{:.0f}"),
                 delta=None if not row["preemptions_new"] else f"+{row['preemptions_new']:.0f}", delta_color="inverse",
                 help=f"Total since start; {src('preemptions')}. Rising with KV usage near 100 %: cache too small.")
+    m[4].metric("Generation", num(row["generation_tok_s"], suffix=" tok/s"),
+                help=f"Rate between the last two scrapes of {src('generation_tokens')}")
+    m[5].metric("Prompt", num(row["prompt_tok_s"], suffix=" tok/s"), help=f"Rate of {src('prompt_tokens')}")
     m[6].metric("Prefix cache hits", num(row["prefix_hit_pct_total"], suffix=" %"),
                 help=f"Share of looked-up prompt tokens found cached, since start; {src('prefix_cache_hits')}")
 

@@ -84,7 +84,8 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     config = engine.config if src == "loaded model" else kv.BUILTIN_CONFIGS[src]
     dtype = k[1].selectbox("KV dtype", list(kv.DTYPE_BYTES))
     block = k[2].number_input("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, help="vLLM --block-size")
-    tokens = k[3].number_input("Tokens", 1, 10**7, s.prompt_tokens + new_tokens, key=f"lc_kv_{s.tokens}_{new_tokens}")
+    run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
+    tokens = k[3].number_input("Tokens", 1, 10**7, run_tokens, key=f"lc_kv_{run_tokens}")
     gpu = k[4].number_input("GPU memory (GiB)", 1.0, 1024.0, 80.0)
     est = round((kv.estimate_weight_bytes(config) or 0) / kv.GiB, 2)
     weights = k[5].number_input("Weights (GiB)", 0.0, 2048.0, est, key=f"lc_w_{src}",
