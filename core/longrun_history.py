@@ -90,13 +90,12 @@ class Recorder:
             self._try(lambda: store.update_run(self.run_id, self._payload(), summary(self.test, self.results)))
 
     def finish(self, error: str | None = None, cancelled: bool = False) -> None:
-        # store.finish_run takes "finished" or "failed"; a cancel is stored as failed, and its error says so
         if self.run_id is None:
             return
 
         def write() -> bool:
             store.finish_run(self.run_id, self._payload(cancelled=cancelled), summary(self.test, self.results),
-                             status="failed" if error or cancelled else "finished", error=error)
+                             status="cancelled" if cancelled else "failed" if error else "finished", error=error)
             return True
 
         # Tried even after a failed checkpoint (a locked database passes): it writes every result at once.

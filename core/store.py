@@ -4,7 +4,7 @@ server probes.
 One file (WAL journal, a schema_version table, migrations applied in order), found at $TRIAGE_DB or
 ~/.cache/triage-console/history.sqlite. Every write is its own committed transaction, so a crash or a SIGKILL loses at
 most the run that was in flight. A long run is written twice: begin_run() inserts it as "running" (with the process
-that owns it), finish_run() marks it "finished" or "failed". A "running" row whose process is gone is reported, and
+that owns it), finish_run() marks it "finished", "failed" or "cancelled". A "running" row whose process is gone is reported, and
 then stored, as "interrupted".
 
 Thread-safe: one connection per Store and process, guarded by a lock (Streamlit runs every session's script in its
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe")
-STATUSES = ("running", "finished", "failed", "interrupted")
+STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
 TITLE_MAX = 160
 PAYLOAD_MAX_BYTES = 32 * 2**20  # one run's JSON; a bigger one is refused with a message, never truncated silently
 BUSY_TIMEOUT_S = 15.0
@@ -56,6 +56,27 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             payload     TEXT NOT NULL,            -- JSON
             error       TEXT
         )""",
+        "CREATE INDEX runs_kind_created ON runs (kind, created_at DESC)",
+        "CREATE INDEX runs_status ON runs (status)",
+    ]),
+    # 2: a run the user cancelled is "cancelled", not "failed". SQLite cannot change a CHECK: rebuild the table.
+    (2, ["""
+        CREATE TABLE runs_v2 (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind        TEXT NOT NULL,
+            title       TEXT NOT NULL,
+            status      TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed', 'cancelled', 'interrupted')),
+            created_at  REAL NOT NULL,
+            finished_at REAL,
+            owner       TEXT,
+            summary     TEXT,
+            payload     TEXT NOT NULL,
+            error       TEXT
+        )""",
+        "INSERT INTO runs_v2 (id, kind, title, status, created_at, finished_at, owner, summary, payload, error) "
+        "SELECT id, kind, title, status, created_at, finished_at, owner, summary, payload, error FROM runs",
+        "DROP TABLE runs",
+        "ALTER TABLE runs_v2 RENAME TO runs",
         "CREATE INDEX runs_kind_created ON runs (kind, created_at DESC)",
         "CREATE INDEX runs_status ON runs (status)",
     ]),
@@ -314,8 +335,8 @@ class Store:
 
     def finish_run(self, run_id: int, payload: Any = None, summary: dict | None = None, *, status: str = "finished",
                    error: str | None = None) -> None:
-        if status not in ("finished", "failed"):
-            raise ValueError(f"A run finishes as 'finished' or 'failed', not {status!r}.")
+        if status not in ("finished", "failed", "cancelled"):
+            raise ValueError(f"A run finishes as 'finished', 'failed' or 'cancelled', not {status!r}.")
         sets, args = ["status = ?", "finished_at = ?", "error = ?"], [status, time.time(), error]
         if payload is not None:
             sets.append("payload = ?"), args.append(_dumps(payload, "payload"))

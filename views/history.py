@@ -38,7 +38,7 @@ if not runs:
 
 n_status = {s: sum(r.status == s for r in runs) for s in store.STATUSES}
 c[2].caption(f"{len(runs)} run(s), newest first; {n_status['interrupted']} interrupted, {n_status['failed']} failed, "
-             f"{n_status['running']} running.")
+             f"{n_status['cancelled']} cancelled, {n_status['running']} running.")
 st.dataframe([{"id": r.id, "kind": r.kind, "title": r.title, "status": r.status,
                "started": r.created_iso[:19].replace("T", " "),
                "duration (s)": None if r.duration_s is None else round(r.duration_s, 2)} for r in runs],

@@ -72,7 +72,7 @@ def test_cancel_and_a_stop_are_stored_with_what_finished(db):
     out = hist.run_recorded("ramp", "m", PARAMS, cancelled, lambda r: None)
     assert out.status == "cancelled"
     run = only_run(db)
-    assert run.status == "failed" and run.error.startswith("Cancelled; 1 result(s) kept")
+    assert run.status == "cancelled" and run.error.startswith("Cancelled; 1 result(s) kept")
     assert run.payload["cancelled"] is True
 
     db.delete_run(run.id)
@@ -84,7 +84,7 @@ def test_cancel_and_a_stop_are_stored_with_what_finished(db):
     with pytest.raises(InjectedStop):  # the stop still ends the script
         hist.run_recorded("ramp", "m", PARAMS, stopped, lambda r: None)
     run = only_run(db)
-    assert run.status == "failed" and "Stopped before the end" in run.error and len(run.payload["results"]) == 1
+    assert run.status == "cancelled" and "Stopped before the end" in run.error and len(run.payload["results"]) == 1
 
 
 def test_needle_summary_has_the_lift_over_the_control(db):

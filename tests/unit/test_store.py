@@ -315,3 +315,24 @@ def test_limit_and_kind_filter(db):
     assert len(db.list_runs(limit=7)) == 7
     assert len(db.list_runs("bench", limit=1000)) == 15
     assert db.list_runs(limit=1)[0].title == "run 29"
+
+
+def test_a_version_1_file_keeps_its_runs_and_learns_cancelled(tmp_path):
+    p = tmp_path / "v1.sqlite"
+    with sqlite3.connect(p) as raw:  # a history written by the first schema, with one finished run in it
+        raw.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for statement in store.MIGRATIONS[0][1]:
+            raw.execute(statement)
+        raw.execute("INSERT INTO schema_version VALUES (1)")
+        raw.execute("INSERT INTO runs (kind, title, status, created_at, finished_at, payload) "
+                    "VALUES ('bench', 'old run', 'finished', 1.0, 2.0, '{\"x\": 1}')")
+        with pytest.raises(sqlite3.IntegrityError):  # why version 2 exists
+            raw.execute("INSERT INTO runs (kind, title, status, created_at, payload) "
+                        "VALUES ('bench', 'x', 'cancelled', 1.0, '{}')")
+    s = Store(p)
+    assert s.schema_version() == store.SCHEMA_VERSION >= 2
+    (old,) = s.list_runs()
+    assert old.title == "old run" and old.status == "finished" and s.get_run(old.id).payload == {"x": 1}
+    rid = s.begin_run("longdoc", "cancelled one", {})
+    s.finish_run(rid, {"cancelled": True}, status="cancelled", error="Cancelled; 0 result(s) kept.")
+    assert s.get_run(rid).status == "cancelled" and rid > old.id
