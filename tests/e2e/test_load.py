@@ -20,6 +20,11 @@ import time
 
 import pytest
 
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # without Playwright the e2e tests are skipped (tests/e2e/conftest.py)
+    PlaywrightTimeout = TimeoutError
+
 from tests.e2e.helpers import (ARTIFACTS, LOAD_TIMEOUT_S, ROOT, app_pages, errors_on, goto, metric_value, new_page,
                                page_registered, screenshot)
 
@@ -29,6 +34,7 @@ NEW_TOKENS = 3
 WORDS = ["apple", "river", "violin", "tiger", "copper", "planet", "garden", "window"]
 BUDGET_S = 300.0  # connecting and generating, after the warm-up; every wait takes what is left of it
 MONITOR_BUDGET_S = 300.0  # then all eight sessions on the live monitor
+CLICK_AGAIN_MS = 60_000  # a sidebar click that switched nothing in a minute is clicked again
 GIB = 2**30
 
 
@@ -65,7 +71,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         assert left > 0, f"the load test ran past its {BUDGET_S:.0f} s budget"
         return left * 1000
 
-    contexts, gen_pages, mon_pages, finished, monitor_live = [], [], [], [], []
+    contexts, gen_pages, mon_pages, finished, monitor_live, nav_retries = [], [], [], [], [], []
     try:
         for _ in range(SESSIONS):  # users arrive one after another, then all stay connected
             c, p = new_page(browser, dialogs)
@@ -98,9 +104,18 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
             t_mon0 = time.monotonic()
             mon_deadline = t_mon0 + MONITOR_BUDGET_S
             for p in gen_pages:
-                ms = max(1.0, mon_deadline - time.monotonic()) * 1000
-                p.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click(timeout=ms)
-                p.get_by_role("heading", name=title).wait_for(timeout=ms)
+                while True:
+                    ms = max(1.0, mon_deadline - time.monotonic()) * 1000
+                    p.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click(timeout=ms)
+                    try:
+                        p.get_by_role("heading", name=title).wait_for(timeout=min(ms, CLICK_AGAIN_MS))
+                        break
+                    except PlaywrightTimeout:
+                        # Once in ~5 full runs the eighth click was lost (the page never switched, the other seven
+                        # were live): click again, as a user would, within the same budget.
+                        if time.monotonic() > mon_deadline:
+                            raise
+                        nav_retries.append(len(monitor_live))
                 p.locator('[data-testid="stMetric"]').first.wait_for(timeout=ms)
                 monitor_live.append(round(time.monotonic() - t_mon0, 1))
             t_mon = time.monotonic()
@@ -116,7 +131,8 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         cpu1, main1 = app_server.cpu_seconds(), app_server.cpu_seconds(main_thread_only=True)
     finally:
         result = {"sessions_generating": len(gen_pages), "sessions_on_monitor": len(mon_pages),
-                  "generations_finished_after_s": finished, "monitor_n_live_after_s": monitor_live}
+                  "generations_finished_after_s": finished, "monitor_n_live_after_s": monitor_live,
+                  "sidebar_clicks_repeated_for_session": nav_retries}
         for c in contexts:
             c.close()
         ARTIFACTS.mkdir(exist_ok=True)
