@@ -117,10 +117,9 @@ def non_finite_warning(gen, setup: Setup) -> str | None:
     if not n:
         return None
     why = ("FP16 tops out at 65504 and Gemma 3's activations go past it (vLLM refuses float16 for Gemma 3 too)"
-           if setup.precision is Precision.FP16 else "the activations left this precision's range")
+           if setup.precision is Precision.FP16 else "The activations left this precision's range")
     return (f"{n} of {len(gen.logprobs)} generated tokens came from NaN log-probabilities: the forward pass "
-            f"overflowed at {setup.precision.label}, so this output means nothing. {why[0].upper() + why[1:]}. "
-            "Use BF16 or FP32.")
+            f"overflowed at {setup.precision.label}, so this output means nothing. {why}. Use BF16 or FP32.")
 
 
 def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
