@@ -1,16 +1,20 @@
 """Live monitor: GPU and host gauges and time series, read from the process-wide telemetry sampler.
 
-The page never polls NVML or psutil itself: one sampler thread per process does (core/telemetry/sampler.py), and
-every open tab only reads its ring buffer, so ten tabs cost what one does.
+The page never polls NVML or psutil itself: one sampler thread per process does (core/telemetry/sampler.py). What a
+refresh draws is built once per moment and shared by every open tab (core/monitor/frames.py), and the refresh slows
+down, saying so, when the tabs together would cost the server more than its budget (core/monitor/pacing.py).
 """
+import time
+import uuid
+
 import streamlit as st
 
-from core import charts
-from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT, fmt
+from core.monitor import charts
+from core.monitor.frames import GPU_TREND_HLINES, live_frame
+from core.monitor.pacing import get_pacer
+from core.telemetry.base import fmt
 from core.telemetry.export import to_csv_bytes, to_parquet_bytes
 from core.telemetry.sampler import get_sampler
-
-GIB = 1024**3
 
 sampler = get_sampler()
 nvml_ok = sampler.availability("nvml")
@@ -22,8 +26,6 @@ top = st.columns([1, 1, 1, 3])
 paused = top[0].toggle("Pause", key="monitor_paused", help="Freezes this page. The sampler keeps recording.")
 window_s = top[1].selectbox("Window", [60, 300, 600], index=1, key="monitor_window",
                             format_func=lambda s: f"last {s // 60} min")
-# Streamlit remounts a plotly chart whenever its figure changes, so each refresh redraws every chart: slower
-# refresh is kinder to slow browsers and remote links.
 refresh_s = top[2].selectbox("Refresh", [1, 2, 5], key="monitor_refresh", format_func=lambda s: f"every {s} s")
 gpu = gpus[top[3].selectbox("GPU", list(gpus), key="monitor_gpu",
                             format_func=lambda i: f"GPU {i}: {gpus[i].name}")] if gpus else None
@@ -38,39 +40,26 @@ elif gpu is not None:
         st.error(gpu.lost_reason)
 
 
-@st.fragment(run_every=None if paused else refresh_s)
+pacer = get_pacer()
+viewer = st.session_state.setdefault("monitor_viewer", uuid.uuid4().hex)
+if paused:
+    pacer.forget(viewer)
+pace = pacer.pace(refresh_s)
+
+
+@st.fragment(run_every=None if paused else pace.interval_s)
 def live():
-    snap = sampler.latest()
+    started = time.thread_time()
+    frame = live_frame(sampler, None if gpu is None else gpu.index, window_s)
+    snap = frame.snapshot
     v = snap.values
 
     def metric(col, label, key, source):
         value = v.get(key)
         col.metric(label, fmt(key, value), help=f"N/A: {snap.reason(key)}" if value is None else source)
 
-    def chart(col, fig, key):
-        col.plotly_chart(fig, key=key, config={"displayModeBar": False})
-
+    st.markdown(frame.gauges_html, unsafe_allow_html=True)
     p = f"gpu{gpu.index}." if gpu is not None else None
-    avail, total = v.get("host.mem_available_bytes"), v.get("host.mem_total_bytes")
-    gauges = [charts.gauge(None if avail is None else avail / GIB, "Host MemAvailable", source="psutil /proc/meminfo",
-                           max_value=(total or GIB) / GIB, suffix=" GiB",
-                           na_reason=snap.reason("host.mem_available_bytes"))]
-    if p:
-        used, total = v.get(p + "mem_used_bytes"), v.get(p + "mem_total_bytes")
-        gauges[:0] = [
-            charts.gauge(v.get(p + "util_pct"), "GPU util", source="NVML utilization.gpu",
-                         bands=charts.util_bands(GPU_IDLE_UTIL_PCT), na_reason=snap.reason(p + "util_pct")),
-            charts.gauge(v.get(p + "dram_bw_util_pct"), "DRAM BW util", source="NVML GPM DRAM_BW_UTIL",
-                         bands=charts.bandwidth_bands(BW_LIKELY_PCT, BW_BOUND_PCT),
-                         na_reason=snap.reason(p + "dram_bw_util_pct")),
-            charts.gauge(None if used is None else used / GIB, "GPU memory used", source="NVML",
-                         max_value=(total or GIB) / GIB, suffix=" GiB", na_reason=snap.reason(p + "mem_used_bytes"))]
-    else:
-        gauges.insert(0, charts.gauge(v.get("host.cpu_pct"), "Host CPU", source="psutil, all cores",
-                                      na_reason=snap.reason("host.cpu_pct")))
-    for i, (col, fig) in enumerate(zip(st.columns(4), gauges)):
-        chart(col, fig, f"gauge{i}")
-
     if p:
         rows = [st.columns(5), st.columns(5)]
         for col, (label, field, source) in zip(rows[0] + rows[1], [
@@ -97,27 +86,17 @@ def live():
         metric(col, f"RSS {name} ({v.get(f'proc.{name}.count', 0)} proc)", f"proc.{name}.rss_bytes", "psutil, summed")
 
     t = st.columns(2)
+    # Same spec every refresh (only the data changes), so the browser updates the charts in place.
     if p:
-        s = sampler.series([p + k for k in ("util_pct", "dram_bw_util_pct", "sm_util_pct", "mem_busy_pct")], window_s)
-        chart(t[0], charts.timeseries(s["t"], {"GPU util (NVML)": s[p + "util_pct"],
-                                               "DRAM BW util (GPM)": s[p + "dram_bw_util_pct"],
-                                               "SM util (GPM)": s[p + "sm_util_pct"],
-                                               "memory busy (NVML, not BW)": s[p + "mem_busy_pct"]},
-                                      title="GPU utilization", y_title="%", y_range=(0, 105),
-                                      hlines=[(GPU_IDLE_UTIL_PCT, f"GPU idle < {GPU_IDLE_UTIL_PCT:.0f}%"),
-                                              (BW_LIKELY_PCT, f"BW likely bound > {BW_LIKELY_PCT:.0f}%"),
-                                              (BW_BOUND_PCT, f"BW bound > {BW_BOUND_PCT:.0f}%")]),
-              "t_gpu")
+        t[0].vega_lite_chart(frame.util_trend, charts.trend_spec("GPU utilization", frame.util_labels, y_title="%",
+                                                                 y_range=(0, 105), hlines=GPU_TREND_HLINES),
+                             key="t_util", width="stretch")
     else:
-        s = sampler.series(["host.cpu_pct"], window_s)
-        chart(t[0], charts.timeseries(s["t"], {"host CPU (psutil)": s["host.cpu_pct"]}, title="Host CPU",
-                                      y_title="%", y_range=(0, 105)), "t_cpu")
-    keys = ["host.mem_available_bytes"] + ([p + "mem_used_bytes"] if p else [])
-    s = sampler.series(keys, window_s)
-    labels = ["host MemAvailable"] + ([f"GPU {gpu.index} memory used"] if p else [])
-    mem = {label: [None if x is None else x / GIB for x in s[k]] for label, k in zip(labels, keys)}
-    chart(t[1], charts.timeseries(s["t"], mem, title="Memory (a leak is a steady fall in MemAvailable)",
-                                  y_title="GiB"), "t_mem")
+        t[0].vega_lite_chart(frame.util_trend, charts.trend_spec("Host CPU", frame.util_labels, y_title="%",
+                                                                 y_range=(0, 105)), key="t_util", width="stretch")
+    t[1].vega_lite_chart(frame.mem_trend, charts.trend_spec("Memory (a leak is a steady fall in MemAvailable)",
+                                                            frame.mem_labels, y_title="GiB"),
+                         key="t_mem", width="stretch")
 
     if p:
         procs = snap.tables.get(p + "processes") or []
@@ -127,6 +106,16 @@ def live():
     st.caption("Sampler: {0.rate_hz:.0f} Hz asked, {0.achieved_hz:.1f} Hz achieved, {0.cpu_pct_of_core:.2f}% of one "
                "core ({0.cpu_ms_per_tick:.2f} ms CPU per tick), {0.buffered}/{0.capacity} rows buffered."
                .format(sampler.stats()))
+    if paused:
+        return
+    pacer.record(viewer, time.thread_time() - started)
+    now = pacer.pace(refresh_s)
+    if now.slowed:
+        st.warning(now.describe(), icon=":material/speed:")
+    else:
+        st.caption(now.describe())
+    if now.interval_s != pace.interval_s:  # the interval is fixed when the fragment is declared: declare it again
+        st.rerun()
 
 
 live()

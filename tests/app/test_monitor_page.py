@@ -9,6 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core.telemetry.sampler as sampler_mod
+from core.monitor import pacing
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
@@ -20,8 +21,10 @@ PAGE = str(Path(__file__).resolve().parents[2] / "views" / "monitor.py")
 
 
 @pytest.fixture
-def page():
-    """Install a sampler on fake GPUs as the process singleton, then return a page runner."""
+def page(monkeypatch):
+    """Install a sampler on fake GPUs as the process singleton, then return a page runner. Each test gets its own
+    refresh pacer: the process-wide one would count earlier tests' sessions as viewers."""
+    monkeypatch.setattr(pacing, "_PACER", pacing.Pacer())
 
     def make(nvml: FakeNvml) -> AppTest:
         shutdown_sampler()
@@ -107,3 +110,13 @@ def test_every_call_failing_at_once_still_renders(page):
     at = page(FakeNvml(table=everything))
     assert not at.exception
     assert all(metric(at, label).value == "N/A" for label in ("Memory busy", "Power", "SM clock", "PCIe TX"))
+
+
+def test_gauges_trends_and_the_refresh_pace_are_shown(page):
+    at = page(FakeNvml())
+    (gauges,) = [m.value for m in at.markdown if "data-gauge" in m.value]
+    assert all(t in gauges for t in ("GPU util", "DRAM BW util", "GPU memory used", "Host MemAvailable"))
+    assert len(at.get("vega_lite_chart")) == 2  # trends: Vega-Lite, whose data the browser updates in place
+    assert any(c.value.startswith("Refreshing every 1 s: 1 viewer") for c in at.caption)
+    at.toggle(key="monitor_paused").set_value(True).run()
+    assert not any(c.value.startswith("Refreshing every") for c in at.caption)  # paused: not a viewer

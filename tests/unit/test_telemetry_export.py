@@ -5,7 +5,6 @@ import io
 
 import pandas as pd
 
-from core import charts
 from core.telemetry.base import fmt
 from core.telemetry.export import to_csv_bytes, to_frame, to_parquet_bytes
 from core.telemetry.nvml import NvmlSource
@@ -45,30 +44,6 @@ def test_export_of_an_empty_and_of_a_real_window():
         s.tick()
     df = pd.read_parquet(io.BytesIO(to_parquet_bytes(s.rows())))
     assert len(df) == 5 and df["gpu0.dram_bw_util_pct"].isna().all()  # A100: no GPM, so no DRAM BW at all
-
-
-def test_gauge_shows_na_with_the_reason_on_hover():
-    fig = charts.gauge(None, "DRAM BW util", source="NVML GPM", na_reason="GPM needs Hopper")
-    (note,) = fig.layout.annotations
-    assert note.text == "N/A" and note.hovertext == "GPM needs Hopper"
-    long = charts.gauge(None, "x", na_reason="word " * 40).layout.annotations[0].hovertext
-    assert "<br>" in long and max(len(line) for line in long.split("<br>")) <= 46
-    assert "NVML GPM" in fig.data[0].title.text
-
-
-def test_gauge_bands_follow_the_checklist():
-    fig = charts.gauge(97.0, "GPU util", bands=charts.util_bands(70.0))
-    assert [tuple(s.range) for s in fig.data[0].gauge.steps] == [(0.0, 70.0), (70.0, 100.0)]
-    bw = charts.bandwidth_bands(80.0, 95.0)
-    assert [(lo, hi) for lo, hi, _ in bw] == [(0.0, 80.0), (80.0, 95.0), (95.0, 100.0)]
-    assert bw[2][2] == charts.BAD
-
-
-def test_timeseries_draws_lines_and_thresholds():
-    fig = charts.timeseries([1.0, 2.0], {"a": [1, None], "b": [2, 3]}, title="x", y_title="%",
-                            hlines=[(70, "idle"), (95, "bound")])
-    assert [tr.name for tr in fig.data] == ["a", "b"]
-    assert len(fig.layout.shapes) == 2
 
 
 def test_fmt_reads_the_unit_from_the_key():

@@ -1,0 +1,161 @@
+"""What the Live monitor costs the server per viewer: N real Chromium sessions on the monitor page at once.
+
+    python -m bench.monitor_load [--viewers 1,4,8] [--seconds 30] [--root DIR] [--refresh 1]
+
+For each N, the app (started here from --root, default this checkout, on a free loopback port) serves N browser
+sessions on the Live monitor. After a warm-up, for --seconds it counts every refresh each session really finished
+(Streamlit's `script_finished` messages, read off the websockets) and the CPU time of the server process and of
+Chromium. Then a further session opens the History page and the time until its heading shows is taken: what a user
+navigating during the load waits. --root lets one sitting measure an older checkout beside this one.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from playwright.sync_api import sync_playwright
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    return platform.processor()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(root: Path, port: int, db: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, TRIAGE_DB=str(db), PYTHONUNBUFFERED="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
+           "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    for _ in range(240):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+                if r.read() == b"ok":
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"the app did not start; see {log}")
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def chromium_procs(browser_pid_parent: psutil.Process) -> list[psutil.Process]:
+    return [c for c in browser_pid_parent.children(recursive=True) if "chrom" in c.name().lower()]
+
+
+def measure(browser, url: str, server: psutil.Process, n: int, seconds: float, warmup_s: float) -> dict:
+    finished = [0] * n
+
+    def count(i):
+        def on_frame(payload):
+            if isinstance(payload, (bytes, bytearray)):
+                try:
+                    if ForwardMsg.FromString(bytes(payload)).WhichOneof("type") == "script_finished":
+                        finished[i] += 1
+                except Exception:  # not a ForwardMsg (never seen); not counted
+                    pass
+        return lambda ws: ws.on("framereceived", on_frame)
+
+    contexts = []
+    for i in range(n):
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = ctx.new_page()
+        page.on("websocket", count(i))
+        page.goto(f"{url}/monitor", wait_until="domcontentloaded", timeout=180_000)
+        page.locator('[data-testid="stMetric"]').first.wait_for(timeout=180_000)
+        contexts.append((ctx, page))
+    me = psutil.Process()
+    pages = [p for _, p in contexts]
+    pages[0].wait_for_timeout(warmup_s * 1000)
+    f0, s0, c0, t0 = list(finished), cpu_s([server]), cpu_s(chromium_procs(me)), time.monotonic()
+    pages[0].wait_for_timeout(seconds * 1000)
+    f1, s1, c1, t1 = list(finished), cpu_s([server]), cpu_s(chromium_procs(me)), time.monotonic()
+    # A user navigating while the viewers stay live: a new session opens History.
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    probe = ctx.new_page()
+    tn = time.monotonic()
+    probe.goto(f"{url}/history", wait_until="domcontentloaded", timeout=300_000)
+    probe.get_by_role("heading", name="History").wait_for(timeout=300_000)
+    nav_s = time.monotonic() - tn
+    ctx.close()
+    for c, _ in contexts:
+        c.close()
+    wall = t1 - t0
+    refreshes = sum(f1) - sum(f0)
+    per_viewer = [(b - a) / wall for a, b in zip(f0, f1)]
+    return {"viewers": n, "wall_s": wall, "refreshes": refreshes,
+            "refresh_hz_per_viewer_min": min(per_viewer), "refresh_hz_per_viewer_mean": sum(per_viewer) / n,
+            "server_cpu_pct": 100 * (s1 - s0) / wall, "server_ms_per_refresh": 1000 * (s1 - s0) / max(1, refreshes),
+            "chromium_cpu_pct": 100 * (c1 - c0) / wall, "open_history_s": nav_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--viewers", default="1,4,8")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=8.0)
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_app(args.root.resolve(), port, Path(tmp) / "h.sqlite", Path(tmp) / "app.log")
+        server = psutil.Process(proc.pid)
+        rows = []
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                measure(browser, f"http://127.0.0.1:{port}", server, 1, 3.0, 3.0)  # first load compiles the pages
+                for n in (int(v) for v in args.viewers.split(",")):
+                    rows.append(measure(browser, f"http://127.0.0.1:{port}", server, n, args.seconds, args.warmup))
+                    time.sleep(3)
+                browser.close()
+        finally:
+            os.killpg(proc.pid, 15)
+            proc.wait(30)
+    print(f"\nLive monitor load {args.label} ({cpu_model()}, {time.strftime('%Y-%m-%d')}, "
+          f"{args.seconds:.0f} s per row, refresh as the page defaults)")
+    print("| viewers | refreshes/s per viewer (min) | server CPU, % of a core | server CPU per refresh "
+          "| server CPU per viewer | Chromium CPU, % of a core | open History meanwhile |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['viewers']} | {r['refresh_hz_per_viewer_mean']:.2f} ({r['refresh_hz_per_viewer_min']:.2f}) "
+              f"| {r['server_cpu_pct']:.0f}% | {r['server_ms_per_refresh']:.0f} ms "
+              f"| {r['server_cpu_pct'] / r['viewers']:.1f}% | {r['chromium_cpu_pct']:.0f}% "
+              f"| {r['open_history_s']:.1f} s |")
+
+
+if __name__ == "__main__":
+    main()

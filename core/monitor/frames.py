@@ -1,0 +1,113 @@
+"""What a monitor refresh draws, built once and shared by every session that refreshes within the same moment.
+
+Every open tab refreshes on its own clock; left alone, eight tabs rebuild the same gauges and trend data eight times
+a second. A frame built from a sampler tick is reused by any session that asks within FRESH_S of the newest tick,
+so the work grows with the refresh rate, not with the number of viewers.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
+
+import pandas as pd
+
+from core.monitor import charts
+from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
+from core.telemetry.sampler import Sampler, Snapshot
+
+GIB = 1024**3
+FRESH_S = 0.5  # a frame this much older than the newest tick is still shown: half of the fastest refresh
+TREND_POINTS = 300  # per line: one per second over the default 5-minute window, wider than a chart has pixels
+
+GPU_TREND = {"util_pct": "GPU util (NVML)", "dram_bw_util_pct": "DRAM BW util (GPM)",
+             "sm_util_pct": "SM util (GPM)", "mem_busy_pct": "memory busy (NVML, not BW)"}
+GPU_TREND_HLINES = ((GPU_IDLE_UTIL_PCT, f"GPU idle < {GPU_IDLE_UTIL_PCT:.0f}%"),
+                    (BW_LIKELY_PCT, f"BW likely bound > {BW_LIKELY_PCT:.0f}%"),
+                    (BW_BOUND_PCT, f"BW bound > {BW_BOUND_PCT:.0f}%"))
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One moment of the monitor for one GPU choice and time window."""
+
+    snapshot: Snapshot
+    gauges_html: str
+    util_trend: pd.DataFrame  # GPU utilization lines, or host CPU without a GPU
+    util_labels: tuple[str, ...]
+    mem_trend: pd.DataFrame  # GiB
+    mem_labels: tuple[str, ...]
+
+
+class SharedCache:
+    """Values keyed by what they show, each tagged with the tick it was built from; a value is reused while its tick
+    is at most FRESH_S older than the newest. Builds run outside the lock (two sessions may rarely build the same
+    frame; both results are correct)."""
+
+    def __init__(self, keep: int = 16):
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        self._keep = keep
+        self.builds = self.hits = 0
+
+    def get(self, key: Hashable, newest_t: float | None, build: Callable[[], tuple[float | None, Any]]) -> Any:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None and newest_t is not None and newest_t - item[0] <= FRESH_S:
+                self.hits += 1
+                return item[1]
+        built_t, value = build()
+        with self._lock:
+            self.builds += 1
+            if built_t is not None:
+                self._items[key] = (built_t, value)
+                self._items.move_to_end(key)
+                while len(self._items) > self._keep:
+                    self._items.popitem(last=False)
+        return value
+
+
+_CACHE = SharedCache()
+
+
+def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float) -> Frame:
+    """The frame to draw now for this GPU (None: host only) over the last `window_s` seconds."""
+    newest = sampler.latest().t
+    return _CACHE.get((id(sampler), gpu_index, window_s), newest, lambda: _build(sampler, gpu_index, window_s))
+
+
+def _build(sampler: Sampler, gpu_index: int | None, window_s: float) -> tuple[float | None, Frame]:
+    snap = sampler.latest()
+    v = snap.values
+    p = None if gpu_index is None else f"gpu{gpu_index}."
+    avail, total = v.get("host.mem_available_bytes"), v.get("host.mem_total_bytes")
+    gauges = [charts.gauge(None if avail is None else avail / GIB, "Host MemAvailable", source="psutil /proc/meminfo",
+                           max_value=(total or GIB) / GIB, suffix=" GiB",
+                           na_reason=snap.reason("host.mem_available_bytes"))]
+    if p:
+        used, total = v.get(p + "mem_used_bytes"), v.get(p + "mem_total_bytes")
+        gauges[:0] = [
+            charts.gauge(v.get(p + "util_pct"), "GPU util", source="NVML utilization.gpu",
+                         bands=charts.util_bands(GPU_IDLE_UTIL_PCT), na_reason=snap.reason(p + "util_pct")),
+            charts.gauge(v.get(p + "dram_bw_util_pct"), "DRAM BW util", source="NVML GPM DRAM_BW_UTIL",
+                         bands=charts.bandwidth_bands(BW_LIKELY_PCT, BW_BOUND_PCT),
+                         na_reason=snap.reason(p + "dram_bw_util_pct")),
+            charts.gauge(None if used is None else used / GIB, "GPU memory used", source="NVML",
+                         max_value=(total or GIB) / GIB, suffix=" GiB", na_reason=snap.reason(p + "mem_used_bytes"))]
+        util_keys = {p + k: label for k, label in GPU_TREND.items()}
+    else:
+        gauges.insert(0, charts.gauge(v.get("host.cpu_pct"), "Host CPU", source="psutil, all cores",
+                                      na_reason=snap.reason("host.cpu_pct")))
+        util_keys = {"host.cpu_pct": "host CPU (psutil)"}
+    mem_keys = {"host.mem_available_bytes": "host MemAvailable"}
+    if p:
+        mem_keys[p + "mem_used_bytes"] = f"GPU {gpu_index} memory used"
+    s = sampler.series(list(util_keys) + list(mem_keys), window_s, max_points=TREND_POINTS)
+    frame = Frame(
+        snapshot=snap, gauges_html=charts.gauge_row(gauges),
+        util_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in util_keys.items()}),
+        util_labels=tuple(util_keys.values()),
+        mem_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in mem_keys.items()}, scale=GIB),
+        mem_labels=tuple(mem_keys.values()))
+    return snap.t, frame
