@@ -49,7 +49,7 @@ pace = pacer.pace(refresh_s)
 
 @st.fragment(run_every=None if paused else pace.interval_s)
 def live():
-    started = time.thread_time()
+    started, started_wall = time.thread_time(), time.perf_counter()
     frame = live_frame(sampler, None if gpu is None else gpu.index, window_s)
     snap = frame.snapshot
     v = snap.values
@@ -108,7 +108,7 @@ def live():
                .format(sampler.stats()))
     if paused:
         return
-    pacer.record(viewer, time.thread_time() - started)
+    pacer.record(viewer, time.thread_time() - started, time.perf_counter() - started_wall)
     now = pacer.pace(refresh_s)
     if now.slowed:
         st.warning(now.describe(), icon=":material/speed:")

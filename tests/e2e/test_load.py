@@ -72,6 +72,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
         return left * 1000
 
     contexts, gen_pages, mon_pages, finished, monitor_live, nav_retries = [], [], [], [], [], []
+    pace = None
     try:
         for _ in range(SESSIONS):  # users arrive one after another, then all stay connected
             c, p = new_page(browser, dialogs)
@@ -124,6 +125,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
                 errors += [f"monitor session {i}: {e}" for e in errors_on(p)]
                 assert "Loaded: Gemma 3 270M" in p.locator('[data-testid="stSidebar"]').inner_text()  # own state kept
             mon_pages = gen_pages
+            pace = gen_pages[-1].get_by_text("Refreshing every").first.inner_text()
             screenshot(gen_pages[-1], "load-monitor-session-8")
         t_end = time.monotonic()
         rss1, new_log = app_server.rss_bytes(), app_server.log_text()[log0:]
@@ -132,7 +134,7 @@ def test_eight_sessions_generate_at_once_without_leaks_and_share_one_model(app_s
     finally:
         result = {"sessions_generating": len(gen_pages), "sessions_on_monitor": len(mon_pages),
                   "generations_finished_after_s": finished, "monitor_n_live_after_s": monitor_live,
-                  "sidebar_clicks_repeated_for_session": nav_retries}
+                  "sidebar_clicks_repeated_for_session": nav_retries, "monitor_pace_seen": pace}
         for c in contexts:
             c.close()
         ARTIFACTS.mkdir(exist_ok=True)

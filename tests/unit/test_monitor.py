@@ -93,23 +93,24 @@ def test_pacer_keeps_the_asked_interval_while_cheap():
     clock = Clock()
     p = Pacer(clock=clock)
     assert p.pace(1).interval_s == 1 and p.pace(1).viewers == 0
-    p.record("a", 0.010)
+    p.record("a", 0.010, 0.012)
     pace = p.pace(2)
     assert (pace.interval_s, pace.viewers, round(pace.cpu_ms_per_refresh)) == (2, 1, 10) and not pace.slowed
-    assert "Refreshing every 2 s: 1 viewer, 10 ms" in pace.describe()
+    assert "Refreshing every 2 s: 1 viewer, 10 ms server CPU and 12 ms wall time" in pace.describe()
 
 
 def test_pacer_stretches_for_many_costly_viewers_and_says_so():
     clock = Clock()
     p = Pacer(clock=clock)
     for i in range(8):
-        p.record(f"s{i}", 0.040)  # 8 x 40 ms a second = 32% of a core, budget 20%
+        p.record(f"s{i}", 0.040, 0.050)  # 8 x 40 ms a second = 32% of a core, budget 20%
     pace = p.pace(1)
     assert pace.interval_s == 2 and pace.slowed and pace.viewers == 8
-    assert "instead of 1 s" in pace.describe() and f"{100 * BUDGET_CORE:.0f}% of a core" in pace.describe()
+    assert pace.reason == "budget" and "instead of 1 s" in pace.describe()
+    assert f"more than {100 * BUDGET_CORE:.0f}% of a core" in pace.describe()
     assert p.pace(5).interval_s == 5  # a slower asked pace already fits
     for i in range(8):
-        p.record(f"s{i}", 10.0)
+        p.record(f"s{i}", 10.0, 10.0)
     assert p.pace(1).interval_s == MAX_INTERVAL_S  # never slower than the cap
 
 
@@ -117,9 +118,16 @@ def test_pacer_forgets_old_runs_and_paused_sessions():
     clock = Clock()
     p = Pacer(clock=clock)
     for i in range(8):
-        p.record(f"s{i}", 0.040)
+        p.record(f"s{i}", 0.040, 0.050)
     for i in range(7):
         p.forget(f"s{i}")
     assert p.pace(1).interval_s == 1 and p.pace(1).viewers == 1
     clock.t += 11
     assert p.pace(1).viewers == 0
+
+
+def test_pacer_backs_off_when_the_server_is_behind():
+    p = Pacer(clock=Clock())
+    p.record("a", 0.010, 0.900)  # 10 ms of work took 900 ms: waiting for the interpreter or the cores
+    pace = p.pace(1)
+    assert pace.interval_s == 2 and pace.reason == "behind" and "the server is behind" in pace.describe()
