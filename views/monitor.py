@@ -27,7 +27,7 @@ paused = top[0].toggle("Pause", key="monitor_paused", help="Freezes this page. T
 window_s = top[1].selectbox("Window", [60, 300, 600], index=1, key="monitor_window",
                             format_func=lambda s: f"last {s // 60} min")
 refresh_s = top[2].selectbox("Refresh", [1, 2, 5], key="monitor_refresh", format_func=lambda s: f"every {s} s")
-gpu = gpus[top[3].selectbox("GPU", list(gpus), key="monitor_gpu",
+gpu = gpus[top[3].selectbox("GPU in detail", list(gpus), key="monitor_gpu",
                             format_func=lambda i: f"GPU {i}: {gpus[i].name}")] if gpus else None
 
 if not nvml_ok.ok:
@@ -50,7 +50,7 @@ pace = pacer.pace(refresh_s)
 @st.fragment(run_every=None if paused else pace.interval_s)
 def live():
     started, started_wall = time.thread_time(), time.perf_counter()
-    frame = live_frame(sampler, None if gpu is None else gpu.index, window_s)
+    frame = live_frame(sampler, None if gpu is None else gpu.index, window_s, tuple(gpus))
     snap = frame.snapshot
     v = snap.values
 
@@ -58,11 +58,23 @@ def live():
         value = v.get(key)
         col.metric(label, fmt(key, value), help=f"N/A: {snap.reason(key)}" if value is None else source)
 
+    if frame.gpu_table_html:  # more than one GPU: all of them at once, then the chosen one in detail
+        st.subheader(f"All {len(gpus)} GPUs", anchor=False)
+        st.markdown(frame.gpu_table_html, unsafe_allow_html=True)
+        a, b = st.columns(2)
+        a.vega_lite_chart(frame.util_by_gpu, charts.trend_spec("GPU util by GPU (NVML)", frame.gpu_labels,
+                                                               y_title="%", y_range=(0, 105)),
+                          key="t_util_by_gpu", width="stretch")
+        b.vega_lite_chart(frame.bw_by_gpu, charts.trend_spec("DRAM BW util by GPU (GPM)", frame.gpu_labels,
+                                                             y_title="% of peak", y_range=(0, 105)),
+                          key="t_bw_by_gpu", width="stretch")
+        st.subheader(f"GPU {gpu.index} in detail", anchor=False)
+    # Gauges are inline SVG through st.markdown: st.html's sanitizer drops SVG.
     st.markdown(frame.gauges_html, unsafe_allow_html=True)
     p = f"gpu{gpu.index}." if gpu is not None else None
     if p:
-        rows = [st.columns(5), st.columns(5)]
-        for col, (label, field, source) in zip(rows[0] + rows[1], [
+        rows = [st.columns(4), st.columns(4), st.columns(4)]  # five in a row cut "1980 MHz" to "1980 …"
+        for col, (label, field, source) in zip(rows[0] + rows[1] + rows[2], [
             ("Memory busy", "mem_busy_pct", "NVML utilization.memory: share of time memory was read or written. "
                                             "Not bandwidth."),
             ("SM util", "sm_util_pct", "NVML GPM SM_UTIL: share of SMs busy"),
@@ -73,7 +85,7 @@ def live():
             ("PCIe RX", "pcie_rx_bytes_s", "host to GPU; NVML GPM, else NVML 20 ms counter")]):
             metric(col, label, p + field, source)
         key = p + "throttle_reasons"
-        rows[1][4].caption(f"Clock throttle reasons (NVML): **{fmt(key, v.get(key))}**",
+        rows[2][1].caption(f"Clock throttle reasons (NVML): **{fmt(key, v.get(key))}**",
                            help=f"N/A: {snap.reason(key)}" if v.get(key) is None else None)
     h = st.columns(4) + st.columns(4)  # one row of eight cut values like "63 kB/s" to "63 k…"
     for col, (label, key) in zip(h, [("Host CPU", "host.cpu_pct"), ("Load 1 min", "host.load1"),

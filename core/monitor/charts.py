@@ -111,7 +111,8 @@ def trend_spec(title: str, labels: Sequence[str], *, y_title: str, y_range: tupl
                      "y": y,
                      "color": {"field": "series", "type": "nominal", "title": None,
                                "scale": {"domain": list(labels), "range": colours},
-                               "legend": {"orient": "top", "labelLimit": 260}},
+                               "legend": {"orient": "top", "labelLimit": 260,
+                                          "columns": min(4, max(1, len(labels)))}},
                      "tooltip": [{"field": "series", "type": "nominal"},
                                  {"field": "value", "type": "quantitative", "format": ".1f"},
                                  {"field": "time", "type": "temporal", "format": "%H:%M:%S"}]}}]
@@ -135,3 +136,28 @@ def trend_frame(t: Sequence[float], series: dict[str, Sequence[float | None]], s
                             "value": pd.Series(values, dtype="float64") / scale})
               for label, values in series.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["time", "series", "value"])
+
+
+def gpu_table(rows: Sequence[dict]) -> str:
+    """Every GPU in a compact row, nvitop-style. Each row: "gpu" (its label), "lost" (a reason or ""), and "cells":
+    (text, fraction for a bar or None, hover text) per column of GPU_TABLE_COLUMNS. Escapes everything it is given."""
+    head = "".join(f'<th style="text-align:left;padding:2px 8px;font-weight:600">{html.escape(c)}</th>'
+                   for c in ("GPU",) + GPU_TABLE_COLUMNS)
+    body = []
+    for row in rows:
+        cells = [f'<td style="padding:2px 8px;white-space:nowrap">{html.escape(row["gpu"])}</td>']
+        if row["lost"]:
+            cells.append(f'<td colspan="{len(GPU_TABLE_COLUMNS)}" style="padding:2px 8px;color:rgb(230,70,60)">'
+                         f'{html.escape(row["lost"])}</td>')
+        for text, frac, tip in ([] if row["lost"] else row["cells"]):
+            bar = ("" if frac is None else
+                   f'<div style="height:3px;width:{100 * min(1.0, max(0.0, frac)):.0f}%;background:{BAR}"></div>')
+            title = f' title="{html.escape(tip)}"' if tip else ""
+            colour = "color:gray;" if text == "N/A" else ""
+            cells.append(f'<td style="padding:2px 8px;white-space:nowrap;{colour}"{title}>{html.escape(text)}{bar}</td>')
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (f'<table data-gpu-table style="border-collapse:collapse;font-size:14px;width:100%">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+
+
+GPU_TABLE_COLUMNS = ("util", "DRAM BW", "memory", "power", "SM clock", "temp", "throttle reasons", "processes")

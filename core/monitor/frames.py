@@ -14,7 +14,8 @@ from typing import Any, Callable, Hashable
 import pandas as pd
 
 from core.monitor import charts
-from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
+from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT, fmt
+from core.telemetry.nvml import GpuInfo
 from core.telemetry.sampler import Sampler, Snapshot
 
 GIB = 1024**3
@@ -38,6 +39,11 @@ class Frame:
     util_labels: tuple[str, ...]
     mem_trend: pd.DataFrame  # GiB
     mem_labels: tuple[str, ...]
+    # With more than one GPU: every GPU in a row, and one line per GPU for util and DRAM bandwidth util.
+    gpu_table_html: str = ""
+    util_by_gpu: pd.DataFrame | None = None
+    bw_by_gpu: pd.DataFrame | None = None
+    gpu_labels: tuple[str, ...] = ()
 
 
 class SharedCache:
@@ -71,13 +77,48 @@ class SharedCache:
 _CACHE = SharedCache()
 
 
-def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float) -> Frame:
-    """The frame to draw now for this GPU (None: host only) over the last `window_s` seconds."""
+def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float, all_gpus: tuple[int, ...] = ()) -> Frame:
+    """The frame to draw now for this GPU (None: host only) over the last `window_s` seconds; `all_gpus` (the
+    indices of every GPU) adds the all-GPU table and per-GPU lines when there is more than one."""
     newest = sampler.latest().t
-    return _CACHE.get((id(sampler), gpu_index, window_s), newest, lambda: _build(sampler, gpu_index, window_s))
+    return _CACHE.get((id(sampler), gpu_index, window_s, all_gpus), newest,
+                      lambda: _build(sampler, gpu_index, window_s, all_gpus))
 
 
-def _build(sampler: Sampler, gpu_index: int | None, window_s: float) -> tuple[float | None, Frame]:
+def gpu_rows(snap: Snapshot, gpus: list[GpuInfo]) -> list[dict]:
+    """The all-GPU table's rows from one snapshot (see charts.gpu_table). A field NVML did not give is "N/A" with
+    its reason on hover; a lost GPU is one row that says so."""
+    v = snap.values
+    rows = []
+    for g in gpus:
+        i, p = g.index, f"gpu{g.index}."
+
+        def cell(field, frac=None, text=None):
+            value = v.get(p + field)
+            if value is None:
+                return "N/A", None, f"N/A: {snap.reason(p + field)}"
+            return text or fmt(p + field, value), frac, ""
+
+        used, total = v.get(p + "mem_used_bytes"), v.get(p + "mem_total_bytes")
+        power, limit = v.get(p + "power_w"), v.get(p + "power_limit_w")
+        procs = snap.tables.get(p + "processes") or []
+        util, bw = v.get(p + "util_pct"), v.get(p + "dram_bw_util_pct")
+        cells = [
+            cell("util_pct", None if util is None else util / 100),
+            cell("dram_bw_util_pct", None if bw is None else bw / 100),
+            cell("mem_used_bytes", used / total if used is not None and total else None,
+                 f"{used / GIB:.1f} / {total / GIB:.0f} GiB" if used is not None and total else None),
+            cell("power_w", None, f"{power:.0f} / {limit:.0f} W" if power is not None and limit else None),
+            cell("sm_clock_mhz"), cell("temp_c"), cell("throttle_reasons"),
+            (", ".join(f"{x['name']} ({x['pid']})" for x in procs) or "none", None,
+             snap.reasons.get(p + "processes", "")),
+        ]
+        rows.append({"gpu": f"{i}: {g.name}", "lost": g.lost_reason if g.lost else "", "cells": cells})
+    return rows
+
+
+def _build(sampler: Sampler, gpu_index: int | None, window_s: float,
+           all_gpus: tuple[int, ...]) -> tuple[float | None, Frame]:
     snap = sampler.latest()
     v = snap.values
     p = None if gpu_index is None else f"gpu{gpu_index}."
@@ -103,11 +144,21 @@ def _build(sampler: Sampler, gpu_index: int | None, window_s: float) -> tuple[fl
     mem_keys = {"host.mem_available_bytes": "host MemAvailable"}
     if p:
         mem_keys[p + "mem_used_bytes"] = f"GPU {gpu_index} memory used"
-    s = sampler.series(list(util_keys) + list(mem_keys), window_s, max_points=TREND_POINTS)
+    many = len(all_gpus) > 1
+    by_gpu = [f"gpu{i}.{f}" for f in ("util_pct", "dram_bw_util_pct") for i in all_gpus] if many else []
+    s = sampler.series(list(util_keys) + list(mem_keys) + by_gpu, window_s, max_points=TREND_POINTS)
+    gpu_labels = tuple(f"GPU {i}" for i in all_gpus)
+    extra = {} if not many else {
+        "gpu_table_html": charts.gpu_table(gpu_rows(snap, [g for g in sampler.source("nvml").gpus
+                                                           if g.index in all_gpus])),
+        "util_by_gpu": charts.trend_frame(s["t"], {lab: s[f"gpu{i}.util_pct"] for i, lab in zip(all_gpus, gpu_labels)}),
+        "bw_by_gpu": charts.trend_frame(s["t"], {lab: s[f"gpu{i}.dram_bw_util_pct"]
+                                                 for i, lab in zip(all_gpus, gpu_labels)}),
+        "gpu_labels": gpu_labels}
     frame = Frame(
         snapshot=snap, gauges_html=charts.gauge_row(gauges),
         util_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in util_keys.items()}),
         util_labels=tuple(util_keys.values()),
         mem_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in mem_keys.items()}, scale=GIB),
-        mem_labels=tuple(mem_keys.values()))
+        mem_labels=tuple(mem_keys.values()), **extra)
     return snap.t, frame

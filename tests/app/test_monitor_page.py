@@ -15,7 +15,7 @@ from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_telemetry_fakenvml import A100, GPUIsLost, FakeNvml, NotSupported  # noqa: E402
+from test_telemetry_fakenvml import A100, GPUIsLost, FakeNvml, NotSupported, multi_gpu_table  # noqa: E402
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "monitor.py")
 
@@ -120,3 +120,26 @@ def test_gauges_trends_and_the_refresh_pace_are_shown(page):
     assert any(c.value.startswith("Refreshing every 1 s: 1 viewer") for c in at.caption)
     at.toggle(key="monitor_paused").set_value(True).run()
     assert not any(c.value.startswith("Refreshing every") for c in at.caption)  # paused: not a viewer
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_every_gpu_at_once_with_the_chosen_one_in_detail(page, n):
+    at = page(FakeNvml(gpus=n, table=multi_gpu_table(n)))
+    assert any(h.value == f"All {n} GPUs" for h in at.subheader)
+    (table,) = [m.value for m in at.markdown if "data-gpu-table" in m.value]
+    assert table.count("<tr>") == n + 1  # a header and a row per GPU
+    assert f"{n - 1}: NVIDIA H200</td><td colspan" in table and "is lost" in table  # one row that says why
+    assert 'title="N/A: not supported' in table  # GPU 0's power, with the reason on hover
+    if n > 2:
+        assert "HW thermal" in table
+    assert len(at.get("vega_lite_chart")) == 4  # util and DRAM BW by GPU, then the chosen GPU's two
+    assert any(h.value == "GPU 0 in detail" for h in at.subheader)
+    at.selectbox(key="monitor_gpu").set_value(n - 1).run()
+    assert any(h.value == f"GPU {n - 1} in detail" for h in at.subheader)
+    assert any("is lost" in e.value for e in at.error)  # the lost GPU's detail says so
+    assert not at.exception
+
+
+def test_one_gpu_has_no_all_gpu_table(page):
+    at = page(FakeNvml())
+    assert not [m for m in at.markdown if "data-gpu-table" in m.value] and not at.subheader

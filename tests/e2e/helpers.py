@@ -86,6 +86,7 @@ class AppServer:
     log: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # added to the server's environment
 
     @property
     def url(self) -> str:
@@ -93,7 +94,7 @@ class AppServer:
 
     def start(self) -> "AppServer":
         env = dict(os.environ, TRIAGE_DB=str(self.db), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   PYTHONUNBUFFERED="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+                   PYTHONUNBUFFERED="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false", **self.env)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("wb")
         cmd = [sys.executable, "-m", "streamlit", "run", self.app, "--server.port", str(self.port),

@@ -218,3 +218,15 @@ def test_fake_per_gpu_override():
     nv = FakeNvml(gpus=2, table={("nvmlDeviceGetName", 1): "NVIDIA A100"})
     assert nv.nvmlDeviceGetName(0) == "NVIDIA H200"
     assert nv.nvmlDeviceGetName(1) == "NVIDIA A100"
+
+
+def multi_gpu_table(n: int) -> dict:
+    """An n-GPU host with one GPU of each kind of trouble: the last GPU lost, GPU 0 without power readings, and
+    (from 3 GPUs on) GPU 1 thermally throttled and nearly idle while the others are busy."""
+    table: dict[Any, Any] = {("nvmlDeviceGetUtilizationRates", n - 1): GPUIsLost,
+                             ("nvmlDeviceGetPowerUsage", 0): NotSupported}
+    if n > 2:
+        table[("nvmlDeviceGetCurrentClocksEventReasons", 1)] = 0x40  # HW thermal
+        table[("nvmlDeviceGetCurrentClocksThrottleReasons", 1)] = 0x40
+        table[("nvmlDeviceGetUtilizationRates", 1)] = SimpleNamespace(gpu=3, memory=1)
+    return table
