@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.fmt import fmt_cache_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DOC = ROOT / "docs" / "PERFORMANCE.md"
@@ -74,8 +76,8 @@ def measure(args) -> tuple[str, list[str]]:
             p = r.itl_p
             calc = kvcache.kv_bytes(shape, calc_dtype, n + args.new_tokens - 1) if calc_dtype else None
             row = (f"| {precision.label} | {n:,} | {1000 * ttft:,.0f} | {n / ttft:,.0f} | {1000 * p['p50']:,.1f} | "
-                   f"{1000 * p['p90']:,.1f} | {r.decode_tok_s:,.1f} | {kvcache.fmt_bytes(r.kv_bytes)} | "
-                   f"{kvcache.fmt_bytes(calc)} | {kvcache.fmt_bytes(r.peak_bytes)} | {load:.1f} |")
+                   f"{1000 * p['p90']:,.1f} | {r.decode_tok_s:,.1f} | {fmt_cache_bytes(r.kv_bytes)} | "
+                   f"{fmt_cache_bytes(calc)} | {fmt_cache_bytes(r.peak_bytes)} | {load:.1f} |")
             rows.append(row)
             print(row, flush=True)
         engine.unload()

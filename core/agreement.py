@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from core.errors import InputError
+
 DEFAULT_K = 8  # vLLM's FP8 KV cache test compares top-8 logprobs
 
 # The seed's thresholds. They were written for its "top-3 token match"; we also apply them to teacher-forced top-1
@@ -119,7 +121,7 @@ class VllmRule:
 def vllm_rule(ref_ids: Sequence[int], ref_topk: Sequence[TopK | None], cand_ids: Sequence[int],
               cand_topk: Sequence[TopK | None], k: int = DEFAULT_K) -> VllmRule:
     if k < 1:
-        raise ValueError(f"k must be at least 1; got {k}.")
+        raise InputError(f"k must be at least 1; got {k}.")
     for i, (a, b) in enumerate(zip(ref_ids, cand_ids)):
         if a == b:
             continue
@@ -273,7 +275,7 @@ class Band:
 
 def band(value: float | None, metric: str = "top3_match") -> Band:
     if metric not in BANDED_METRICS:
-        raise ValueError(f"The seed's bands apply only to {', '.join(BANDED_METRICS)}; not to {metric!r}.")
+        raise InputError(f"The seed's bands apply only to {', '.join(BANDED_METRICS)}; not to {metric!r}.")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return Band(metric, value, "n/a")
     name = "fine" if value >= BAND_FINE else "watch" if value >= BAND_FAILED else "calibration failed"

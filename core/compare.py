@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from core import agreement as ag
 from core.engines.base import Cancelled, EngineError, Generation, GenerationParams, Score, UnsupportedCombination
+from core.errors import InputError
 from core.precision import KVDtype, Precision
 from core.prompts import Prompt, unique_names
 
@@ -87,7 +88,7 @@ def load_engine(side: Side, progress: ProgressFn | None = None):
         if reasons:
             raise UnsupportedCombination(reasons)
         return eng
-    raise ValueError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
+    raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
 
 
 # ---- results ----
@@ -314,11 +315,11 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
     Pass the same engine object twice for the noise floor: it still generates and scores twice, so a
     non-deterministic engine shows up as less than 1.0."""
     if not 1 <= top_k <= MAX_TOP_K:
-        raise ValueError(f"top-k must be between 1 and {MAX_TOP_K}; got {top_k}.")
+        raise InputError(f"top-k must be between 1 and {MAX_TOP_K}; got {top_k}.")
     prompts = unique_names([p if isinstance(p, Prompt) else Prompt(f"prompt-{i + 1}", p)
                             for i, p in enumerate(prompts)])
     if not prompts:
-        raise ValueError("Give at least one prompt.")
+        raise InputError("Give at least one prompt.")
     reference, candidate = reference or Side(), candidate or Side()
     progress = progress or (lambda f, m: None)
     stop = should_stop or (lambda: False)
@@ -394,7 +395,7 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
         loader: Callable[[Side, ProgressFn | None], object] = load_engine) -> CompareResult:
     """Load both sides (once each; the same object when they are the same setup) and compare."""
     progress = progress or (lambda f, m: None)
-    from core.engines.remote import normalize_base_url
+    from core.http import normalize_base_url
 
     for side in (reference, candidate):  # a mistyped URL is reported before minutes of loading the other side
         if side.engine == "remote":

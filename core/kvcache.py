@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from core.errors import InputError
+from core.fmt import fmt_cache_bytes
 from core.models import SYNTHETIC_CONFIGS
 
-GiB = 2**30
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 DEFAULT_BLOCK_SIZE = 16
 # vLLM's FP8 KV cache keeps one K scale and one V scale per layer (float32): a few hundred bytes per model,
@@ -27,7 +28,7 @@ EMBEDDED_CONFIG = dict(
 BUILTIN_CONFIGS: dict[str, dict] = {"embedded": EMBEDDED_CONFIG, **SYNTHETIC_CONFIGS}
 
 
-class KVConfigError(ValueError):
+class KVConfigError(InputError):
     """A model config lacks what the arithmetic needs; the message says which field."""
 
 
@@ -125,7 +126,7 @@ def kv_bytes(shape: KVShape, kv_dtype: str, tokens: int) -> int:
 
 def blocks(tokens: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     if block_size < 1:
-        raise ValueError(f"block_size must be at least 1; got {block_size}.")
+        raise InputError(f"block_size must be at least 1; got {block_size}.")
     return math.ceil(tokens / block_size)
 
 
@@ -180,7 +181,7 @@ def report(shape: KVShape, kv_dtype: str, tokens: int, block_size: int = DEFAULT
     (gpu_mem x utilization - weights, as vLLM's --gpu-memory-utilization; activations are not modelled) and the
     longest sequence that fits in it."""
     if tokens < 0:
-        raise ValueError(f"tokens must be >= 0; got {tokens}.")
+        raise InputError(f"tokens must be >= 0; got {tokens}.")
     per = layer_bytes_per_token(shape, kv_dtype)
     n_blocks = blocks(tokens, block_size)
     r = KVReport(
@@ -220,31 +221,21 @@ def estimate_weight_bytes(config, bytes_per_param: float = 2.0) -> int | None:
     return int((s.layers * per_layer + embed + h) * bytes_per_param)
 
 
-def fmt_bytes(n: float | None) -> str:
-    """Binary units, as GPU memory is usually quoted in tools (GiB)."""
-    if n is None:
-        return "N/A"
-    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def headline(r: KVReport) -> list[tuple[str, str, str]]:
     """(label, value, help) for the calculator's metrics row."""
-    beyond = (f"Beyond the {r.sliding_window}-token window: {fmt_bytes(r.bytes_per_token_beyond_window)} "
+    beyond = (f"Beyond the {r.sliding_window}-token window: {fmt_cache_bytes(r.bytes_per_token_beyond_window)} "
               f"({r.sliding_layers} of {r.layers} layers slide)." if r.sliding_layers else "Every layer, K and V.")
     fits = ("nothing" if r.budget_bytes is not None and r.budget_bytes <= 0 else "any length"
             if r.max_tokens is None else f"{r.max_tokens:,}" if r.max_tokens < 10**6
             else f"{r.max_tokens / 10**6:,.1f}M")  # a metric cuts long values short
     exact = f"{r.max_tokens:,} tokens fit on this GPU. " if r.max_tokens else ""
     budget = (f"{exact}GPU x {r.gpu_memory_utilization:g} (vLLM --gpu-memory-utilization) - weights = "
-              f"{fmt_bytes(r.budget_bytes)} for the cache, shared by concurrent sequences; one sequence still stops "
+              f"{fmt_cache_bytes(r.budget_bytes)} for the cache, shared by concurrent sequences; one sequence still stops "
               "at the model's maximum positions. Activations and CUDA graphs are not counted.")
-    return [("Per token", fmt_bytes(r.bytes_per_token), beyond),
-            (f"At {r.tokens:,} tokens", fmt_bytes(r.total_bytes), f"{r.total_bytes:,} bytes"),
+    return [("Per token", fmt_cache_bytes(r.bytes_per_token), beyond),
+            (f"At {r.tokens:,} tokens", fmt_cache_bytes(r.total_bytes), f"{r.total_bytes:,} bytes"),
             ("vLLM blocks", f"{r.blocks:,}", f"ceil({r.tokens} / {r.block_size}); whole blocks hold "
-                                             f"{fmt_bytes(r.allocated_bytes)}"),
+                                             f"{fmt_cache_bytes(r.allocated_bytes)}"),
             ("Tokens that fit", fits if r.budget_bytes is not None else "N/A", budget)]
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from core.errors import InputError
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(__file__).with_name("data") / "longdoc_source.md"
 EXTENSIONS = ("txt", "md", "json", "log", "csv", "py")
@@ -26,7 +28,7 @@ MAX_CONTROL_SHARE = 0.05  # real text has almost no control characters besides t
 DEFAULT_LIMIT_MB = 20
 
 
-class DocumentError(ValueError):
+class DocumentError(InputError):
     pass
 
 
@@ -253,9 +255,9 @@ def truncate_ids(ids: list[int], keep: int, mode: str) -> tuple[list[int], int]:
     """(kept ids, number dropped). head keeps the beginning, tail the end, middle both ends (the extra one to the
     head when `keep` is odd)."""
     if mode not in TRUNCATIONS:
-        raise ValueError(f"Unknown truncation {mode!r}; choose one of: {', '.join(TRUNCATIONS)}.")
+        raise InputError(f"Unknown truncation {mode!r}; choose one of: {', '.join(TRUNCATIONS)}.")
     if keep < 0:
-        raise ValueError(f"keep must be >= 0; got {keep}.")
+        raise InputError(f"keep must be >= 0; got {keep}.")
     if len(ids) <= keep:
         return list(ids), 0
     if mode == "head":

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from core.engines.base import Cancelled, GenerationParams
+from core.errors import InputError
+from core.fmt import GIB
+from core.stats import percentile
 
 Progress = Callable[[float, str], None]
 Stop = Callable[[], bool]
@@ -21,16 +24,6 @@ Stop = Callable[[], bool]
 
 def _noop(*_):
     return None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default), q in [0, 1]."""
-    if not values:
-        return None
-    v = sorted(values)
-    rank = (len(v) - 1) * q
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
 
 
 # ---- prompts of exact length -----------------------------------------------------------------------------------
@@ -51,7 +44,7 @@ def bos(engine) -> list[int]:
 def exact_prompt(engine, filler: list[int], n: int) -> list[int]:
     """BOS + the filler, repeated as needed, cut so the whole prompt is exactly n tokens."""
     if not filler:
-        raise ValueError("The document has no tokens.")
+        raise InputError("The document has no tokens.")
     head = bos(engine)
     body = n - len(head)
     reps = -(-body // len(filler))
@@ -61,7 +54,7 @@ def exact_prompt(engine, filler: list[int], n: int) -> list[int]:
 def check_length(engine, n: int, new_tokens: int) -> None:
     cap = engine.max_positions
     if cap and n + new_tokens > cap:
-        raise ValueError(f"{n} prompt tokens + {new_tokens} new tokens is more than the model's {cap} positions.")
+        raise InputError(f"{n} prompt tokens + {new_tokens} new tokens is more than the model's {cap} positions.")
 
 
 # ---- memory on the CPU ------------------------------------------------------------------------------------------
@@ -74,7 +67,7 @@ def check_length(engine, n: int, new_tokens: int) -> None:
 # guard counts 26 of those (half again), the whole KV cache, and 1 byte a pair without sliding layers (a padded
 # batch materializes the full-attention mask too).
 PASS_ELEMENTS_PER_INTER = 26  # activation elements per token and intermediate unit
-HEADROOM_BYTES = 1 * 2**30  # left for the server, the browser sessions and the OS
+HEADROOM_BYTES = GIB  # left for the server, the browser sessions and the OS
 
 
 def pass_bytes(config, tokens: int, batch: int = 1, act_bytes: int = 2) -> int:
@@ -109,8 +102,8 @@ def check_memory(engine, tokens: int, batch: int = 1) -> None:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if pass_bytes(engine.config, mid, batch, act) <= room else (lo, mid - 1)
     rows = f"{batch} x {tokens:,}" if batch > 1 else f"{tokens:,}"
-    raise ValueError(f"{rows} tokens needs about {need / 2**30:.1f} GiB of memory for one forward pass on the CPU "
-                     f"(estimate); {max(room, 0) / 2**30:.1f} GiB is free beyond 1 GiB of headroom. Use at most "
+    raise InputError(f"{rows} tokens needs about {need / GIB:.1f} GiB of memory for one forward pass on the CPU "
+                     f"(estimate); {max(room, 0) / GIB:.1f} GiB is free beyond 1 GiB of headroom. Use at most "
                      f"about {lo:,} tokens{' per sequence or a smaller batch' if batch > 1 else ''}, or free memory: "
                      "running out of memory on the CPU ends the whole server.")
 
@@ -166,7 +159,7 @@ def run_once(engine, prompt_ids: list[int], new_tokens: int, batch: int = 1, pro
              should_stop: Stop | None = None) -> RunResult:
     """Prefill + `new_tokens` greedy tokens (EOS ignored so every run has the same count)."""
     if new_tokens < 2:
-        raise ValueError("Ask for at least 2 new tokens: inter-token latency needs two.")
+        raise InputError("Ask for at least 2 new tokens: inter-token latency needs two.")
     check_length(engine, len(prompt_ids), new_tokens)
     check_memory(engine, len(prompt_ids) + new_tokens, batch)
     params = GenerationParams(max_new_tokens=new_tokens, stop_at_eos=False, top_logprobs=0)
@@ -286,7 +279,7 @@ def needle_prompts(engine, filler: list[int], total_tokens: int, depths=("start"
     head = bos(engine)
     room = total_tokens - len(head) - len(question) - len(needle)
     if room < 16:
-        raise ValueError(f"{total_tokens} tokens is too short for a needle test; use at least "
+        raise InputError(f"{total_tokens} tokens is too short for a needle test; use at least "
                          f"{len(head) + len(question) + len(needle) + 16}.")
     body = exact_prompt(engine, filler, room + len(head))[len(head):]
     out = [("none", -1, head + body[:len(needle)] + body + question)]  # control: filler in place of the needle
@@ -307,7 +300,7 @@ def check_needle_length(engine, total_tokens: int, max_length: int | None = None
     cap = needle_max_tokens(engine, max_length)
     if cap and total_tokens > cap:
         limit = min(c for c in (engine.max_positions, max_length) if c)
-        raise ValueError(f"A needle test of {total_tokens:,} tokens does not fit: the answer is scored after the "
+        raise InputError(f"A needle test of {total_tokens:,} tokens does not fit: the answer is scored after the "
                          f"prompt, within {limit:,} positions. Use at most {cap:,} tokens.")
 
 
@@ -340,7 +333,7 @@ def headline(run: dict) -> list[tuple[str, str, str]]:
     def ms(v):
         return "N/A" if v is None else f"{v:,.1f} ms"
 
-    peak = "N/A" if run["peak_bytes"] is None else f"{run['peak_bytes'] / 2**30:.2f} GiB"
+    peak = "N/A" if run["peak_bytes"] is None else f"{run['peak_bytes'] / GIB:.2f} GiB"
     ttft = run["ttft_ms"]
     return [("TTFT", f"{ttft:,.0f} ms" if ttft < 10_000 else f"{ttft / 1000:,.1f} s",
              f"prefill {run['prefill_tok_s']:,.1f} prompt tokens/s"),

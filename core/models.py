@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from core.errors import TriageError
+
 EMBEDDED = "embedded"
 REFERENCE_PROMPT = "The capital of France is"
 REFERENCE_CONTINUATION = " the capital of the country of France"
@@ -39,7 +41,7 @@ SYNTHETIC_CONFIGS: dict[str, dict] = {
 ProgressFn = Callable[[float, str], None]
 
 
-class ModelError(RuntimeError):
+class ModelError(TriageError, RuntimeError):
     """A model could not be found, read or trusted; the message says what to do."""
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from core.errors import InputError
+
 
 class Precision(str, Enum):
     FP32 = "fp32"
@@ -106,7 +108,7 @@ def parse_precision(text: str) -> Precision:
         return Precision(text.lower())
     except ValueError:
         choices = ", ".join(p.value for p in Precision)
-        raise ValueError(f"Unknown precision {text!r}; choose one of: {choices}.") from None
+        raise InputError(f"Unknown precision {text!r}; choose one of: {choices}.") from None
 
 
 def parse_kv_dtype(text: str) -> KVDtype:
@@ -114,4 +116,4 @@ def parse_kv_dtype(text: str) -> KVDtype:
         return KVDtype(text.lower())
     except ValueError:
         choices = ", ".join(k.value for k in KVDtype)
-        raise ValueError(f"Unknown KV cache dtype {text!r}; choose one of: {choices}.") from None
+        raise InputError(f"Unknown KV cache dtype {text!r}; choose one of: {choices}.") from None

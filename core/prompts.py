@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core import longdoc
+from core.errors import InputError
 
 LONG_CHARS = 4800  # about 1,100 Gemma tokens: past the 512-token window, still quick on a CPU
 LONG_QUESTION = ("\n\nQuestion: Why does the first token of an answer take longer to appear than the tokens after it?"
@@ -59,7 +60,7 @@ def parse_user_prompts(text: str) -> list[Prompt]:
 def read_prompts_file(path: str | Path) -> list[Prompt]:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ValueError(f"No prompts file at {str(p)!r}; give a text file with one prompt per line.")
+        raise InputError(f"No prompts file at {str(p)!r}; give a text file with one prompt per line.")
     return prompts_from_bytes(p.read_bytes(), p.name, extensions=None)
 
 
@@ -82,9 +83,9 @@ def parse_prompts(text: str, filename: str = "") -> list[Prompt]:
     try:
         items = json.loads(text) if suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{filename} is not valid JSON ({exc}); expected strings or {{\"prompt\": ...}} objects.") from None
+        raise InputError(f"{filename} is not valid JSON ({exc}); expected strings or {{\"prompt\": ...}} objects.") from None
     if not isinstance(items, list):
-        raise ValueError(f"{filename} must hold a list of prompts.")
+        raise InputError(f"{filename} must hold a list of prompts.")
     prompts = []
     for i, item in enumerate(items):
         if isinstance(item, dict) and isinstance(item.get("prompt"), str):
@@ -92,17 +93,17 @@ def parse_prompts(text: str, filename: str = "") -> list[Prompt]:
         elif isinstance(item, str):
             prompts.append(Prompt(f"user-{i + 1}", item))
         else:
-            raise ValueError(f"Entry {i + 1} of {filename} is neither a string nor an object with a \"prompt\" string.")
+            raise InputError(f"Entry {i + 1} of {filename} is neither a string nor an object with a \"prompt\" string.")
     return _checked(prompts)
 
 
 def _checked(prompts: list[Prompt]) -> list[Prompt]:
     prompts = [p for p in prompts if p.text.strip()]
     if len(prompts) > MAX_PROMPTS:
-        raise ValueError(f"{len(prompts)} prompts given; compare at most {MAX_PROMPTS} at a time.")
+        raise InputError(f"{len(prompts)} prompts given; compare at most {MAX_PROMPTS} at a time.")
     for p in prompts:
         if len(p.text) > MAX_PROMPT_CHARS:
-            raise ValueError(f"Prompt {p.name!r} is {len(p.text):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
+            raise InputError(f"Prompt {p.name!r} is {len(p.text):,} characters; the limit is {MAX_PROMPT_CHARS:,}.")
     return prompts
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from core.errors import InputError
 from core.models import ModelSpec
 from core.precision import KVDtype, Precision
 from core.throttle import throttled
@@ -101,7 +102,7 @@ def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float
     from core.engines.base import GenerationParams
 
     if len(prompt) > PROMPT_MAX_CHARS:
-        raise ValueError(f"The prompt is {len(prompt):,} characters; this box runs at most {PROMPT_MAX_CHARS:,}. "
+        raise InputError(f"The prompt is {len(prompt):,} characters; this box runs at most {PROMPT_MAX_CHARS:,}. "
                          "For a long document use the Long context page: it counts the tokens and truncates to fit.")
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
     show = throttled(on_text)  # a page update per token would slow the decode it times

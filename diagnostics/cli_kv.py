@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from core import kvcache as kv
+from core.fmt import GIB, fmt_cache_bytes
 
 
 def add_parser(subparsers) -> None:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     weights, weights_from = None, None
     if args.gpu_mem_gib is not None:
         if args.weights_gib is not None:
-            weights, weights_from = args.weights_gib * kv.GiB, "given"
+            weights, weights_from = args.weights_gib * GIB, "given"
         else:
             weights = kv.estimate_weight_bytes(config)
             if weights is None:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                                        "sizes); pass --weights-gib.")
             weights_from = "estimated from the config at 2 bytes per parameter"
     r = kv.report(shape, args.kv_dtype, args.tokens, args.block_size,
-                  None if args.gpu_mem_gib is None else args.gpu_mem_gib * kv.GiB, weights,
+                  None if args.gpu_mem_gib is None else args.gpu_mem_gib * GIB, weights,
                   args.gpu_memory_utilization)
     if args.json:
         print(json.dumps({"model": name, **r.to_dict(), "weights_from": weights_from}, indent=2))
@@ -59,14 +60,14 @@ def run(args: argparse.Namespace) -> int:
     window = (f", {r.sliding_layers} with a {r.sliding_window}-token sliding window" if r.sliding_layers else "")
     print(f"{name}: {r.layers} layers{window}, {r.kv_heads} KV heads x head_dim {r.head_dim}, KV dtype {r.kv_dtype} "
           f"({kv.DTYPE_BYTES[r.kv_dtype]} bytes/element)")
-    print(f"  {'per token':<18}{kv.fmt_bytes(r.bytes_per_token)}"
-          + (f" (beyond the window: {kv.fmt_bytes(r.bytes_per_token_beyond_window)})" if r.sliding_layers else ""))
-    print(f"  {f'at {r.tokens:,} tokens':<18}{kv.fmt_bytes(r.total_bytes)} ({r.total_bytes:,} bytes)")
+    print(f"  {'per token':<18}{fmt_cache_bytes(r.bytes_per_token)}"
+          + (f" (beyond the window: {fmt_cache_bytes(r.bytes_per_token_beyond_window)})" if r.sliding_layers else ""))
+    print(f"  {f'at {r.tokens:,} tokens':<18}{fmt_cache_bytes(r.total_bytes)} ({r.total_bytes:,} bytes)")
     print(f"  {'vLLM blocks':<18}{r.blocks:,} of {r.block_size} tokens = ceil({r.tokens} / {r.block_size}); "
-          f"whole blocks hold {kv.fmt_bytes(r.allocated_bytes)}")
+          f"whole blocks hold {fmt_cache_bytes(r.allocated_bytes)}")
     if r.budget_bytes is not None:
         print(f"  {'GPU':<18}{args.gpu_mem_gib:g} GiB x {r.gpu_memory_utilization:g} - weights "
-              f"{kv.fmt_bytes(r.weights_bytes)} ({weights_from}) = {kv.fmt_bytes(r.budget_bytes)} for the cache")
+              f"{fmt_cache_bytes(r.weights_bytes)} ({weights_from}) = {fmt_cache_bytes(r.budget_bytes)} for the cache")
         if r.budget_bytes <= 0:
             print(f"  {'fits':<18}nothing: the weights alone exceed {args.gpu_memory_utilization:g} of the GPU; use "
                   "FP8 weights, tensor parallelism or a larger GPU")

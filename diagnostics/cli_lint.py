@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from core.errors import InputError
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -22,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
 
     words = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not words:
-        raise ValueError("no command given: python -m diagnostics lint-flags -- vllm serve MODEL --flag ...")
+        raise InputError("no command given: python -m diagnostics lint-flags -- vllm serve MODEL --flag ...")
     # One quoted argument is a command line as typed; several are argv words already split by the shell.
     result = lint_command(words[0] if len(words) == 1 else words)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_text(result))

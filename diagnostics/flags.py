@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from core.errors import ToolError
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(__file__).resolve().parent / "data"
 COMMITTED_VERSION = "0.32.0"  # the vLLM whose table is committed: diagnostics/data/vllm-<version>-flags.json
@@ -209,10 +211,10 @@ def dump_live(python: str, timeout_s: float = 180) -> dict:
         try:
             proc = subprocess.run([python, "-c", script, str(path)], capture_output=True, text=True, timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RuntimeError(f"could not run {python} to read vLLM's parser: {exc}") from exc
+            raise ToolError(f"could not run {python} to read vLLM's parser: {exc}") from exc
         if proc.returncode != 0 or not path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"{python} could not dump vLLM's parser (exit {proc.returncode}): {tail[0]}")
+            raise ToolError(f"{python} could not dump vLLM's parser (exit {proc.returncode}): {tail[0]}")
         return json.loads(path.read_text())
 
 

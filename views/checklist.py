@@ -5,6 +5,7 @@ runs; this page only reads widgets, starts the job and renders what it found. Al
 """
 import streamlit as st
 
+from core.errors import TriageError
 from diagnostics import job as jobs
 from diagnostics.charts import figure
 from diagnostics.model import Status
@@ -40,7 +41,7 @@ if submitted and not running:
     try:
         st.session_state["diag_job"] = job = jobs.start(duration, url or None, launch or None)
         running = True
-    except ValueError as exc:
+    except TriageError as exc:
         st.error(f"Cannot start: {exc}")
 
 

@@ -6,6 +6,7 @@ in the history (core/longrun_ui.py, core/longrun_history.py).
 import streamlit as st
 
 from core import kvcache as kv, longdoc, longdoc_charts as lc, longrun, longrun_ui as ui, session, speedup
+from core.fmt import GIB, fmt_cache_bytes
 from core.models import ModelSpec
 from core.precision import Precision
 
@@ -87,11 +88,11 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
     tokens = k[3].number_input("Tokens", 1, 10**7, run_tokens, key=f"lc_kv_{run_tokens}")
     gpu = k[4].number_input("GPU memory (GiB)", 1.0, 1024.0, 80.0)
-    est = round((kv.estimate_weight_bytes(config) or 0) / kv.GiB, 2)
+    est = round((kv.estimate_weight_bytes(config) or 0) / GIB, 2)
     weights = k[5].number_input("Weights (GiB)", 0.0, 2048.0, est, key=f"lc_w_{src}",
                                 help="Default: estimated from the config at 2 bytes per parameter")
     try:
-        r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * kv.GiB, weights * kv.GiB,
+        r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * GIB, weights * GIB,
                       gpu_memory_utilization=0.9)  # vLLM's default
     except kv.KVConfigError as exc:
         st.error(str(exc))
@@ -112,7 +113,7 @@ with tabs[0]:
     for r1 in ui.results("single", stopped):
         ui.metrics(longrun.headline(r1))
         st.plotly_chart(lc.itl_histogram(r1), key="lc_itl", config=ui.NOBAR)
-        st.caption(f"KV cache held by the engine after the run: {kv.fmt_bytes(r1['kv_bytes'])} (measured).")
+        st.caption(f"KV cache held by the engine after the run: {fmt_cache_bytes(r1['kv_bytes'])} (measured).")
 with tabs[1]:
     steps = longrun.ramp_steps(lim)
     lengths = st.multiselect("Prompt lengths (tokens)", steps, steps[:3],

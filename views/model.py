@@ -2,10 +2,11 @@
 import streamlit as st
 
 from core import session
+from core.errors import TriageError
+from core.fmt import fmt_bytes, fmt_s
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import measured_speedups, source_line
-from core.units import fmt_bytes, fmt_s
 
 st.title("Model")
 st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
@@ -101,7 +102,7 @@ def run_prompt() -> None:
     try:
         gen = session.stream_generate(engine, prompt, int(max_new), float(temperature),
                                       lambda text: out.code(text, language=None, wrap_lines=True))
-    except (ValueError, RuntimeError) as exc:
+    except TriageError as exc:
         st.error(str(exc))
         return
     if (warning := session.non_finite_warning(gen, setup)) is not None:

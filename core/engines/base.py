@@ -10,11 +10,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Protocol
 
+from core.errors import EngineError  # noqa: F401 - re-exported: engines and their callers name it from here
+from core.errors import InputError
 from core.precision import KVDtype, Precision
-
-
-class EngineError(RuntimeError):
-    """A failure with a message meant for the user: what failed, what was found, what to do."""
 
 
 class UnsupportedCombination(EngineError):
@@ -38,13 +36,13 @@ class GenerationParams:
 
     def validated(self) -> "GenerationParams":
         if not 1 <= self.max_new_tokens <= 8192:
-            raise ValueError(f"max_new_tokens must be between 1 and 8192; got {self.max_new_tokens}.")
+            raise InputError(f"max_new_tokens must be between 1 and 8192; got {self.max_new_tokens}.")
         if not 0.0 <= self.temperature <= 5.0:
-            raise ValueError(f"temperature must be between 0 and 5; got {self.temperature}.")
+            raise InputError(f"temperature must be between 0 and 5; got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}.")
+            raise InputError(f"top_p must be in (0, 1]; got {self.top_p}.")
         if not 0 <= self.top_logprobs <= 20:
-            raise ValueError(f"top_logprobs must be between 0 and 20; got {self.top_logprobs}.")
+            raise InputError(f"top_logprobs must be between 0 and 20; got {self.top_logprobs}.")
         return self
 
 

@@ -29,6 +29,8 @@ from core.engines.base import (
 )
 from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
                          synthetic_config, trust_remote_code)
+from core.errors import InputError
+from core.fmt import GIB
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -153,8 +155,8 @@ class TorchEngine:
         free = available_bytes(self.device)
         if need > 0.85 * free:
             raise EngineError(
-                f"{spec.label} at {precision.label} needs about {need / 2**30:.1f} GiB for its weights; only "
-                f"{free / 2**30:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
+                f"{spec.label} at {precision.label} needs about {need / GIB:.1f} GiB for its weights; only "
+                f"{free / GIB:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
             )
         progress(0.65, f"Loading weights at {precision.label}")
         if self.device.kind == "cuda":
@@ -227,9 +229,9 @@ class TorchEngine:
     def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
         params = params.validated()
         if not prompts:
-            raise ValueError("Give at least one prompt.")
+            raise InputError("Give at least one prompt.")
         if any(isinstance(p, str) and not p.strip() for p in prompts):
-            raise ValueError("A prompt is empty; type some text.")
+            raise InputError("A prompt is empty; type some text.")
         ids = [self.encode(p) for p in prompts]
         gens = [Generation(i) for i in ids]
         for event in self._decode(ids, params, gens, should_stop):
@@ -241,10 +243,10 @@ class TorchEngine:
 
     def _check_lengths(self, ids: list[list[int]], params: GenerationParams) -> None:
         if any(len(i) == 0 for i in ids):
-            raise ValueError("A prompt is empty after tokenization; type some text.")
+            raise InputError("A prompt is empty after tokenization; type some text.")
         longest = max(len(i) for i in ids) + params.max_new_tokens
         if self.max_positions and longest > self.max_positions:
-            raise ValueError(
+            raise InputError(
                 f"Prompt plus new tokens is {longest} tokens; the model handles at most {self.max_positions}. "
                 "Shorten the prompt or ask for fewer new tokens."
             )
@@ -307,7 +309,7 @@ class TorchEngine:
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8, full: bool = False) -> Score:
         """One forward pass over prompt + continuation; position i scores continuation_ids[i]."""
         if not prompt_ids or not continuation_ids:
-            raise ValueError("Scoring needs a non-empty prompt and continuation.")
+            raise InputError("Scoring needs a non-empty prompt and continuation.")
         with self.lock:
             ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
             cache = make_cache(self.config, self.kv_dtype)

@@ -29,7 +29,9 @@ from core.engines.torch_engine import (
     current_device,
     estimate_weight_bytes,
 )
+from core.errors import InputError
 from core.fast.model import DecodeGraph, Dims, FastLlama
+from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
 from core.precision import KVDtype, Precision, unsupported_reasons
 
@@ -63,8 +65,8 @@ class FastLlamaEngine:
         free = available_bytes(self.device)
         if need > 0.85 * free:
             raise EngineError(
-                f"{spec.label} at {precision.label} needs about {need / 2**30:.1f} GiB for its weights; only "
-                f"{free / 2**30:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision.")
+                f"{spec.label} at {precision.label} needs about {need / GIB:.1f} GiB for its weights; only "
+                f"{free / GIB:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision.")
         torch.cuda.reset_peak_memory_stats()
         dims = Dims.from_config(config)
         mode = precision.value
@@ -126,7 +128,7 @@ class FastLlamaEngine:
     def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
         params = params.validated()
         if not prompts:
-            raise ValueError("Give at least one prompt.")
+            raise InputError("Give at least one prompt.")
         ids = [self.encode(p) for p in prompts]
         gens = [Generation(i) for i in ids]
         for event in self._decode(ids, params, gens, should_stop):
@@ -200,7 +202,7 @@ class FastLlamaEngine:
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8, full: bool = False) -> Score:
         """One pass over prompt + continuation; position i scores continuation_ids[i] (as TorchEngine.score)."""
         if not prompt_ids or not continuation_ids:
-            raise ValueError("Scoring needs a non-empty prompt and continuation.")
+            raise InputError("Scoring needs a non-empty prompt and continuation.")
         with self.lock:
             ids = list(prompt_ids) + list(continuation_ids)
             cache = self.model.new_cache(1, len(ids), self.kv_dtype is KVDtype.FP8)

@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from core.fmt import fmt_field as fmt  # noqa: F401 - re-exported: the Live monitor page imports fmt from here
+
 log = logging.getLogger("triage.telemetry")
 
 # Checklist thresholds (../shared/DOMAIN.md section 7). Kept here, once, so the gauges' colour bands and the
@@ -60,38 +62,3 @@ class FailureLog:
         if key not in self._seen:
             self._seen.add(key)
             log.log(level, "%s: %s unavailable: %s (logged once)", self.source, key, reason)
-
-
-# --- formatting: the unit is in the key's suffix, so one function formats every field --------------------------
-_GIB = 1024**3
-
-
-def fmt(key: str, value: Any) -> str:
-    """Human text for a value, by the unit named in its key. None -> "N/A" (the caller shows the reason)."""
-    if value is None:
-        return "N/A"
-    if isinstance(value, str):
-        return value or "none"
-    if key.endswith("_pct"):
-        return f"{value:.0f}%"
-    if key.endswith("_bytes_s"):
-        return _rate(value)
-    if key.endswith("_bytes"):
-        return f"{value / _GIB:.1f} GiB"
-    if key.endswith("_w"):
-        return f"{value:.0f} W"
-    if key.endswith("_mhz"):
-        return f"{value:.0f} MHz"
-    if key.endswith("_c"):
-        return f"{value:.0f} °C"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return str(value)
-
-
-def _rate(bytes_s: float) -> str:
-    # Three significant digits at most: these sit in narrow metric columns.
-    unit, scale = next(((u, k) for u, k in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)) if bytes_s >= k),
-                       ("B/s", 1.0))
-    x = bytes_s / scale
-    return f"{x:.1f} {unit}" if x < 10 and scale > 1 else f"{x:.0f} {unit}"

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.errors import TriageError
+from core.http import http_get, normalize_base_url
+
 # field -> candidate sample names, newest first
 GAUGES = {
     "running": ["vllm:num_requests_running"],
@@ -37,7 +40,7 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-class MetricsError(RuntimeError):
+class MetricsError(TriageError, RuntimeError):
     """The /metrics page could not be read or is not Prometheus text; the message says what was found."""
 
 
@@ -242,8 +245,6 @@ def rates(older: VllmSnapshot, newer: VllmSnapshot) -> Rates:
 
 def scrape(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) -> VllmSnapshot:
     """GET <base_url>/metrics and parse it. Raises RemoteError (network, HTTP) or MetricsError (content)."""
-    from core.engines.remote import http_get, normalize_base_url
-
     url = normalize_base_url(base_url) + "/metrics"
     t = time.monotonic()
     resp = http_get(url, timeout_s=timeout_s, api_key=api_key)

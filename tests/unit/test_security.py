@@ -198,7 +198,8 @@ def test_the_sink_detector_finds_what_it_should():
     ("javascript:alert(1)", "is not an http(s) URL"), ("mailto:a@b", "is not an http(s) URL"),
     ("http://[::1", "is not a valid URL"), ("file:///etc/passwd", "is not an http(s) URL with a host")])
 def test_urls_that_are_not_servers_are_refused_with_the_reason(url, message):
-    from core.engines.remote import RemoteError, normalize_base_url
+    from core.errors import RemoteError
+    from core.http import normalize_base_url
 
     with pytest.raises(RemoteError, match=re.escape(message)):
         normalize_base_url(url)

@@ -1,5 +1,8 @@
-"""Small statistics over time series, pure Python (the checks run where numpy may be absent)."""
+"""Small statistics, pure Python (the checks run where numpy may be absent): the one home of percentiles, means and
+regression lines."""
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 
@@ -35,10 +38,21 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 1]."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 1]; None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    rank = (len(v) - 1) * q
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
+
+
+def nearest_rank_percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90 and p99 by nearest rank on the sorted samples: with a handful of requests, no interpolation pretends
+    to more precision than the samples hold."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    v = sorted(values)
+    pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
