@@ -1,7 +1,7 @@
 """Prompt sets for precision comparison: the seed's three prompts, code, JSON and a long-context prompt, plus the
 user's own. The embedded model is a base (not instruction-tuned) model, so prompts are written to be continued.
 
-The long-context prompt is the text core/longdoc.py ships for its sample documents (written for this project, nothing
+The long-context prompt is the text core/textfile.py ships for its sample documents (written for this project, nothing
 is downloaded), so it changes only when that text does, and saved comparisons stay comparable. It is longer than
 Gemma 3's 512-token sliding window, so the global-attention layers and the window both take part.
 """
@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from core import longdoc
 from core.errors import InputError
+from core import textfile
 
 LONG_CHARS = 4800  # about 1,100 Gemma tokens: past the 512-token window, still quick on a CPU
 LONG_QUESTION = ("\n\nQuestion: Why does the first token of an answer take longer to appear than the tokens after it?"
@@ -30,7 +30,7 @@ class Prompt:
 
 def long_context_text(chars: int = LONG_CHARS) -> str:
     """The shipped long-document source text, cut at a paragraph boundary near `chars`."""
-    text = longdoc.source_text()
+    text = textfile.source_text()
     if len(text) > chars:
         cut = text.rfind("\n\n", 0, chars)
         text = text[: cut if cut > chars // 2 else chars]
@@ -71,7 +71,7 @@ def prompts_from_bytes(data: bytes, filename: str,
                        extensions: tuple[str, ...] | None = PROMPT_FILE_EXTENSIONS) -> list[Prompt]:
     """Prompts from an uploaded or read file, which must be text: a binary file (an image, an archive) is refused
     with the reason, never compared as replacement characters."""
-    return parse_prompts(longdoc.decode_bytes(data, filename, extensions=extensions), filename)
+    return parse_prompts(textfile.decode_bytes(data, filename, extensions=extensions), filename)
 
 
 def parse_prompts(text: str, filename: str = "") -> list[Prompt]:

@@ -9,6 +9,7 @@ from core import kvcache as kv, longdoc, longdoc_charts as lc, longrun, longrun_
 from core.fmt import GIB, fmt_cache_bytes
 from core.models import ModelSpec
 from core.precision import Precision
+from core import textfile
 
 ss = st.session_state
 st.title("Long context")
@@ -38,14 +39,14 @@ def read_upload():
     ss.lc_error = None
     if (f := ss.get("lc_file")) is not None:
         try:
-            ss.lc_text = longdoc.decode_bytes(f.getvalue(), f.name)
-        except longdoc.DocumentError as exc:
+            ss.lc_text = textfile.decode_bytes(f.getvalue(), f.name)
+        except textfile.DocumentError as exc:
             ss.lc_error = f"{exc} The document box was not changed." if ss.get("lc_text") else str(exc)
 
 
 left, right = st.columns([5, 2])
 with right:  # the uploader enforces server.maxUploadSize itself; decode_bytes repeats the check for other callers
-    st.file_uploader(f"Upload ({', '.join(longdoc.EXTENSIONS)})", type=list(longdoc.EXTENSIONS), key="lc_file",
+    st.file_uploader(f"Upload ({', '.join(textfile.EXTENSIONS)})", type=list(textfile.EXTENSIONS), key="lc_file",
                      on_change=read_upload)
     st.number_input("Sample size (tokens)", 256, 32000, 2000, 256, key="lc_sample_tokens")
     st.button("Build a sample document", on_click=set_sample, help="Prose, code and JSON from text this project ships")
@@ -59,7 +60,7 @@ if not text.strip():
 
 @st.cache_data(max_entries=4, show_spinner="Counting tokens")
 def doc_stats(text, model, max_len, reserve):
-    longdoc.check_text(text)
+    textfile.check_text(text)
     return longdoc.stats(text, engine.tokenizer, engine.max_positions, max_len, reserve, len(longrun.bos(engine)))
 
 
@@ -69,7 +70,7 @@ max_len = int(c[0].number_input("Configured max length (tokens)", 16, engine.max
 new_tokens = int(c[1].number_input("New tokens per run", 2, 1024, 16, key="lc_new"))
 try:
     s = doc_stats(text, setup.label, max_len, new_tokens)
-except longdoc.DocumentError as exc:
+except textfile.DocumentError as exc:
     st.error(str(exc))
     st.stop()
 ui.metrics(longdoc.headline(s))

@@ -99,7 +99,7 @@ def test_repeated_prompt_names_are_numbered_apart():
 
 
 def test_a_binary_prompts_file_is_refused_not_compared_as_replacement_characters(tmp_path):
-    from core.longdoc import DocumentError
+    from core.textfile import DocumentError
     from core.prompts import prompts_from_bytes, read_prompts_file
 
     png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
