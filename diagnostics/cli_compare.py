@@ -45,9 +45,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from core import compare_render as render
-    from core.compare import Side, run as run_compare, save_to_history
-    from core.prompts import default_prompts, parse_user_prompts, read_prompts_file
+    from core.compare import render
+    from core.compare.result import Side, save_to_history
+    from core.compare.run import run as run_compare
+    from core.compare.prompts import default_prompts, parse_user_prompts, read_prompts_file
 
     prompts = parse_user_prompts("\n".join(x.replace("\n", "\\n") for x in args.prompt)) if args.prompt else []
     if args.prompts_file:

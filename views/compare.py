@@ -4,16 +4,16 @@ import json
 
 import streamlit as st
 
-from core import compare_charts as charts
-from core import compare_render as render
 from core import session
-from core.agreement import BANDED_METRICS, KL_SOURCE_TEXT
-from core.compare import Side, load_engine, run, save_to_history
+from core.compare import charts, render
+from core.compare.agreement import BANDED_METRICS, KL_SOURCE_TEXT
+from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
+from core.compare.result import Side, save_to_history
+from core.compare.run import load_engine, run
 from core.errors import InputError, TriageError
 from core.fmt import markdown_literal
 from core.models import parse_model
 from core.precision import KVDtype, Precision
-from core.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
 
 ss = st.session_state
 STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}

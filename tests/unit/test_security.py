@@ -178,7 +178,7 @@ def test_reviewed_renderer_escapes_hostile_tokens_end_to_end():
     sys.path.insert(0, str(ROOT / "tests" / "unit"))
     from test_compare_render import _result  # the hand-made hostile CompareResult
 
-    from core import compare_render
+    from core.compare import render as compare_render
 
     out = compare_render.side_by_side_html(_result(), 0)
     for raw in ("<script", "<img", '" onmouseover="'):  # no raw tag, no attribute broken out of its quotes

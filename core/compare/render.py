@@ -11,8 +11,8 @@ import html
 import io
 import math
 
-from core import agreement as ag
-from core.compare import CompareResult, PromptResult
+from core.compare import agreement as ag
+from core.compare.result import CompareResult, PromptResult
 
 CSS = """
 <style>

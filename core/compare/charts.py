@@ -8,8 +8,8 @@ import html
 
 import plotly.graph_objects as go
 
-from core import agreement as ag
-from core.compare import CompareResult
+from core.compare import agreement as ag
+from core.compare.result import CompareResult
 
 KL_COLOUR = "#4aa3ff"
 OVERLAP_COLOUR = "#76b900"

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from core.errors import InputError
 from core import textfile
+from core.errors import InputError
 
 LONG_CHARS = 4800  # about 1,100 Gemma tokens: past the 512-token window, still quick on a CPU
 LONG_QUESTION = ("\n\nQuestion: Why does the first token of an answer take longer to appear than the tokens after it?"
