@@ -6,7 +6,7 @@ GPU (synthetic Llama-3-8B shape with random weights, up to 128K tokens, BF16 aga
     .venv/bin/python bench/longdoc_bench.py --model llama-3-8b --device cuda \
         --lengths 1024,4096,16384,32768,65536,131072 --precisions bf16,fp8 --record
 
-Prompts are cut at exact lengths from the sample long document (core.longdoc), repeated where needed. One warm-up
+Prompts are cut at exact lengths from the sample long document (core.long_context.document), repeated where needed. One warm-up
 run at the shortest length per precision is not reported. --record writes the table into docs/PERFORMANCE.md under
 "## Long context", replacing only this machine's subsection.
 """
@@ -41,7 +41,9 @@ def machine(device) -> str:
 
 
 def measure(args) -> tuple[str, list[str]]:
-    from core import kvcache, longdoc, longrun
+    from core.long_context import kvcache
+    from core.long_context import document as longdoc
+    from core.long_context import runs as longrun
     from core.engines.torch_engine import TorchEngine
     from core.models import parse_model
     from core.precision import KVDtype, parse_precision

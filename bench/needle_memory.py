@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", default="middle", choices=["start", "middle", "end"])
     args = ap.parse_args(argv)
 
-    from core import longdoc, longrun
+    from core.long_context import document as longdoc
+    from core.long_context import runs as longrun
     from core.engines.torch_engine import TorchEngine
     from core.models import parse_model
     from core.precision import parse_precision

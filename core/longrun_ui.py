@@ -1,5 +1,5 @@
 """Streamlit glue for the Long context page's timed runs: a progress bar with a Cancel button, results kept in
-session state (ss["lc_<test>"]) as they arrive, every run saved to the history (core.longrun_history), and the notes
+session state (ss["lc_<test>"]) as they arrive, every run saved to the history (core.long_context.history), and the notes
 a stopped run leaves behind.
 
 Cancel works through Streamlit itself: the click reruns the page script, which stops the running one at its next
@@ -12,7 +12,7 @@ from typing import Callable
 
 import streamlit as st
 
-from core import longrun_history as hist
+from core.long_context import history as hist
 from core.throttle import throttled
 
 NOBAR = {"displayModeBar": False}

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from core import kvcache as kv
 from core.fmt import GIB, fmt_cache_bytes
+from core.long_context import kvcache as kv
 
 
 def add_parser(subparsers) -> None:

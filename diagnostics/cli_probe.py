@@ -28,7 +28,7 @@ def _ms(v: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.engines.remote import probe
+    from core.deployment.probe import probe
     from core.telemetry.vllm_metrics import scrape
 
     res = probe(args.url, n=args.n, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens,

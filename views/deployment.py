@@ -7,8 +7,9 @@ import os
 
 import streamlit as st
 
-from core import deployment_charts as dc
-from core.engines.remote import RemoteEngine, probe
+from core.deployment import charts as dc
+from core.deployment.probe import probe
+from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape

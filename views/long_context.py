@@ -1,15 +1,19 @@
 """Long context: paste or upload a long document, count its tokens, check the fit, size its KV cache, and time
 prefill and decode on the loaded model. Cancel works through Streamlit itself: the click reruns this script, which
 stops the running one at its next progress update (a few a second); results finished before it stay on the page and
-in the history (core/longrun_ui.py, core/longrun_history.py).
+in the history (core/longrun_ui.py, core/long_context/history.py).
 """
 import streamlit as st
 
-from core import kvcache as kv, longdoc, longdoc_charts as lc, longrun, longrun_ui as ui, session, speedup
+from core import longrun_ui as ui, session, speedup
+from core import textfile
 from core.fmt import GIB, fmt_cache_bytes
+from core.long_context import charts as lc
+from core.long_context import document as longdoc
+from core.long_context import kvcache as kv
+from core.long_context import runs as longrun
 from core.models import ModelSpec
 from core.precision import Precision
-from core import textfile
 
 ss = st.session_state
 st.title("Long context")

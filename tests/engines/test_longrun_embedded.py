@@ -5,8 +5,10 @@ import math
 
 import pytest
 
-from core import kvcache, longdoc, longrun
 from core.engines.base import Cancelled
+from core.long_context import document as longdoc
+from core.long_context import kvcache
+from core.long_context import runs as longrun
 from core.stats import percentile
 
 NEW = 4

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from core import kvcache as kv
+from core.long_context import kvcache as kv
 from diagnostics.__main__ import main
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30

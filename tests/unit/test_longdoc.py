@@ -2,9 +2,9 @@
 weights: only its tokenizer files are read)."""
 import pytest
 
-from core import longdoc
-from core.textfile import DocumentError
 from core import textfile
+from core.long_context import document as longdoc
+from core.textfile import DocumentError
 
 
 @pytest.fixture(scope="module")

@@ -133,7 +133,7 @@ def test_bad_urls_are_refused(url):
 
 def test_client_itl_spreads_coalesced_chunks():
     from core.engines.base import Generation
-    from core.engines.remote import client_itl
+    from core.deployment.probe import client_itl
     from core.stats import nearest_rank_percentiles as _percentiles
 
     # 5 tokens: first at 0.1 s, then one chunk of 1 token, one chunk of 3 tokens arriving together at 0.7 s

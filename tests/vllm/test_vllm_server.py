@@ -11,8 +11,9 @@ import statistics
 
 import pytest
 
+from core.deployment.probe import probe
 from core.engines.base import GenerationParams, Score, UnsupportedCombination
-from core.engines.remote import RemoteEngine, RemoteError, probe
+from core.engines.remote import RemoteEngine, RemoteError
 from core.engines.vllm_engine import VllmEngine, cpu_supports_fp8_kv
 from core.models import REFERENCE_CONTINUATION, REFERENCE_PROMPT
 from core.precision import KVDtype, Precision

@@ -74,7 +74,7 @@ def pass_bytes(config, tokens: int, batch: int = 1, act_bytes: int = 2) -> int:
     """Estimated peak memory of one forward pass over `batch` x `tokens` on the CPU, beyond the loaded weights;
     act_bytes is the activations' element size (4 for FP32, 2 for BF16 and FP16, and for FP8, which computes
     in BF16)."""
-    from core import kvcache
+    from core.long_context import kvcache
 
     inter = getattr(config, "intermediate_size", None) or 4 * (getattr(config, "hidden_size", None) or 4096)
     try:
