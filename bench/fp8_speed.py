@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from core.fast import kernels as K  # noqa: E402
-from core.fast import tune  # noqa: E402
-from core.fast.model import DecodeGraph, Dims, FastLlama  # noqa: E402
+from core.engines.fast import kernels as K  # noqa: E402
+from core.engines.fast import tune  # noqa: E402
+from core.engines.fast.model import DecodeGraph, Dims, FastLlama  # noqa: E402
 from core.models import synthetic_config  # noqa: E402
 
 PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only"}

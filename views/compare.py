@@ -4,16 +4,17 @@ import json
 
 import streamlit as st
 
-from core import session
 from core.compare import charts, render
 from core.compare.agreement import BANDED_METRICS, KL_SOURCE_TEXT
 from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
 from core.compare.result import Side, save_to_history
 from core.compare.run import load_engine, run
+from core.engines.pool import Setup
 from core.errors import InputError, TriageError
 from core.fmt import markdown_literal
 from core.models import parse_model
 from core.precision import KVDtype, Precision
+from views.common import session
 
 ss = st.session_state
 STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}
@@ -25,7 +26,7 @@ def loader(side: Side, progress):
     if side.engine != "torch":
         return load_engine(side, progress)
     previous = ss.get("setup")
-    engine = session.load(session.Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
+    engine = session.load(Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
     ss["setup"] = previous
     return engine
 

@@ -1,12 +1,12 @@
 """Long context: paste or upload a long document, count its tokens, check the fit, size its KV cache, and time
 prefill and decode on the loaded model. Cancel works through Streamlit itself: the click reruns this script, which
 stops the running one at its next progress update (a few a second); results finished before it stay on the page and
-in the history (core/longrun_ui.py, core/long_context/history.py).
+in the history (views/common/runs.py, core/long_context/history.py).
 """
 import streamlit as st
 
-from core import longrun_ui as ui, session, speedup
-from core import textfile
+from core import speedup, textfile
+from core.engines.pool import Setup
 from core.fmt import GIB, fmt_cache_bytes
 from core.long_context import charts as lc
 from core.long_context import document as longdoc
@@ -14,6 +14,8 @@ from core.long_context import kvcache as kv
 from core.long_context import runs as longrun
 from core.models import ModelSpec
 from core.precision import Precision
+from views.common import runs as ui
+from views.common import session
 
 ss = st.session_state
 st.title("Long context")
@@ -26,7 +28,7 @@ if engine is None:
     if st.button("Load the embedded model (Gemma 3 270M) at BF16", type="primary"):
         bar = st.progress(0.0, "Loading")
         try:
-            session.load(session.Setup(ModelSpec("embedded"), Precision.BF16), lambda f, m: bar.progress(f, m))
+            session.load(Setup(ModelSpec("embedded"), Precision.BF16), lambda f, m: bar.progress(f, m))
         except Exception as exc:  # any load failure: say so and stay on this page
             st.error(f"Loading failed: {exc}")
         else:

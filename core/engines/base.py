@@ -179,3 +179,20 @@ class Engine(Protocol):
     def memory_report(self) -> MemoryReport: ...
 
     def unload(self) -> None: ...
+
+
+class ByteTokenizer:
+    """Stands in for a tokenizer on synthetic models (random weights, no vocabulary): UTF-8 bytes in, token ids shown
+    as [id] out. Shared by the torch and the fast engine."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [b + 1 for b in text.encode()] or [1]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"[{int(i)}]" for i in ids)
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"[{int(i)}]" for i in ids]

@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingW
 
 from core import fp8
 from core.engines.base import (
+    ByteTokenizer,
     EngineError,
     Generation,
     GenerationParams,
@@ -53,7 +54,9 @@ def available_bytes(device: Device) -> int:
     return psutil.virtual_memory().available
 
 
-def estimate_weight_bytes(config, precision: Precision) -> int:
+def count_weight_bytes(config, precision: Precision) -> int:
+    """Bytes of the weights at `precision`, counted on the model built on the meta device (FP8 stores the quantized
+    linears in one byte a parameter); the KV cache calculator's estimate_weight_bytes works from the config alone."""
     counts = count_parameters(config)
     base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
     per_linear = 1 if precision.is_fp8 else base
@@ -117,22 +120,6 @@ def cache_bytes(cache: DynamicCache) -> int:
     return total
 
 
-class _ByteTokenizer:
-    """Stands in for a tokenizer on synthetic models: UTF-8 bytes in, token ids shown as [id] out."""
-
-    eos_token_id = None
-    pad_token_id = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [b + 1 for b in text.encode()] or [1]
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(f"[{int(i)}]" for i in ids)
-
-    def convert_ids_to_tokens(self, ids):
-        return [f"[{int(i)}]" for i in ids]
-
-
 class TorchEngine:
     name = "torch"
 
@@ -151,7 +138,7 @@ class TorchEngine:
         progress(0.0, f"Preparing {spec.label}")
         model_dir = embedded_model_dir(lambda f, m: progress(0.6 * f, m)) if spec.kind == "embedded" else None
         config = synthetic_config(spec.path) if spec.kind == "synthetic" else load_config(spec)
-        need = estimate_weight_bytes(config, precision)
+        need = count_weight_bytes(config, precision)
         free = available_bytes(self.device)
         if need > 0.85 * free:
             raise EngineError(
@@ -188,7 +175,7 @@ class TorchEngine:
                     for p in model.parameters():
                         if p.dim() > 1:
                             p.normal_(0.0, 0.02)
-                return model, _ByteTokenizer()
+                return model, ByteTokenizer()
             if spec.kind == "gguf":
                 p = Path(spec.path)
                 kw = dict(gguf_file=p.name)
@@ -210,7 +197,7 @@ class TorchEngine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
             return [int(t) for t in prompt]
-        if isinstance(self.tokenizer, _ByteTokenizer):
+        if isinstance(self.tokenizer, ByteTokenizer):
             return self.tokenizer.encode(prompt)
         return self.tokenizer(prompt).input_ids
 

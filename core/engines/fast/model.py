@@ -116,7 +116,7 @@ class Lin:
 
     def fast(self, x, x_scale, out, silu_x: bool = False):
         """Triton/cuBLAS decode-time product; for W8A8, x is the E4M3 activation and x_scale its per-token scale."""
-        from core.fast import kernels as K
+        from core.engines.fast import kernels as K
 
         return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x)
 
@@ -371,7 +371,7 @@ class DecodeGraph:
     """
 
     def __init__(self, model: FastLlama, cache: StaticKVCache, top_k: int = 0, use_graph: bool = True):
-        from core.fast import kernels as K
+        from core.engines.fast import kernels as K
 
         self.model, self.cache, self.top_k = model, cache, top_k
         d, B, dev = model.dims, cache.batch, model.device
@@ -401,7 +401,7 @@ class DecodeGraph:
             self._capture()
 
     def _body(self):
-        from core.fast import kernels as K
+        from core.engines.fast import kernels as K
 
         m, d, c = self.model, self.model.dims, self.cache
         xs = self.xs

@@ -12,7 +12,7 @@ import copy
 import torch
 
 from core import fp8
-from core.fast.model import DecodeGraph, FastLlama
+from core.engines.fast.model import DecodeGraph, FastLlama
 from core.precision import KVDtype
 
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from core.fast import kernels as K
+from core.engines.fast import kernels as K
 
 L2_BYTES = 60 * 2**20
 

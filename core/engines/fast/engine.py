@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 import torch
 
 from core.engines.base import (
+    ByteTokenizer,
     EngineError,
     Generation,
     GenerationParams,
@@ -24,13 +25,12 @@ from core.engines.base import (
 )
 from core.engines.torch_engine import (
     TorchEngine,
-    _ByteTokenizer,
     available_bytes,
     current_device,
-    estimate_weight_bytes,
+    count_weight_bytes,
 )
 from core.errors import InputError
-from core.fast.model import DecodeGraph, Dims, FastLlama
+from core.engines.fast.model import DecodeGraph, Dims, FastLlama
 from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
 from core.precision import KVDtype, Precision, unsupported_reasons
@@ -45,7 +45,7 @@ class FastLlamaEngine:
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
                  device: str | None = None, progress: Callable[[float, str], None] | None = None, seed: int = 0,
                  tune: bool = False):
-        from core.fast import fast_decode_available
+        from core.engines.fast import fast_decode_unavailable_reasons
 
         self.spec, self.precision, self.kv_dtype = spec, precision, kv_dtype
         self.device = current_device(device)
@@ -57,11 +57,11 @@ class FastLlamaEngine:
             raise UnsupportedCombination([f"The fast decode engine loads synthetic Llama shapes and Hugging Face "
                                           f"Llama directories; {spec.label} is neither. Use the torch engine."])
         config = synthetic_config(spec.path) if spec.kind == "synthetic" else load_config(spec)
-        reasons = self.unsupported_reasons(precision, kv_dtype) + fast_decode_available(
+        reasons = self.unsupported_reasons(precision, kv_dtype) + fast_decode_unavailable_reasons(
             self.device, precision, kv_dtype, config)
         if reasons:
             raise UnsupportedCombination(list(dict.fromkeys(reasons)))
-        need = estimate_weight_bytes(config, precision)
+        need = count_weight_bytes(config, precision)
         free = available_bytes(self.device)
         if need > 0.85 * free:
             raise EngineError(
@@ -73,16 +73,16 @@ class FastLlamaEngine:
         progress(0.1, f"Loading weights at {precision.label}")
         if spec.kind == "synthetic":
             weights = FastLlama.random_weights(dims, "cuda", seed=seed)
-            self.tokenizer = _ByteTokenizer()
+            self.tokenizer = ByteTokenizer()
             self.eos_ids: set[int] = set()
         else:
             weights, self.tokenizer, self.eos_ids = self._load_hf(spec, dims, progress)
         progress(0.8, "Quantizing Linear weights to FP8 E4M3" if precision.is_fp8 else "Preparing")
         self.model = FastLlama(dims, weights, mode, rotary=config)
-        from core.fast import kernels
+        from core.engines.fast import kernels
 
         if tune:  # time the candidates on this GPU for this model's shapes (~10 s per precision)
-            from core.fast import tune as tuner
+            from core.engines.fast import tune as tuner
 
             progress(0.9, "Tuning the decode kernels on this GPU")
             tuner.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)

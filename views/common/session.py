@@ -1,38 +1,19 @@
-"""Streamlit glue shared by every page: per-user state in one place, and loaded engines shared by all sessions.
+"""Streamlit glue shared by every page: per-user state in one place, and the process's engine pool.
 
-Engines live in one process-wide registry (held by st.cache_resource) keyed by (model, precision, KV dtype, engine),
-so eight browser tabs on the same setup share one copy of the weights; each engine serializes its own generations.
-Loading happens outside any cached function so its progress bar can update the page.
+The pool (core/engines/pool.py) is held by st.cache_resource, so every browser session shares it. Loading happens
+outside any cached function so its progress bar can update the page.
 """
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import streamlit as st
 
+from core.engines.pool import EnginePool, Setup
 from core.errors import InputError
-from core.models import ModelSpec
-from core.precision import KVDtype, Precision
+from core.precision import Precision
 from core.throttle import throttled
 
-
-@dataclass(frozen=True)
-class Setup:
-    spec: ModelSpec
-    precision: Precision
-    kv_dtype: KVDtype = KVDtype.AUTO
-    engine: str = "torch"
-
-    @property
-    def label(self) -> str:
-        kv = "" if self.kv_dtype is KVDtype.AUTO else ", FP8 KV cache"
-        return f"{self.spec.label} at {self.precision.label}{kv} ({self.engine})"
-
-
-DEFAULT_SETUP = Setup(ModelSpec("embedded"), Precision.BF16)
 DEFAULTS = {"setup": None}  # the Setup this browser session has loaded, or None
 
 
@@ -41,29 +22,16 @@ def init() -> None:
         st.session_state.setdefault(key, value)
 
 
-MAX_LOADED = 3  # reference + candidate for a comparison, plus one more
-
-
 @st.cache_resource(show_spinner=False)
-def _registry() -> dict:
-    """Process-wide: loaded engines by Setup (oldest first) and a lock so one model loads at a time."""
-    return {"engines": OrderedDict(), "lock": threading.Lock()}
+def _pool() -> EnginePool:
+    """Process-wide: one engine pool for every browser session (core/engines/pool.py)."""
+    return EnginePool()
 
 
 def load(setup: Setup, progress=None):
     """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
     the previous setup current and loaded."""
-    reg = _registry()
-    with reg["lock"]:  # a second session asking for the same model waits here, then reuses it
-        engine = reg["engines"].get(setup)
-        if engine is None:
-            from core.engines.factory import build_engine
-
-            engine = build_engine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
-            reg["engines"][setup] = engine
-            while len(reg["engines"]) > MAX_LOADED:
-                reg["engines"].popitem(last=False)[1].unload()
-        reg["engines"].move_to_end(setup)
+    engine = _pool().load(setup, progress)
     st.session_state["setup"] = setup
     return engine
 
@@ -73,7 +41,7 @@ def current():
     setup = st.session_state.get("setup")
     if setup is None:
         return None, None
-    engine = _registry()["engines"].get(setup)
+    engine = _pool().get(setup)
     return setup, engine if engine is not None else load(setup)
 
 

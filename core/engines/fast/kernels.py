@@ -15,7 +15,7 @@ at the same precision. What is fused, and why:
 - `decode_attention`: split-KV ("flash-decoding") attention that reads only the valid length of the static cache,
   bf16 or E4M3 K/V with their scales, then a combine kernel over the splits.
 
-Importing this module needs triton; core/fast/model.py imports it only on CUDA.
+Importing this module needs triton; core/engines/fast/model.py imports it only on CUDA.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fast decode on CUDA: a compact Llama decoder, a static KV cache, and a decode step captured in a CUDA graph.
 
-    from core.fast import fast_decode_available, FastLlamaEngine
-    reasons = fast_decode_available(device, precision, kv_dtype, config)   # [] means it can run
+    from core.engines.fast import fast_decode_unavailable_reasons, FastLlamaEngine
+    reasons = fast_decode_unavailable_reasons(device, precision, kv_dtype, config)  # [] means it can run
     engine = FastLlamaEngine(spec, precision, kv_dtype)                    # same public methods as TorchEngine
 
 Importing this package imports neither torch nor triton (core stays cheap to import); FastLlamaEngine, FastLlama
@@ -19,7 +19,8 @@ FP8_MIN_CC = (8, 9)
 BF16_MIN_CC = (8, 0)
 
 
-def fast_decode_available(device: Device, precision: Precision, kv_dtype: KVDtype, config=None) -> list[str]:
+def fast_decode_unavailable_reasons(device: Device, precision: Precision, kv_dtype: KVDtype,
+                                    config=None) -> list[str]:
     """Full-sentence reasons why the fast decode path cannot run this combination; an empty list means it can.
 
     `config` (a transformers config), when given, is checked too: only Llama-architecture models run here.
@@ -46,7 +47,7 @@ def fast_decode_available(device: Device, precision: Precision, kv_dtype: KVDtyp
                            f"{FP8_MIN_CC[0]}.{FP8_MIN_CC[1]}; found {device.cc_text} ({device.name}). Use BF16 "
                            "with the auto KV cache here, or the eager torch engine.")
     if config is not None:
-        from core.fast.model import unsupported_config_reasons
+        from core.engines.fast.model import unsupported_config_reasons
 
         reasons += unsupported_config_reasons(config)
     return reasons
@@ -54,14 +55,14 @@ def fast_decode_available(device: Device, precision: Precision, kv_dtype: KVDtyp
 
 def __getattr__(name):
     if name == "FastLlamaEngine":
-        from core.fast.engine import FastLlamaEngine
+        from core.engines.fast.engine import FastLlamaEngine
 
         return FastLlamaEngine
     if name in ("FastLlama", "DecodeGraph", "StaticKVCache", "Dims"):
-        from core.fast import model
+        from core.engines.fast import model
 
         return getattr(model, name)
     raise AttributeError(name)
 
 
-__all__ = ["fast_decode_available", "FastLlamaEngine", "FAST_PRECISIONS"]
+__all__ = ["fast_decode_unavailable_reasons", "FastLlamaEngine", "FAST_PRECISIONS"]
