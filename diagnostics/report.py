@@ -12,7 +12,7 @@ from typing import Any
 
 from core.fmt import fmt_field as fmt
 from core.fmt import fmt_s, markdown_safe
-from diagnostics.model import Finding, RunResult, Status
+from diagnostics.findings import Finding, RunResult, Status
 
 STATUS_COLOURS = {Status.FAIL: "#c62828", Status.ERROR: "#6a1b9a", Status.WARN: "#ef6c00", Status.PASS: "#2e7d32",
                   Status.SKIP: "#757575"}

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from core.errors import InputError
 from diagnostics.context import CheckContext
-from diagnostics.model import Check, Finding, RunResult, Status
+from diagnostics.findings import Check, Finding, RunResult, Status
 from diagnostics.registry import all_checks
 
 DEFAULT_S = 60.0

@@ -8,7 +8,7 @@ import streamlit as st
 from core.errors import TriageError
 from diagnostics import job as jobs
 from diagnostics.charts import figure
-from diagnostics.model import Status
+from diagnostics.findings import Status
 from diagnostics.registry import all_checks
 from diagnostics.report import STATUS_ICONS, evidence_rows, markdown_safe, remedy_markdown, summary_line
 from diagnostics.runner import DEFAULT_S, MAX_S

@@ -4,7 +4,7 @@ from __future__ import annotations
 from core.fmt import GIB
 from core.stats import linear_fit
 from diagnostics.context import CheckContext, Series
-from diagnostics.model import Chart, Check, Outcome, Severity, fail, passed, skip, warn
+from diagnostics.findings import Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
 MIB = 1024**2
 LEAK_MIB_PER_MIN = 10.0  # slower declines are noise from page cache and allocator churn at this window length

@@ -158,7 +158,7 @@ def test_probe_measures_client_ttft_and_itl_beside_server(vllm_engine):
 
 
 def test_cli_probe_json(vllm_engine, capsys):
-    from diagnostics import cli_probe
+    from diagnostics.cli import probe as cli_probe
 
     parser = argparse.ArgumentParser()
     cli_probe.add_parser(parser.add_subparsers())

@@ -7,7 +7,7 @@ import sys
 import threading
 
 from core.precision import Precision
-from diagnostics.model import Status
+from diagnostics.findings import Status
 from diagnostics.runner import DEFAULT_S, MAX_S
 
 
