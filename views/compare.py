@@ -1,5 +1,5 @@
 """Precision compare: the same prompts through a reference and a candidate precision, side by side, with the
-agreement measures experts use (DOMAIN.md section 3). Widgets -> core.compare.run -> render."""
+agreement measures experts use. Widgets -> core.compare.run -> render."""
 import json
 
 import streamlit as st

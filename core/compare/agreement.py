@@ -1,4 +1,4 @@
-"""Token agreement between a reference run and a candidate run (DOMAIN.md section 3). Pure: token ids, top-k
+"""Token agreement between a reference run and a candidate run. Pure: token ids, top-k
 logprob dicts and, where an engine can give them, full log-probability arrays (numpy). No torch.
 
 Two kinds of evidence, kept apart because free-running greedy outputs stop being comparable at their first

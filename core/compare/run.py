@@ -1,6 +1,6 @@
 """Precision compare: a reference and a candidate run on the same prompts, and the agreement between them.
 
-Flow per prompt (DOMAIN.md section 3):
+Flow per prompt:
 1. the reference greedy-generates N tokens with top-k logprobs; the candidate does the same (free-running metrics);
 2. both sides score the reference continuation teacher-forced: one forward pass per prompt and side, prompts of
    similar length batched together, logits computed only for the continuation (the vocabulary projection dominates

@@ -87,7 +87,7 @@ def free_port() -> int:
 def server_command(python: str, model_dir: str, port: int, precision: Precision, kv_dtype: KVDtype, *,
                    served_name: str, max_model_len: int, cpu: bool, kv_cache_bytes: int | None,
                    extra_args: list[str] = ()) -> list[str]:
-    """The launch command; only flags that exist in vLLM's own parser (DOMAIN.md section 5)."""
+    """The launch command; only flags that exist in vLLM's own parser."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", _VLLM_DTYPE[precision], "--kv-cache-dtype", kv_dtype.value,

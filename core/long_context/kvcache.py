@@ -1,4 +1,4 @@
-"""KV cache arithmetic (DOMAIN.md section 4). Pure Python: no torch, no model load.
+"""KV cache arithmetic. Pure Python: no torch, no model load.
 
 bytes = 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes_per_element, where a sliding-window layer
 (Gemma 3: 5 of every 6 layers, window 512) never holds more than its window. vLLM stores the cache in blocks of

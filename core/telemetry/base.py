@@ -1,6 +1,6 @@
 """The telemetry Source protocol, the Sample it returns, and the small helpers every source shares.
 
-Design rules (../shared/DESIGN.md): `probe()` says whether a source can work here and why not; `sample()` never
+Design rules (docs/DESIGN.md): `probe()` says whether a source can work here and why not; `sample()` never
 raises; a field the hardware or driver cannot give is None and carries a reason, which the UI shows as "N/A" on
 hover. Units are converted once, at the source, and named in the field (util_pct, mem_used_bytes, power_w, ...),
 so formatting and export never guess. This module imports nothing heavy: no torch, no pynvml.
@@ -15,7 +15,7 @@ from core.fmt import fmt_field as fmt  # noqa: F401 - re-exported: the Live moni
 
 log = logging.getLogger("triage.telemetry")
 
-# Checklist thresholds (../shared/DOMAIN.md section 7). Kept here, once, so the gauges' colour bands and the
+# Checklist thresholds. Kept here, once, so the gauges' colour bands and the
 # diagnostics checks cannot drift apart.
 GPU_IDLE_UTIL_PCT = 70.0  # NVML GPU util below this over the window while requests run: host-side stall
 BW_LIKELY_PCT = 80.0  # DRAM BW util above this: "likely" memory bound

@@ -1,7 +1,7 @@
 """vLLM's Prometheus /metrics: parse a scrape into numbers a person can read, and compare two scrapes.
 
 Pure parsing (`parse_metrics`, `Histogram`, `rates`) is separate from the one HTTP call (`scrape`), so the parsing is
-tested on real fixtures without a server. Metric names changed across vLLM releases (DOMAIN.md section 5); every
+tested on real fixtures without a server. Metric names changed across vLLM releases; every
 field probes the new name first, then the old one, and records which it found so the UI can say where a number came
 from. Several series of one metric (several engines, models or label sets) are summed; the KV cache usage fraction
 is averaged, as vLLM's own Grafana dashboard does.

@@ -1,4 +1,4 @@
-"""Configuration checks: what was asked for against what the hardware, driver and vLLM can do (DOMAIN 2, 5, 7)."""
+"""Configuration checks: what was asked for against what the hardware, driver and vLLM can do."""
 from __future__ import annotations
 
 from core.precision import Device, KVDtype, Precision, unsupported_reasons

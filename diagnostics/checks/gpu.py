@@ -1,4 +1,4 @@
-"""GPU checks: is the GPU waiting on the host, or is it saturating its memory bandwidth? (DOMAIN.md sections 6, 7)"""
+"""GPU checks: is the GPU waiting on the host, or is it saturating its memory bandwidth?"""
 from __future__ import annotations
 
 import bisect

@@ -1,4 +1,4 @@
-"""Host checks: is MemAvailable falling steadily? A leak is a trend over the window, not one low reading (DOMAIN 6)."""
+"""Host checks: is MemAvailable falling steadily? A leak is a trend over the window, not one low reading."""
 from __future__ import annotations
 
 from core.fmt import GIB

@@ -1,4 +1,4 @@
-"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure (DOMAIN.md section 5)."""
+"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure."""
 from __future__ import annotations
 
 from diagnostics.context import CheckContext, Series

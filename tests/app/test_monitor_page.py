@@ -13,8 +13,7 @@ from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_telemetry_fakenvml import A100, GPUIsLost, FakeNvml, NotSupported  # noqa: E402
+from tests.fakes.nvml import A100, GPUIsLost, FakeNvml, NotSupported
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "monitor.py")
 

@@ -1,4 +1,4 @@
-"""KV cache arithmetic against hand-computed values (DOMAIN.md section 4)."""
+"""KV cache arithmetic against hand-computed values."""
 import json
 
 import pytest

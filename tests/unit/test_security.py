@@ -173,12 +173,8 @@ def test_each_reviewed_renderer_has_its_hostile_input_test(renderer, test):
 
 def test_reviewed_renderer_escapes_hostile_tokens_end_to_end():
     """The compare page's renderer on a result whose every token, prompt and name is hostile markup."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
-    from test_compare_render import _result  # the hand-made hostile CompareResult
-
     from core.compare import render as compare_render
+    from tests.unit.test_compare_render import _result  # the hand-made hostile CompareResult
 
     out = compare_render.side_by_side_html(_result(), 0)
     for raw in ("<script", "<img", '" onmouseover="'):  # no raw tag, no attribute broken out of its quotes

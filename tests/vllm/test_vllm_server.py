@@ -30,7 +30,7 @@ PROMPTS = [
 GREEDY = GenerationParams(max_new_tokens=24, temperature=0.0, top_logprobs=8, stop_at_eos=False)
 
 
-# --- agreement metrics (DOMAIN.md section 3), over token ids and top-k logprobs --------------------------------
+# --- agreement metrics, over token ids and top-k logprobs --------------------------------
 def free_running(ref: list[int], cand: list[int]) -> dict:
     n = min(len(ref), len(cand))
     prefix = next((i for i in range(n) if ref[i] != cand[i]), n)

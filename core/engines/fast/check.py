@@ -2,7 +2,7 @@
 
 The eager reference is what TorchEngine runs: the HF model, core.fp8.quantize_linears for FP8 weights, and
 torch_engine.make_cache for the FP8 KV cache, decoded one token at a time with a DynamicCache. Metrics follow
-DOMAIN.md section 3: teacher-forced top-1 agreement and KL(ref || candidate) over the reference's continuation,
+Teacher-forced top-1 agreement and KL(ref || candidate) over the reference's continuation,
 plus free-running greedy token ids.
 """
 from __future__ import annotations

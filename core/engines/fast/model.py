@@ -1,7 +1,7 @@
 """A compact Llama-family decoder with a static KV cache, and a decode step captured whole in a CUDA graph.
 
 Why its own model rather than transformers': a decode step of HF `generate` on an H200 is 95% host overhead
-(DOMAIN.md section 2: 82 ms/step against a 3.7 ms bandwidth floor). Here a step is a fixed list of ~10 kernels per
+(82 ms/step against a 3.7 ms bandwidth floor). Here a step is a fixed list of ~10 kernels per
 layer over preallocated buffers, so it can be captured once and replayed with one launch.
 
 Two implementations of every op:
