@@ -45,7 +45,7 @@ class FastLlamaEngine:
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
                  device: str | None = None, progress: Callable[[float, str], None] | None = None, seed: int = 0,
                  tune: bool = False):
-        from core.engines.fast import fast_decode_unavailable_reasons
+        from core.engines.fast.support import fast_decode_unavailable_reasons
 
         self.spec, self.precision, self.kv_dtype = spec, precision, kv_dtype
         self.device = current_device(device)
