@@ -63,16 +63,33 @@ def count_weight_bytes(config, precision: Precision) -> int:
     return counts["quantizable"] * per_linear + counts["other"] * base
 
 
+def score_from_logprobs(lp, continuation_ids: list[int], top_k: int, full: bool) -> Score:
+    """A Score from the log-softmax rows that predict each continuation token (one row per token)."""
+    target = torch.tensor(continuation_ids, device=lp.device)
+    tv, ti = lp.topk(top_k, dim=-1)
+    return Score(
+        continuation_ids=list(continuation_ids),
+        target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
+        top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
+        full_logprobs=lp.cpu().numpy() if full else None,
+    )
+
+
+def _store_fp8(layer, key_states, value_states) -> None:
+    """Quantize the new K and V to E4M3 and keep them (both FP8 cache layers)."""
+    if not layer.is_initialized:
+        layer.is_initialized, layer.device = True, key_states.device
+        layer.k, layer.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
+    else:
+        layer.k.append(key_states)
+        layer.v.append(value_states)
+
+
 class _FP8Layer(DynamicLayer):
     """Full-attention KV stored in E4M3; what attention reads has been through FP8, as in vLLM's FP8 KV cache."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.is_initialized, self.device = True, key_states.device
-            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
-        else:
-            self.k.append(key_states)
-            self.v.append(value_states)
+        _store_fp8(self, key_states, value_states)
         self.keys = self.k.q  # only its shape is read (sequence length)
         return self.k.read(), self.v.read()
 
@@ -82,12 +99,7 @@ class _FP8Layer(DynamicLayer):
 
 class _FP8SlidingLayer(DynamicSlidingWindowLayer):
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.is_initialized, self.device = True, key_states.device
-            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
-        else:
-            self.k.append(key_states)
-            self.v.append(value_states)
+        _store_fp8(self, key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
         keys, values = self.k.read(), self.v.read()
         # Keep window-1 tokens for the next step, return everything this step may attend to (as the parent does).
@@ -305,14 +317,7 @@ class TorchEngine:
             # at every prompt position would cost ~4 GiB at 8K tokens for a 262K vocabulary.
             logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n + 1).logits[0]
             lp = torch.log_softmax(logits[:n].float(), dim=-1)
-            target = torch.tensor(continuation_ids, device=lp.device)
-            tv, ti = lp.topk(top_k, dim=-1)
-            return Score(
-                continuation_ids=list(continuation_ids),
-                target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
-                top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
-                full_logprobs=lp.cpu().numpy() if full else None,
-            )
+            return score_from_logprobs(lp, continuation_ids, top_k, full)
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:

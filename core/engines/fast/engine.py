@@ -28,6 +28,7 @@ from core.engines.torch_engine import (
     available_bytes,
     current_device,
     count_weight_bytes,
+    score_from_logprobs,
 )
 from core.errors import InputError
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama
@@ -209,14 +210,7 @@ class FastLlamaEngine:
             logits = self.model.prefill(torch.tensor([ids], device="cuda"), cache, all_logits=True)[0]
             n = len(continuation_ids)
             lp = torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) - 1 + n].float(), dim=-1)
-            target = torch.tensor(continuation_ids, device=lp.device)
-            tv, ti = lp.topk(top_k, dim=-1)
-            return Score(
-                continuation_ids=list(continuation_ids),
-                target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
-                top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
-                full_logprobs=lp.cpu().numpy() if full else None,
-            )
+            return score_from_logprobs(lp, continuation_ids, top_k, full)
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:
