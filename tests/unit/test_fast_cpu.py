@@ -1,4 +1,4 @@
-"""The compact decoder of core/fast on the CPU: its torch-op path against HF eager (the eager reference the CUDA
+"""The compact decoder of core/engines/fast on the CPU: its torch-op path against HF eager (the eager reference the CUDA
 graph path is also checked against, on a GPU, in tests/gpu/test_fast_decode.py).
 
 A tiny random Llama (fixed seed, so CI is deterministic), compared as token ids and logprobs, never as strings.
