@@ -10,8 +10,7 @@ import html
 import json
 from typing import Any
 
-from core.fmt import fmt_field as fmt
-from core.fmt import fmt_s, markdown_safe
+from core.fmt import fmt_field, fmt_s, markdown_safe
 from diagnostics.findings import Finding, RunResult, Status
 
 STATUS_COLOURS = {Status.FAIL: "#c62828", Status.ERROR: "#6a1b9a", Status.WARN: "#ef6c00", Status.PASS: "#2e7d32",
@@ -20,14 +19,14 @@ STATUS_ICONS = {Status.FAIL: "✖", Status.ERROR: "⚠", Status.WARN: "▲", Sta
 
 
 def format_value(key: str, value: Any) -> str:
-    """Evidence value as text, by the unit its key names (core.telemetry.base.fmt)."""
+    """Evidence value as text, by the unit its key names (core.fmt.fmt_field)."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, default=str)
     if key.endswith("_s") and isinstance(value, (int, float)):
-        return fmt_s(value)  # core.telemetry.base.fmt has no seconds; latencies want ms
-    return fmt(key, value)
+        return fmt_s(value)  # fmt_field has no seconds; latencies want ms
+    return fmt_field(key, value)
 
 
 _UNIT_SUFFIXES = (("_mib_per_min", " (MiB/min)"), ("_pct", ""), ("_bytes", ""), ("_s", ""))  # values carry units

@@ -6,7 +6,7 @@ import io
 import pandas as pd
 
 from core import charts
-from core.telemetry.base import fmt
+from core.fmt import fmt_field as fmt
 from core.telemetry.export import to_csv_bytes, to_frame, to_parquet_bytes
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler
