@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository (pytest.ini puts it on sys.path)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
 # Pages, jobs and the CLI save runs to History: tests write to a throwaway database, never the user's (subprocesses
