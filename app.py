@@ -3,7 +3,7 @@ runs a file of a pages/ folder on its own when a deep link is the first request 
 """
 import streamlit as st
 
-from core import session
+from views.common import session
 
 st.set_page_config(page_title="Triage console", page_icon=":material/monitor_heart:", layout="wide")
 

@@ -1,10 +1,10 @@
 """Precision compare on the default prompt set: agreement of each precision with a reference, and where the time goes.
 
-    PYTHONPATH=. .venv/bin/python bench/compare_bench.py [--max-new-tokens 32] [--candidates bf16,fp16,fp8,fp8-wo,bf16+fp8kv]
+    .venv/bin/python -m bench.compare_bench [--max-new-tokens 32] [--candidates bf16,fp16,fp8,fp8-wo,bf16+fp8kv]
 
 Each precision is loaded once. For every candidate the full flow of the page runs (reference and candidate generate,
 both score the reference continuation teacher-forced, metrics). It also times teacher-forced scoring two ways on the
-reference: core.compare's batched scorer (continuation logits only) and TorchEngine.score once per prompt (logits for
+reference: core.compare.run's batched scorer (continuation logits only) and TorchEngine.score once per prompt (logits for
 every position), to show what batching and skipping the prompt's logits buy. Prints a table; --json writes the numbers.
 Record results in docs/PERFORMANCE.md ("Precision compare") with the machine and date.
 """
@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core import compare as cp  # noqa: E402
-from core.precision import KVDtype, Precision  # noqa: E402
-from core.prompts import default_prompts  # noqa: E402
+from core.compare import run as cp
+from core.compare.prompts import default_prompts
+from core.compare.result import Side
+from core.precision import KVDtype, Precision
 
 
 def fmt(v, spec: str) -> str:
@@ -30,9 +30,9 @@ def fmt(v, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def parse_side(text: str) -> cp.Side:
+def parse_side(text: str) -> Side:
     prec, _, kv = text.partition("+")
-    return cp.Side(Precision(prec), KVDtype.FP8 if kv == "fp8kv" else KVDtype.AUTO)
+    return Side(Precision(prec), KVDtype.FP8 if kv == "fp8kv" else KVDtype.AUTO)
 
 
 def main() -> int:
@@ -42,7 +42,7 @@ def main() -> int:
     # bf16+fp8kv is how an FP8 KV cache is deployed (BF16 weights); fp32+fp8kv isolates what the KV cache alone costs.
     ap.add_argument("--candidates", default="fp32,bf16,fp16,fp8,fp8-wo,bf16+fp8kv,fp32+fp8kv,bf16:fp16",
                     help="comma-separated; PREC or PREC+fp8kv against --reference, or REF:CAND for another pair "
-                         "(the reference itself first = the noise floor; bf16:fp16 is DOMAIN.md's second floor)")
+                         "(the reference itself first = the noise floor; bf16:fp16 is the second floor)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--json", help="also write the results to this file")
@@ -52,10 +52,10 @@ def main() -> int:
 
     prompts = default_prompts()
     ref_side = parse_side(args.reference)
-    ref_side = cp.Side(ref_side.precision, ref_side.kv_dtype, args.model)
-    engines: dict[cp.Side, object] = {}
+    ref_side = Side(ref_side.precision, ref_side.kv_dtype, args.model)
+    engines: dict[Side, object] = {}
 
-    def engine(side: cp.Side):
+    def engine(side: Side):
         if side not in engines:
             t0 = time.perf_counter()
             engines[side] = cp.load_engine(side)
@@ -73,9 +73,9 @@ def main() -> int:
     for text in args.candidates.split(","):
         left, _, right = text.strip().rpartition(":")
         pair_ref = parse_side(left) if left else ref_side
-        pair_ref = cp.Side(pair_ref.precision, pair_ref.kv_dtype, args.model)
+        pair_ref = Side(pair_ref.precision, pair_ref.kv_dtype, args.model)
         cand_side = parse_side(right)
-        cand_side = cp.Side(cand_side.precision, cand_side.kv_dtype, args.model)
+        cand_side = Side(cand_side.precision, cand_side.kv_dtype, args.model)
         ref_e, cand_e = engine(pair_ref), engine(cand_side)
         cpu0 = time.process_time()
         res = cp.compare(ref_e, cand_e, prompts, max_new_tokens=args.max_new_tokens,

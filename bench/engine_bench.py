@@ -1,7 +1,7 @@
 """Prefill and decode tokens/s of the torch engine for each precision at batch 1 and 8.
 
-    python bench/engine_bench.py                                  # embedded model, CPU
-    python bench/engine_bench.py --model llama-3-8b --precisions bf16,fp8,fp8-wo   # on a GPU host
+    python -m bench.engine_bench                                  # embedded model, CPU
+    python -m bench.engine_bench --model llama-3-8b --precisions bf16,fp8,fp8-wo   # on a GPU host
 
 All precisions are measured in one run so their ratios compare like with like (these machines are noisy).
 Prefill tok/s = batch x prompt tokens / TTFT; decode tok/s = batch x (new tokens - 1) / (last token - first token).
@@ -12,16 +12,13 @@ import argparse
 import gc
 import json
 import platform
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.engines.base import GenerationParams  # noqa: E402
-from core.engines.torch_engine import TorchEngine  # noqa: E402
-from core.models import parse_model  # noqa: E402
-from core.precision import KVDtype, parse_precision  # noqa: E402
+from core.engines.base import GenerationParams
+from core.engines.torch_engine import TorchEngine
+from core.models import parse_model
+from core.precision import KVDtype, parse_precision
 
 PROSE = ("The console measures time to first token, inter-token latency and memory for each precision. " * 200)
 

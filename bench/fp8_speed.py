@@ -1,7 +1,7 @@
 """Decode tokens/s of the fast path (static KV cache + CUDA-graph decode step) per precision, against the HBM floor.
 
-    python bench/fp8_speed.py                       # Llama-3-8B shape, random weights, on one CUDA GPU
-    python bench/fp8_speed.py --json docs/fp8_speed_h200.json --out $OUT
+    python -m bench.fp8_speed                       # Llama-3-8B shape, random weights, on one CUDA GPU
+    python -m bench.fp8_speed --json core/data/fp8_speed_h200.json --out $OUT
 
 For bf16, fp8 W8A8 and fp8 weight-only, each with the auto (bf16) and the FP8 KV cache, at batch 1, 8, 64 and
 prompt 512 and 32K: ms per decode step (CUDA-graph replays back to back, timed with events), tokens/s
@@ -23,14 +23,13 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from core.fast import kernels as K  # noqa: E402
-from core.fast import tune  # noqa: E402
-from core.fast.model import DecodeGraph, Dims, FastLlama  # noqa: E402
-from core.models import synthetic_config  # noqa: E402
+from core.engines.fast import kernels as K
+from core.engines.fast import tune
+from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+from core.models import synthetic_config
 
 PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only"}
 
@@ -127,7 +126,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--no-tune", action="store_true", help="use kernels.default_config instead of timing candidates")
     ap.add_argument("--tuned", help="a tuned-config JSON written by an earlier run (skips tuning)")
-    ap.add_argument("--json", help="write the results here (docs/fp8_speed_h200.json)")
+    ap.add_argument("--json", help="write the results here (core/data/fp8_speed_h200.json)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -1,12 +1,12 @@
 """TTFT against prompt length, with ITL and the KV cache measured beside the calculator's prediction.
 
 CPU (embedded model, up to 8K tokens):
-    .venv/bin/python bench/longdoc_bench.py --lengths 256,512,1024,2048,4096,8192 --record
+    .venv/bin/python -m bench.longdoc_bench --lengths 256,512,1024,2048,4096,8192 --record
 GPU (synthetic Llama-3-8B shape with random weights, up to 128K tokens, BF16 against FP8 W8A8):
-    .venv/bin/python bench/longdoc_bench.py --model llama-3-8b --device cuda \
+    .venv/bin/python -m bench.longdoc_bench --model llama-3-8b --device cuda \
         --lengths 1024,4096,16384,32768,65536,131072 --precisions bf16,fp8 --record
 
-Prompts are cut at exact lengths from the sample long document (core.longdoc), repeated where needed. One warm-up
+Prompts are cut at exact lengths from the sample long document (core.long_context.document), repeated where needed. One warm-up
 run at the shortest length per precision is not reported. --record writes the table into docs/PERFORMANCE.md under
 "## Long context", replacing only this machine's subsection.
 """
@@ -21,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from core.fmt import fmt_cache_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DOC = ROOT / "docs" / "PERFORMANCE.md"
 SECTION = "## Long context"
 
@@ -39,7 +40,9 @@ def machine(device) -> str:
 
 
 def measure(args) -> tuple[str, list[str]]:
-    from core import kvcache, longdoc, longrun
+    from core.long_context import kvcache
+    from core.long_context import document as longdoc
+    from core.long_context import runs as longrun
     from core.engines.torch_engine import TorchEngine
     from core.models import parse_model
     from core.precision import KVDtype, parse_precision
@@ -74,8 +77,8 @@ def measure(args) -> tuple[str, list[str]]:
             p = r.itl_p
             calc = kvcache.kv_bytes(shape, calc_dtype, n + args.new_tokens - 1) if calc_dtype else None
             row = (f"| {precision.label} | {n:,} | {1000 * ttft:,.0f} | {n / ttft:,.0f} | {1000 * p['p50']:,.1f} | "
-                   f"{1000 * p['p90']:,.1f} | {r.decode_tok_s:,.1f} | {kvcache.fmt_bytes(r.kv_bytes)} | "
-                   f"{kvcache.fmt_bytes(calc)} | {kvcache.fmt_bytes(r.peak_bytes)} | {load:.1f} |")
+                   f"{1000 * p['p90']:,.1f} | {r.decode_tok_s:,.1f} | {fmt_cache_bytes(r.kv_bytes)} | "
+                   f"{fmt_cache_bytes(calc)} | {fmt_cache_bytes(r.peak_bytes)} | {load:.1f} |")
             rows.append(row)
             print(row, flush=True)
         engine.unload()
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
     print(HEADER, flush=True)
     t0 = time.perf_counter()
     label, rows = measure(args)
-    cmd = "python bench/longdoc_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m bench.longdoc_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     body = "\n".join([
         f"Measured {started} (`date`); {time.perf_counter() - t0:.0f} s in all. Command: `{cmd}`. "
         f"Model: {args.model}, KV cache dtype {args.kv_dtype}, {args.new_tokens} new tokens per run, "

@@ -1,6 +1,6 @@
 """Peak memory of one needle-test scoring pass (teacher-forced, engine.score) at a given prompt length.
 
-    .venv/bin/python bench/needle_memory.py --tokens 32758 [--precision bf16] [--device cpu]
+    .venv/bin/python -m bench.needle_memory --tokens 32758 [--precision bf16] [--device cpu]
 
 Each length runs in a fresh process. Loading the model has its own peak (the conversion to the load dtype), so the
 peak resident size is reset after loading (Linux clear_refs) and read again after the pass: that is the pass's own
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def status_bytes(field: str) -> int:
@@ -45,7 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", default="middle", choices=["start", "middle", "end"])
     args = ap.parse_args(argv)
 
-    from core import longdoc, longrun
+    from core.long_context import document as longdoc
+    from core.long_context import runs as longrun
     from core.engines.torch_engine import TorchEngine
     from core.models import parse_model
     from core.precision import parse_precision

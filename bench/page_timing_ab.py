@@ -1,15 +1,15 @@
 """ITL and decode tok/s as the pages show them: the Model page generates 32 tokens, the Long context page runs a
 256-token sample with 32 new tokens, in headless Chromium against the app of the checkout given.
 
-    .venv/bin/python bench/page_timing_ab.py /path/to/checkout-A      # then checkout B, alternating, same machine
+    .venv/bin/python -m bench.page_timing_ab /path/to/checkout-A      # then checkout B, alternating, same machine
 
 Prints one JSON line. Compare checkouts in one sitting and alternate them (these machines are noisy).
 """
 import json, re, sys, tempfile
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1])  # the app and test helpers of the checkout measured, not this one
 from playwright.sync_api import sync_playwright
-from tests.e2e.helpers import AppServer, CHROMIUM, CHROMIUM_ARGS, goto, new_page, wait_idle, metric_value
+from tests.e2e.helpers import CHROMIUM, CHROMIUM_ARGS, AppServer, goto, metric_value, new_page, wait_idle
 
 srv = AppServer("app.py", Path(tempfile.mkdtemp()) / "h.sqlite", Path(tempfile.mkdtemp()) / "server.log").start()
 out = {"repo": sys.argv[1]}

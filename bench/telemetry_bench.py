@@ -1,7 +1,7 @@
 """Telemetry sampler cost: CPU time and achieved rate at 10 Hz and 20 Hz, per-source cost per sample, and the
 memory a full 10-minute buffer takes. Target: under 1% of one core at 10 Hz.
 
-    python bench/telemetry_bench.py [--seconds 15] [--rates 10 20]
+    python -m bench.telemetry_bench [--seconds 15] [--rates 10 20]
 
 Runs the real default sources (NVML where a driver is present, psutil host). Prints a Markdown table; record the
 results, with the machine and date, in docs/PERFORMANCE.md ("Telemetry").
@@ -15,11 +15,9 @@ import sys
 import time
 import tracemalloc
 from datetime import datetime, timezone
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: python bench/telemetry_bench.py
 
-from core.telemetry.sampler import Sampler, default_sources  # noqa: E402
+from core.telemetry.sampler import Sampler, default_sources
 
 
 def machine() -> str:

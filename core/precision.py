@@ -1,12 +1,14 @@
 """Precisions, KV cache dtypes and the hardware rules that decide which combinations can run.
 
 Pure Python: importing this module never imports torch or touches a GPU. Rules are stated per engine
-path because the same precision has different requirements in torch and in vLLM (see DOMAIN.md section 2).
+path because the same precision has different requirements in torch and in vLLM.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+from core.errors import InputError
 
 
 class Precision(str, Enum):
@@ -101,17 +103,17 @@ def unsupported_reasons(precision: Precision, kv: KVDtype, device: Device, engin
     return reasons
 
 
-def parse_precision(text: str) -> Precision:
+def _parse_choice(enum_type, text: str, what: str):
     try:
-        return Precision(text.lower())
+        return enum_type(text.lower())
     except ValueError:
-        choices = ", ".join(p.value for p in Precision)
-        raise ValueError(f"Unknown precision {text!r}; choose one of: {choices}.") from None
+        choices = ", ".join(m.value for m in enum_type)
+        raise InputError(f"Unknown {what} {text!r}; choose one of: {choices}.") from None
+
+
+def parse_precision(text: str) -> Precision:
+    return _parse_choice(Precision, text, "precision")
 
 
 def parse_kv_dtype(text: str) -> KVDtype:
-    try:
-        return KVDtype(text.lower())
-    except ValueError:
-        choices = ", ".join(k.value for k in KVDtype)
-        raise ValueError(f"Unknown KV cache dtype {text!r}; choose one of: {choices}.") from None
+    return _parse_choice(KVDtype, text, "KV cache dtype")

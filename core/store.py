@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from core.errors import TriageError
+
 KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe")
 STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
 TITLE_MAX = 160
@@ -35,7 +37,7 @@ BUSY_TIMEOUT_S = 15.0
 EXPORT_FORMAT = "triage-console-runs"
 
 
-class StoreError(RuntimeError):
+class StoreError(TriageError, RuntimeError):
     """The history database could not be opened, read or written; the message says what to do."""
 
 

@@ -1,20 +1,21 @@
-"""The CLI: python -m diagnostics <command> ... Each command lives in its own diagnostics/cli_*.py module."""
+"""The CLI: python -m diagnostics <command> ... Each command lives in its own module of diagnostics/cli/."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code.
-COMMAND_MODULES = ["diagnostics.cli_generate", "diagnostics.cli_run", "diagnostics.cli_lint", "diagnostics.cli_kv", "diagnostics.cli_compare",
-                   "diagnostics.cli_probe"]
+from diagnostics.cli import compare, generate, kv, lint_flags, probe, run
+
+# Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code. This order is the
+# order of `--help`.
+COMMAND_MODULES = (generate, run, lint_flags, kv, compare, probe)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diagnostics", description="Triage console command line.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
+    for module in COMMAND_MODULES:
+        module.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

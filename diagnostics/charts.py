@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from diagnostics.model import Chart
+from diagnostics.findings import Chart
 
 
 def figure(chart: Chart, height: int = 260, template: str | None = None):

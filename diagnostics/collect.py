@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.errors import InputError
 from diagnostics.context import CheckContext, GpuWindow, Series
 
 SCRAPE_EVERY_S = 1.0
@@ -23,14 +24,15 @@ SCRAPE_TIMEOUT_S = 3.0
 
 def vllm_base_url(url: str) -> str:
     """The server's base URL from what a user pastes ('host:8000', '.../v1', '.../metrics'). Raises ValueError."""
-    from core.engines.remote import RemoteError, normalize_base_url
+    from core.errors import RemoteError
+    from core.http import normalize_base_url
 
     text = url.strip()
     text = text[: -len("/metrics")] if text.rstrip("/").endswith("/metrics") else text
     try:
         return normalize_base_url(text.rstrip("/"))
     except RemoteError as exc:
-        raise ValueError(str(exc)) from None
+        raise InputError(str(exc)) from None
 
 
 def _major_minor(text: str | None) -> tuple[int, int] | None:

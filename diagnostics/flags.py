@@ -1,6 +1,6 @@
 """The vLLM flag linter: does a `vllm serve ...` command line only use flags that this vLLM really has?
 
-The source of truth is vLLM's own argument parser (DOMAIN.md section 5). vLLM cannot be imported by the console's
+The source of truth is vLLM's own argument parser. vLLM cannot be imported by the console's
 environment (it lives in .venv-vllm, or on another host), so the parser is read in a subprocess of a Python that
 has vLLM and its option strings are dumped to JSON. Where no such Python exists, the table for a named vLLM
 version kept in diagnostics/data/ is used, and the result says so.
@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from core.errors import ToolError
+
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(__file__).resolve().parent / "data"
 COMMITTED_VERSION = "0.32.0"  # the vLLM whose table is committed: diagnostics/data/vllm-<version>-flags.json
@@ -30,7 +32,7 @@ CACHE_DIR = REPO / ".cache" / "vllm-flags"  # live dumps, keyed by interpreter a
 ENV_PYTHON = "TRIAGE_VLLM_PYTHON"  # a Python that can import vllm; set it empty to force the committed table
 
 # Not vLLM flags at all, though articles (the seed) use them: the real flag nearest in purpose, and what to do
-# instead. DOMAIN.md sections 2 and 5.
+# instead.
 FICTIONS: dict[str, tuple[str, str]] = {
     "--fp8-w8a16": ("--quantization", "vLLM has no such flag: `--quantization fp8` runs weight-only FP8 (W8A16, "
                     "Marlin kernels) by itself on compute capability < 8.9, and W8A8 on 8.9 and newer."),
@@ -209,10 +211,10 @@ def dump_live(python: str, timeout_s: float = 180) -> dict:
         try:
             proc = subprocess.run([python, "-c", script, str(path)], capture_output=True, text=True, timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RuntimeError(f"could not run {python} to read vLLM's parser: {exc}") from exc
+            raise ToolError(f"could not run {python} to read vLLM's parser: {exc}") from exc
         if proc.returncode != 0 or not path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"{python} could not dump vLLM's parser (exit {proc.returncode}): {tail[0]}")
+            raise ToolError(f"{python} could not dump vLLM's parser (exit {proc.returncode}): {tail[0]}")
         return json.loads(path.read_text())
 
 

@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnostics.model import RunResult
+from diagnostics.findings import RunResult
 
 
 @dataclass

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from diagnostics.checks import config, gpu, host, vllm
-from diagnostics.model import Check
+from diagnostics.findings import Check
 
 CHECKS: tuple[Check, ...] = gpu.CHECKS + host.CHECKS + vllm.CHECKS + config.CHECKS
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from typing import Any
 
-from core.telemetry.base import fmt
-from core.units import fmt_s
-from diagnostics.model import Finding, RunResult, Status
+from core.fmt import fmt_field, fmt_s, markdown_safe
+from diagnostics.findings import Finding, RunResult, Status
 
 STATUS_COLOURS = {Status.FAIL: "#c62828", Status.ERROR: "#6a1b9a", Status.WARN: "#ef6c00", Status.PASS: "#2e7d32",
                   Status.SKIP: "#757575"}
@@ -21,14 +19,14 @@ STATUS_ICONS = {Status.FAIL: "✖", Status.ERROR: "⚠", Status.WARN: "▲", Sta
 
 
 def format_value(key: str, value: Any) -> str:
-    """Evidence value as text, by the unit its key names (core.telemetry.base.fmt)."""
+    """Evidence value as text, by the unit its key names (core.fmt.fmt_field)."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, default=str)
     if key.endswith("_s") and isinstance(value, (int, float)):
-        return fmt_s(value)  # core.telemetry.base.fmt has no seconds; latencies want ms
-    return fmt(key, value)
+        return fmt_s(value)  # fmt_field has no seconds; latencies want ms
+    return fmt_field(key, value)
 
 
 _UNIT_SUFFIXES = (("_mib_per_min", " (MiB/min)"), ("_pct", ""), ("_bytes", ""), ("_s", ""))  # values carry units
@@ -82,19 +80,6 @@ def history_summary(result: RunResult) -> dict:
 
 def to_json(result: RunResult) -> str:
     return json.dumps(result.to_dict(), indent=2, default=str)
-
-
-# --- Markdown -----------------------------------------------------------------------------------------------------
-
-_MD_SPECIAL = re.compile(r"([\\*_\[\]()#<>!|{}~$])")  # $ too: Streamlit's markdown renders $...$ as LaTeX
-
-
-def markdown_safe(text: Any) -> str:
-    """Text for Markdown with its special characters escaped, except inside `code spans` (kept as code).
-    Verdicts quote launch commands and URLs from outside; they must not turn into links, images or tables."""
-    parts = re.split(r"(`[^`\n]+`)", str(text))
-    return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else _MD_SPECIAL.sub(r"\\\1", p)
-                   for p in parts)
 
 
 def remedy_markdown(remedy: str) -> str:

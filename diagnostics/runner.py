@@ -12,8 +12,9 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, Protocol
 
+from core.errors import InputError
 from diagnostics.context import CheckContext
-from diagnostics.model import Check, Finding, RunResult, Status
+from diagnostics.findings import Check, Finding, RunResult, Status
 from diagnostics.registry import all_checks
 
 DEFAULT_S = 60.0
@@ -30,7 +31,7 @@ class Cancel(Protocol):
 
 def check_duration(duration_s: float) -> float:
     if not MIN_S <= duration_s <= MAX_S:
-        raise ValueError(f"The window must be {MIN_S:g} to {MAX_S:g} s (the checklist is meant to take three "
+        raise InputError(f"The window must be {MIN_S:g} to {MAX_S:g} s (the checklist is meant to take three "
                          f"minutes at most); got {duration_s:g} s.")
     return float(duration_s)
 

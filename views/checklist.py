@@ -5,9 +5,10 @@ runs; this page only reads widgets, starts the job and renders what it found. Al
 """
 import streamlit as st
 
+from core.errors import TriageError
 from diagnostics import job as jobs
 from diagnostics.charts import figure
-from diagnostics.model import Status
+from diagnostics.findings import Status
 from diagnostics.registry import all_checks
 from diagnostics.report import STATUS_ICONS, evidence_rows, markdown_safe, remedy_markdown, summary_line
 from diagnostics.runner import DEFAULT_S, MAX_S
@@ -40,7 +41,7 @@ if submitted and not running:
     try:
         st.session_state["diag_job"] = job = jobs.start(duration, url or None, launch or None)
         running = True
-    except ValueError as exc:
+    except TriageError as exc:
         st.error(f"Cannot start: {exc}")
 
 

@@ -1,27 +1,23 @@
 """Precision compare: the same prompts through a reference and a candidate precision, side by side, with the
-agreement measures experts use (DOMAIN.md section 3). Widgets -> core.compare.run -> render."""
+agreement measures experts use. Widgets -> core.compare.run -> render."""
 import json
-import re
 
 import streamlit as st
 
-from core import compare_charts as charts
-from core import compare_render as render
-from core.agreement import BANDED_METRICS, KL_SOURCE_TEXT
-from core.compare import Side, load_engine, run, save_to_history
-from core.engines.base import EngineError
-from core.models import ModelError, parse_model
+from core.compare import charts, render
+from core.compare.agreement import BANDED_METRICS, KL_SOURCE_TEXT
+from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
+from core.compare.result import Side, save_to_history
+from core.compare.run import load_engine, run
+from core.engines.pool import Setup
+from core.errors import InputError, TriageError
+from core.fmt import markdown_literal
+from core.models import parse_model
 from core.precision import KVDtype, Precision
-from core.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
-from core import session
+from views.common import session
 
 ss = st.session_state
 STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}
-
-
-def md(text) -> str:
-    """Escape Markdown so labels, URLs and prompt names render literally."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~$:])", r"\\\1", str(text))
 
 
 def loader(side: Side, progress):
@@ -30,7 +26,7 @@ def loader(side: Side, progress):
     if side.engine != "torch":
         return load_engine(side, progress)
     previous = ss.get("setup")
-    engine = session.load(session.Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
+    engine = session.load(Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
     ss["setup"] = previous
     return engine
 
@@ -72,7 +68,7 @@ if submitted:
         if upload is not None:
             prompts += prompts_from_bytes(upload.getvalue(), upload.name)
         if not prompts:
-            raise ValueError("Choose at least one built-in prompt or type your own.")
+            raise InputError("Choose at least one built-in prompt or type your own.")
         # A server serves its own model: the model box is for the in-process engine.
         ref = Side(ref_prec, ref_kv, "" if ref_url else model, "remote" if ref_url else "torch", ref_url)
         cand = Side(cand_prec, cand_kv, "" if cand_url else model, "remote" if cand_url else "torch", cand_url)
@@ -90,8 +86,8 @@ if submitted:
             ss.cmp_saved = save_to_history(result, floor) or False
             status.update(label=f"Compared in {ss.cmp_result.timings['total']:.1f} s", state="complete",
                           expanded=False)
-    except (EngineError, ModelError, ValueError, UnicodeDecodeError) as exc:
-        st.error(f"The comparison did not run: {md(exc)}")
+    except TriageError as exc:
+        st.error(f"The comparison did not run: {markdown_literal(exc)}")
 
 res = ss.get("cmp_result")
 if res is None:
@@ -101,11 +97,11 @@ if res is None:
     st.stop()
 
 s = res.summary
-STATUS.get(s.status, st.info)(md(s.verdict))
+STATUS.get(s.status, st.info)(markdown_literal(s.verdict))
 noise_res = ss.get("cmp_noise")
 if noise_res is not None:
     ok = noise_res.summary.identical
-    (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ") + md(noise_res.summary.verdict))
+    (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ") + markdown_literal(noise_res.summary.verdict))
 fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
 COLOUR = {"fine": "green", "watch": "orange", "calibration failed": "red"}
 

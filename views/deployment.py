@@ -4,21 +4,19 @@ Server-provided text (model names, versions, labels, error messages) is escaped 
 Markdown; the figures escape it themselves.
 """
 import os
-import re
 
 import streamlit as st
 
-from core import deployment_charts as dc
-from core.engines.remote import RemoteEngine, RemoteError, probe
-from core.telemetry.vllm_metrics import MetricsError, dashboard_row, scrape
+from core.deployment import charts as dc
+from core.deployment.probe import probe
+from core.engines.remote import RemoteEngine
+from core.errors import TriageError
+from core.fmt import markdown_literal
+from core.telemetry.vllm_metrics import dashboard_row, scrape
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
 ss = st.session_state
-
-
-def esc(text) -> str:
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!<>|~$:])", r"\\\1", str(text))
 
 
 def num(value, fmt: str = "{:.1f}", suffix: str = "") -> str:
@@ -37,9 +35,9 @@ with st.form("dep_connect"):
             info = RemoteEngine(url, api_key=api_key or None, timeout_s=10.0).connect()
             ss.update(dep_info=info, dep_url=info.base_url, dep_key=api_key or None, dep_rows=[], dep_prev=None,
                       dep_t0=None, dep_probe=None)
-        except (RemoteError, ValueError) as exc:
+        except TriageError as exc:
             ss.dep_info = None
-            st.error(esc(exc))
+            st.error(markdown_literal(exc))
 
 info = ss.get("dep_info")
 if info is None:
@@ -47,8 +45,8 @@ if info is None:
             "and connect. Only that URL is contacted; redirects are not followed.")
     st.stop()
 
-st.caption(f"Connected to {esc(info.base_url)} · vLLM {esc(info.version or 'version unknown')} · "
-           f"model {esc(', '.join(info.models))} · max_model_len {num(info.max_model_len, '{:d}')}")
+st.caption(f"Connected to {markdown_literal(info.base_url)} · vLLM {markdown_literal(info.version or 'version unknown')} · "
+           f"model {markdown_literal(', '.join(info.models))} · max_model_len {num(info.max_model_len, '{:d}')}")
 if not info.is_vllm:
     st.warning("This server speaks the OpenAI API but does not say it is vLLM (no owned_by 'vllm', no /version). "
                "The metrics panels and token ids need vLLM.")
@@ -60,8 +58,8 @@ paused = st.toggle("Pause live panels", key="dep_paused", help=f"Panels refresh 
 def live():
     try:
         snap = scrape(info.base_url, timeout_s=5.0, api_key=ss.get("dep_key"))
-    except (RemoteError, MetricsError) as exc:
-        st.warning(f"Could not read /metrics: {esc(exc)}")
+    except TriageError as exc:
+        st.warning(f"Could not read /metrics: {markdown_literal(exc)}")
         return
     if snap.logging_disabled:
         st.warning("This server answers /metrics but publishes no vllm:* series: it was started with "
@@ -76,7 +74,7 @@ def live():
     del rows[:-KEEP_ROWS]
 
     cfg = snap.cache_config
-    st.caption("KV cache config (vllm:cache_config_info): " + esc(
+    st.caption("KV cache config (vllm:cache_config_info): " + markdown_literal(
         f"dtype {cfg.get('cache_dtype', 'N/A')}, block size {cfg.get('block_size', 'N/A')} tokens, "
         f"{cfg.get('num_gpu_blocks', 'N/A')} blocks, {cfg.get('kv_cache_size_tokens', 'N/A')} tokens, "
         f"prefix caching {cfg.get('enable_prefix_caching', 'N/A')}") if cfg else "vllm:cache_config_info: N/A")
@@ -128,13 +126,13 @@ with st.form("dep_probe_form"):
     new_tokens = c[2].number_input("New tokens per request", 2, 512, 32)
     concurrency = c[3].number_input("Concurrent requests", 1, 16, 1)
     if st.form_submit_button("Probe", type="primary"):
-        with st.spinner(f"Sending {n} requests to {esc(info.base_url)}"):
+        with st.spinner(f"Sending {n} requests to {markdown_literal(info.base_url)}"):
             try:
                 ss.dep_probe = probe(info.base_url, int(n), int(prompt_tokens), int(new_tokens), int(concurrency),
                                      api_key=ss.get("dep_key"))
                 ss.dep_probe.record()
-            except (RemoteError, ValueError) as exc:
-                st.error(esc(exc))
+            except TriageError as exc:
+                st.error(markdown_literal(exc))
 
 res = ss.get("dep_probe")
 if res is not None:
@@ -148,7 +146,7 @@ if res is not None:
         "server (ms)": st.column_config.NumberColumn(format="%.1f", help="vLLM /metrics histograms, same window")})
     c[1].plotly_chart(dc.probe_comparison(res.client, res.server), key="dep_probe_chart",
                       config={"displayModeBar": False})
-    st.caption(esc(f"{res.n} requests x {res.prompt_tokens} prompt tokens -> {res.max_new_tokens} new tokens, "
+    st.caption(markdown_literal(f"{res.n} requests x {res.prompt_tokens} prompt tokens -> {res.max_new_tokens} new tokens, "
                    f"{res.concurrency} at a time, {res.wall_s:.1f} s wall. Client decode time per output token "
                    f"{num(res.tpot_s and 1000 * res.tpot_s)} ms; {res.tokens} tokens arrived in {res.chunks} chunks "
-                   "(a chunk carrying k tokens counts as k gaps of 1/k). ") + esc(res.metrics_note))
+                   "(a chunk carrying k tokens counts as k gaps of 1/k). ") + markdown_literal(res.metrics_note))

@@ -1,13 +1,21 @@
 """Long context: paste or upload a long document, count its tokens, check the fit, size its KV cache, and time
 prefill and decode on the loaded model. Cancel works through Streamlit itself: the click reruns this script, which
 stops the running one at its next progress update (a few a second); results finished before it stay on the page and
-in the history (core/longrun_ui.py, core/longrun_history.py).
+in the history (views/common/runs.py, core/long_context/history.py).
 """
 import streamlit as st
 
-from core import kvcache as kv, longdoc, longdoc_charts as lc, longrun, longrun_ui as ui, session, speedup
+from core import speedup, textfile
+from core.engines.pool import Setup
+from core.fmt import GIB, fmt_cache_bytes
+from core.long_context import charts as lc
+from core.long_context import document as longdoc
+from core.long_context import kvcache as kv
+from core.long_context import runs as longrun
 from core.models import ModelSpec
 from core.precision import Precision
+from views.common import runs as ui
+from views.common import session
 
 ss = st.session_state
 st.title("Long context")
@@ -20,7 +28,7 @@ if engine is None:
     if st.button("Load the embedded model (Gemma 3 270M) at BF16", type="primary"):
         bar = st.progress(0.0, "Loading")
         try:
-            session.load(session.Setup(ModelSpec("embedded"), Precision.BF16), lambda f, m: bar.progress(f, m))
+            session.load(Setup(ModelSpec("embedded"), Precision.BF16), lambda f, m: bar.progress(f, m))
         except Exception as exc:  # any load failure: say so and stay on this page
             st.error(f"Loading failed: {exc}")
         else:
@@ -37,14 +45,14 @@ def read_upload():
     ss.lc_error = None
     if (f := ss.get("lc_file")) is not None:
         try:
-            ss.lc_text = longdoc.decode_bytes(f.getvalue(), f.name)
-        except longdoc.DocumentError as exc:
+            ss.lc_text = textfile.decode_bytes(f.getvalue(), f.name)
+        except textfile.DocumentError as exc:
             ss.lc_error = f"{exc} The document box was not changed." if ss.get("lc_text") else str(exc)
 
 
 left, right = st.columns([5, 2])
 with right:  # the uploader enforces server.maxUploadSize itself; decode_bytes repeats the check for other callers
-    st.file_uploader(f"Upload ({', '.join(longdoc.EXTENSIONS)})", type=list(longdoc.EXTENSIONS), key="lc_file",
+    st.file_uploader(f"Upload ({', '.join(textfile.EXTENSIONS)})", type=list(textfile.EXTENSIONS), key="lc_file",
                      on_change=read_upload)
     st.number_input("Sample size (tokens)", 256, 32000, 2000, 256, key="lc_sample_tokens")
     st.button("Build a sample document", on_click=set_sample, help="Prose, code and JSON from text this project ships")
@@ -58,7 +66,7 @@ if not text.strip():
 
 @st.cache_data(max_entries=4, show_spinner="Counting tokens")
 def doc_stats(text, model, max_len, reserve):
-    longdoc.check_text(text)
+    textfile.check_text(text)
     return longdoc.stats(text, engine.tokenizer, engine.max_positions, max_len, reserve, len(longrun.bos(engine)))
 
 
@@ -68,7 +76,7 @@ max_len = int(c[0].number_input("Configured max length (tokens)", 16, engine.max
 new_tokens = int(c[1].number_input("New tokens per run", 2, 1024, 16, key="lc_new"))
 try:
     s = doc_stats(text, setup.label, max_len, new_tokens)
-except longdoc.DocumentError as exc:
+except textfile.DocumentError as exc:
     st.error(str(exc))
     st.stop()
 ui.metrics(longdoc.headline(s))
@@ -87,11 +95,11 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
     tokens = k[3].number_input("Tokens", 1, 10**7, run_tokens, key=f"lc_kv_{run_tokens}")
     gpu = k[4].number_input("GPU memory (GiB)", 1.0, 1024.0, 80.0)
-    est = round((kv.estimate_weight_bytes(config) or 0) / kv.GiB, 2)
+    est = round((kv.estimate_weight_bytes(config) or 0) / GIB, 2)
     weights = k[5].number_input("Weights (GiB)", 0.0, 2048.0, est, key=f"lc_w_{src}",
                                 help="Default: estimated from the config at 2 bytes per parameter")
     try:
-        r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * kv.GiB, weights * kv.GiB,
+        r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * GIB, weights * GIB,
                       gpu_memory_utilization=0.9)  # vLLM's default
     except kv.KVConfigError as exc:
         st.error(str(exc))
@@ -112,7 +120,7 @@ with tabs[0]:
     for r1 in ui.results("single", stopped):
         ui.metrics(longrun.headline(r1))
         st.plotly_chart(lc.itl_histogram(r1), key="lc_itl", config=ui.NOBAR)
-        st.caption(f"KV cache held by the engine after the run: {kv.fmt_bytes(r1['kv_bytes'])} (measured).")
+        st.caption(f"KV cache held by the engine after the run: {fmt_cache_bytes(r1['kv_bytes'])} (measured).")
 with tabs[1]:
     steps = longrun.ramp_steps(lim)
     lengths = st.multiselect("Prompt lengths (tokens)", steps, steps[:3],

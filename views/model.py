@@ -1,11 +1,13 @@
 """Model page: pick a source, precision and KV cache dtype; load with progress; memory; a streaming prompt box."""
 import streamlit as st
 
-from core import session
+from core.engines.pool import DEFAULT_SETUP, Setup
+from core.errors import TriageError
+from core.fmt import fmt_bytes, fmt_s
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import measured_speedups, source_line
-from core.units import fmt_bytes, fmt_s
+from views.common import session
 
 st.title("Model")
 st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
@@ -38,9 +40,9 @@ if submitted or st.session_state.get("setup") is None:
                 kind, lambda: parse_model(path))()
             if kind in ("hf_dir", "gguf") and spec.kind != kind:
                 raise ModelError(f"{shown_path(path)} is not a {'GGUF file' if kind == 'gguf' else 'model directory'}.")
-            setup = session.Setup(spec, precision, kv_dtype)
+            setup = Setup(spec, precision, kv_dtype)
         else:  # first visit: the embedded model at BF16, so the console answers right away
-            setup = session.DEFAULT_SETUP
+            setup = DEFAULT_SETUP
         with st.status(f"Loading {setup.label}", expanded=True) as status:
             bar = st.progress(0.0)
             session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
@@ -101,7 +103,7 @@ def run_prompt() -> None:
     try:
         gen = session.stream_generate(engine, prompt, int(max_new), float(temperature),
                                       lambda text: out.code(text, language=None, wrap_lines=True))
-    except (ValueError, RuntimeError) as exc:
+    except TriageError as exc:
         st.error(str(exc))
         return
     if (warning := session.non_finite_warning(gen, setup)) is not None:

@@ -12,7 +12,7 @@ import streamlit as st
 from core.monitor import charts
 from core.monitor.frames import GPU_TREND_HLINES, live_frame
 from core.monitor.pacing import get_pacer
-from core.telemetry.base import fmt
+from core.fmt import fmt_field as fmt
 from core.telemetry.export import to_csv_bytes, to_parquet_bytes
 from core.telemetry.sampler import get_sampler
 

@@ -10,11 +10,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Protocol
 
+from core.errors import EngineError  # noqa: F401 - re-exported: engines and their callers name it from here
+from core.errors import InputError
 from core.precision import KVDtype, Precision
-
-
-class EngineError(RuntimeError):
-    """A failure with a message meant for the user: what failed, what was found, what to do."""
 
 
 class UnsupportedCombination(EngineError):
@@ -38,13 +36,13 @@ class GenerationParams:
 
     def validated(self) -> "GenerationParams":
         if not 1 <= self.max_new_tokens <= 8192:
-            raise ValueError(f"max_new_tokens must be between 1 and 8192; got {self.max_new_tokens}.")
+            raise InputError(f"max_new_tokens must be between 1 and 8192; got {self.max_new_tokens}.")
         if not 0.0 <= self.temperature <= 5.0:
-            raise ValueError(f"temperature must be between 0 and 5; got {self.temperature}.")
+            raise InputError(f"temperature must be between 0 and 5; got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}.")
+            raise InputError(f"top_p must be in (0, 1]; got {self.top_p}.")
         if not 0 <= self.top_logprobs <= 20:
-            raise ValueError(f"top_logprobs must be between 0 and 20; got {self.top_logprobs}.")
+            raise InputError(f"top_logprobs must be between 0 and 20; got {self.top_logprobs}.")
         return self
 
 
@@ -181,3 +179,20 @@ class Engine(Protocol):
     def memory_report(self) -> MemoryReport: ...
 
     def unload(self) -> None: ...
+
+
+class ByteTokenizer:
+    """Stands in for a tokenizer on synthetic models (random weights, no vocabulary): UTF-8 bytes in, token ids shown
+    as [id] out. Shared by the torch and the fast engine."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return [b + 1 for b in text.encode()] or [1]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"[{int(i)}]" for i in ids)
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"[{int(i)}]" for i in ids]

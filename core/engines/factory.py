@@ -7,11 +7,11 @@ def build_engine(spec, precision, kv_dtype, progress=None):
 
     device = current_device()
     if device.kind == "cuda" and spec.kind in ("synthetic", "hf_dir"):
-        from core.fast import fast_decode_available
+        from core.engines.fast import fast_decode_unavailable_reasons
         from core.models import load_config
 
-        if not fast_decode_available(device, precision, kv_dtype, load_config(spec)):
-            from core.fast import FastLlamaEngine
+        if not fast_decode_unavailable_reasons(device, precision, kv_dtype, load_config(spec)):  # no reason: it can run
+            from core.engines.fast import FastLlamaEngine
 
             return FastLlamaEngine(spec, precision, kv_dtype, progress=progress)
     return TorchEngine(spec, precision, kv_dtype, progress=progress)

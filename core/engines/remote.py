@@ -9,127 +9,18 @@ Requests go only to the URL the user gave: redirects are refused and environment
 from __future__ import annotations
 
 import json
-import math
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
-from urllib.parse import urlsplit
 
 import requests
 
-from core.engines.base import EngineError, Generation, GenerationParams, MemoryReport, Score, StreamEvent
+from core.engines.base import Generation, GenerationParams, MemoryReport, Score, StreamEvent
+from core.errors import InputError, RemoteError
+from core.http import DEFAULT_TIMEOUT_S, api_error, describe, json_body, new_session, normalize_base_url, request
 from core.precision import KVDtype, Precision
-
-DEFAULT_TIMEOUT_S = 30.0
-CONNECT_TIMEOUT_S = 5.0
-
-
-class RemoteError(EngineError):
-    """The server could not be reached or did not answer like a vLLM/OpenAI server."""
-
-
-def normalize_base_url(url: str) -> str:
-    """'localhost:8000/v1/' -> 'http://localhost:8000'. Only http(s) with a host is accepted."""
-    text = (url or "").strip()
-    if not text:
-        raise RemoteError("No server URL given. Enter the base URL of the vLLM server, e.g. http://127.0.0.1:8000.")
-    if "://" not in text:
-        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:(?!\d)", text):  # javascript:..., mailto:... (not host:port)
-            raise RemoteError(f"{url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000.")
-        text = "http://" + text
-    try:
-        parts = urlsplit(text)
-    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
-        raise RemoteError(f"{url!r} is not a valid URL ({exc}); expected e.g. http://127.0.0.1:8000.") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise RemoteError(f"{url!r} is not an http(s) URL with a host; expected e.g. http://127.0.0.1:8000.")
-    if parts.query or parts.fragment:
-        raise RemoteError(f"{url!r} has a query or fragment; give only the server's base URL.")
-    try:
-        parts.port  # raises on a non-numeric or out-of-range port
-    except ValueError:
-        raise RemoteError(f"{url!r} has an invalid port; expected e.g. http://127.0.0.1:8000.") from None
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
-    return f"{parts.scheme}://{parts.netloc}{path}"
-
-
-def _session() -> requests.Session:
-    s = requests.Session()
-    s.trust_env = False  # no env proxies or .netrc credentials: talk only to the host the user named
-    adapter = requests.adapters.HTTPAdapter(pool_maxsize=64)  # generate()/probe() stream up to 64 requests at once
-    s.mount("http://", adapter)
-    s.mount("https://", adapter)
-    return s
-
-
-def _describe(exc: Exception, url: str, timeout_s: float) -> str:
-    text = str(exc)
-    if isinstance(exc, requests.ConnectTimeout):
-        return f"Connecting to {url} timed out after {CONNECT_TIMEOUT_S:g} s. Check the host and port and any firewall."
-    if isinstance(exc, requests.ReadTimeout) or "Read timed out" in text:
-        return (f"{url} accepted the connection but sent no answer within {timeout_s:g} s. The server may be "
-                "overloaded or hung, or this port is not an HTTP server.")
-    if "Connection refused" in text or "Errno 111" in text:
-        return f"Connection to {url} was refused: nothing is listening there. Is the vLLM server running on that port?"
-    if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text:
-        return f"The host in {url} could not be resolved. Check the spelling of the URL."
-    if isinstance(exc, requests.exceptions.SSLError):
-        return f"TLS with {url} failed ({text[:200]}). Use http:// for a plain vLLM server."
-    if "RemoteDisconnected" in text or "BadStatusLine" in text or "Connection aborted" in text:
-        return f"{url} closed the connection without a valid HTTP answer: this port is not an HTTP server."
-    return f"Request to {url} failed: {text[:300]}"
-
-
-def http_get(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None = None,
-             session: requests.Session | None = None) -> requests.Response:
-    """GET with the errors a user can act on; refuses redirects (they could point at another host)."""
-    return _request("GET", url, timeout_s, api_key, session)
-
-
-def _request(method: str, url: str, timeout_s: float, api_key: str | None, session: requests.Session | None,
-             **kw) -> requests.Response:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        resp = (session or _session()).request(method, url, headers=headers, allow_redirects=False,
-                                                timeout=(CONNECT_TIMEOUT_S, timeout_s), **kw)
-    except requests.RequestException as exc:
-        raise RemoteError(_describe(exc, url, timeout_s)) from exc
-    if resp.is_redirect or 300 <= resp.status_code < 400:
-        resp.close()
-        raise RemoteError(f"{url} answered with a redirect to {resp.headers.get('location', '?')!r}; the console "
-                          "does not follow redirects. Enter the server's own URL.")
-    if resp.status_code in (401, 403):
-        resp.close()
-        raise RemoteError(f"{url} answered HTTP {resp.status_code}: the server wants an API key (vLLM --api-key). "
-                          "Give the same key here.")
-    return resp
-
-
-def _json(resp: requests.Response, url: str) -> dict:
-    ctype = resp.headers.get("content-type", "")
-    body = resp.text
-    if "html" in ctype or body.lstrip().startswith("<"):
-        raise RemoteError(f"{url} answered HTTP {resp.status_code} with an HTML page, not JSON: this is a web server "
-                          "or proxy, not a vLLM OpenAI API. Enter the vLLM server's base URL.")
-    try:
-        return resp.json()
-    except ValueError:
-        raise RemoteError(f"{url} answered HTTP {resp.status_code} with something that is not JSON "
-                          f"({body[:120]!r}); expected a vLLM OpenAI API.") from None
-
-
-def _api_error(resp: requests.Response, url: str) -> RemoteError:
-    try:
-        msg = resp.json().get("error", {})
-        msg = msg.get("message", msg) if isinstance(msg, dict) else msg
-    except ValueError:
-        msg = resp.text[:300]
-    return RemoteError(f"{url} answered HTTP {resp.status_code}: {msg}")
 
 
 @dataclass
@@ -166,7 +57,7 @@ class RemoteEngine:
         self.base_url = normalize_base_url(base_url)
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self._session = _session()
+        self._session = new_session()
         self._model = model
         self._info: ServerInfo | None = None
 
@@ -174,16 +65,16 @@ class RemoteEngine:
     def connect(self) -> ServerInfo:
         """List the served models and check this is an OpenAI-compatible server (raises RemoteError otherwise)."""
         url = self.base_url + "/v1/models"
-        resp = _request("GET", url, self.timeout_s, self.api_key, self._session)
+        resp = request("GET", url, self.timeout_s, self.api_key, self._session)
         if resp.status_code == 404:
             body = resp.text.lstrip()
             page = " with an HTML page" if body.startswith("<") else ""
             raise RemoteError(f"{url} answered HTTP 404{page}: the server at {self.base_url} is not an "
                               "OpenAI-compatible API (vLLM serves /v1/models). Check the port, and give the base "
                               "URL without a path.")
-        data = _json(resp, url)
+        data = json_body(resp, url)
         if resp.status_code != 200:
-            raise _api_error(resp, url)
+            raise api_error(resp, url)
         if not isinstance(data, dict) or not isinstance(data.get("data"), list):
             raise RemoteError(f"{url} answered JSON without a 'data' list of models; not an OpenAI-compatible API.")
         raw = [m for m in data["data"] if isinstance(m, dict) and m.get("id")]
@@ -192,7 +83,7 @@ class RemoteEngine:
         is_vllm = any(m.get("owned_by") == "vllm" for m in raw)
         version = None
         try:
-            v = _request("GET", self.base_url + "/version", min(self.timeout_s, 5.0), self.api_key, self._session)
+            v = request("GET", self.base_url + "/version", min(self.timeout_s, 5.0), self.api_key, self._session)
             body = v.json() if v.status_code == 200 and "json" in v.headers.get("content-type", "") else None
             if isinstance(body, dict) and body.get("version") is not None:
                 version = str(body["version"])
@@ -240,9 +131,9 @@ class RemoteEngine:
     def tokenize(self, text: str) -> list[int]:
         """vLLM's /tokenize (with the model's special tokens, as a completion request adds them)."""
         url = self.base_url + "/tokenize"
-        resp = _request("POST", url, self.timeout_s, self.api_key, self._session,
+        resp = request("POST", url, self.timeout_s, self.api_key, self._session,
                         json={"model": self.model, "prompt": text})
-        data = _json(resp, url)
+        data = json_body(resp, url)
         if resp.status_code != 200 or "tokens" not in data:
             raise RemoteError(f"{url} did not tokenize (HTTP {resp.status_code}); /tokenize is a vLLM endpoint.")
         return list(data["tokens"])
@@ -275,12 +166,12 @@ class RemoteEngine:
         url = self.base_url + "/v1/completions"
         body = self._completion_body(prompt, params, stream=True)
         t0 = time.perf_counter()
-        resp = _request("POST", url, self.timeout_s, self.api_key, self._session, json=body, stream=True)
+        resp = request("POST", url, self.timeout_s, self.api_key, self._session, json=body, stream=True)
         gen = Generation(prompt_ids=list(prompt) if isinstance(prompt, list) else [])
         try:
             if resp.status_code != 200:
-                _json(resp, url)  # raises on HTML
-                raise _api_error(resp, url)
+                json_body(resp, url)  # raises on HTML
+                raise api_error(resp, url)
             if "text/event-stream" not in resp.headers.get("content-type", ""):
                 raise RemoteError(f"{url} did not answer with an event stream (content-type "
                                   f"{resp.headers.get('content-type')!r}); not a streaming OpenAI server.")
@@ -321,7 +212,7 @@ class RemoteEngine:
                     gen.finish_reason = "cancelled"
                     break
         except requests.RequestException as exc:
-            raise RemoteError(_describe(exc, url, self.timeout_s)) from exc
+            raise RemoteError(describe(exc, url, self.timeout_s)) from exc
         except json.JSONDecodeError as exc:
             raise RemoteError(f"{url} sent a malformed event-stream chunk ({exc}); not a vLLM server?") from exc
         finally:
@@ -384,15 +275,15 @@ class RemoteEngine:
         if not continuation_ids:
             return Score([], [], [])
         if not 1 <= top_k <= 20:
-            raise ValueError(f"top_k must be between 1 and 20 (vLLM's default max_logprobs); got {top_k}.")
+            raise InputError(f"top_k must be between 1 and 20 (vLLM's default max_logprobs); got {top_k}.")
         url = self.base_url + "/v1/completions"
         ids = list(prompt_ids) + list(continuation_ids)
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": top_k, "add_special_tokens": False}
-        resp = _request("POST", url, self.timeout_s, self.api_key, self._session, json=body)
-        data = _json(resp, url)
+        resp = request("POST", url, self.timeout_s, self.api_key, self._session, json=body)
+        data = json_body(resp, url)
         if resp.status_code != 200:
-            raise _api_error(resp, url)
+            raise api_error(resp, url)
         try:
             plp = data["choices"][0]["prompt_logprobs"]
         except (KeyError, IndexError, TypeError):
@@ -429,126 +320,3 @@ class RemoteEngine:
 
     def unload(self) -> None:
         self._session.close()
-
-
-# --- the probe: N requests of a chosen prompt length, client timings beside the server's own -------------------
-FILLER = ("The quick brown fox jumps over the lazy dog while the committee reviews the quarterly report on "
-          "river navigation, bridge maintenance and the history of lighthouses along the northern coast. ")
-
-
-@dataclass
-class ProbeResult:
-    base_url: str
-    model: str
-    n: int
-    prompt_tokens: int
-    max_new_tokens: int
-    concurrency: int
-    wall_s: float
-    generations: list[Generation]
-    client: dict[str, dict[str, float | None]]  # "ttft"/"itl"/"e2e" -> p50/p90/p99 seconds, measured here
-    tpot_s: float | None  # mean decode time per output token over all requests, client side
-    chunks: int  # SSE chunks that carried tokens; fewer than tokens when the server coalesced them
-    tokens: int
-    server: dict[str, dict[str, float | None]] | None  # same keys, from the /metrics histogram delta
-    server_counts: dict[str, float]  # observations in that delta
-    metrics_note: str = ""
-
-    def to_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "generations"}
-        d["requests"] = [g.timing_summary() for g in self.generations]
-        return d
-
-    def record(self) -> int | None:
-        """Save to History (None when it could not be written; the caller still has the result)."""
-        from core import store
-
-        summary = {"model": self.model, "requests": self.n, "prompt_tokens": self.prompt_tokens,
-                   "new_tokens": self.max_new_tokens, "concurrency": self.concurrency, "wall_s": self.wall_s,
-                   "tpot_s": self.tpot_s, "client": self.client, "server": self.server}
-        title = f"Probe {self.base_url}: {self.n} x {self.prompt_tokens} -> {self.max_new_tokens} tokens"
-        return store.record("probe", title, self.to_dict(), summary)
-
-
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None}
-    v = sorted(values)
-    # nearest-rank on the sorted samples: with a handful of requests, no interpolation pretends to more precision
-    pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
-    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
-
-
-def client_itl(gen: Generation) -> list[float]:
-    """Per-token inter-token latency as the client saw it: a chunk of k tokens arriving g seconds after the previous
-    chunk counts k gaps of g/k (the server coalesces tokens when the client falls behind), so the mean is TPOT."""
-    out: list[float] = []
-    times = gen.token_times
-    i = 1
-    while i < len(times):
-        j = i
-        while j + 1 < len(times) and times[j + 1] == times[i]:
-            j += 1
-        k = j - i + 1
-        out += [(times[i] - times[i - 1]) / k] * k
-        i = j + 1
-    return out
-
-
-def probe(base_url: str, n: int = 8, prompt_tokens: int = 128, max_new_tokens: int = 32, concurrency: int = 1,
-          api_key: str | None = None, timeout_s: float = 120.0, engine: RemoteEngine | None = None) -> ProbeResult:
-    """Send n streamed completions of exactly prompt_tokens tokens; each prompt starts differently so the prefix
-    cache does not shortcut the prefill. Server numbers come from two /metrics scrapes around the run."""
-    from core.telemetry.vllm_metrics import MetricsError, scrape
-
-    if not 1 <= n <= 256 or not 1 <= prompt_tokens <= 32768 or not 1 <= concurrency <= 64:
-        raise ValueError("n must be 1-256, prompt_tokens 1-32768 and concurrency 1-64.")
-    eng = engine or RemoteEngine(base_url, api_key=api_key, timeout_s=timeout_s)
-    info = eng.connect()
-    if info.max_model_len and prompt_tokens + max_new_tokens > info.max_model_len:
-        raise RemoteError(f"prompt_tokens + max_new_tokens = {prompt_tokens + max_new_tokens} exceeds the server's "
-                          f"max_model_len {info.max_model_len}.")
-    nonce = f"{time.time_ns() % 10**9:09d}"
-    filler = eng.tokenize(FILLER * (prompt_tokens // 20 + 2))
-    prompts = []
-    for i in range(n):
-        head = eng.tokenize(f"Probe {nonce} request {i}:")
-        prompts.append((head + filler[1:])[:prompt_tokens])  # filler[0] is BOS
-
-    def metrics():
-        try:
-            return scrape(eng.base_url, timeout_s=10.0, api_key=api_key), ""
-        except (RemoteError, MetricsError) as exc:
-            return None, str(exc)
-
-    before, note = metrics()
-    params = GenerationParams(max_new_tokens=max_new_tokens, top_logprobs=0, stop_at_eos=False)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        gens = list(pool.map(lambda p: eng._stream_one(p, params), prompts))
-    wall = time.perf_counter() - t0
-    after, note2 = metrics() if before is not None else (None, note)
-    server, counts = None, {}
-    if before is not None and after is not None:
-        if after.logging_disabled:
-            note = ("The server exposes no vllm:* metrics: it was started with --disable-log-stats. Restart it "
-                    "without that flag to see its own latency numbers.")
-        else:
-            from core.telemetry.vllm_metrics import rates
-
-            recent = rates(before, after).recent
-            server = {k: h.percentiles() for k, h in recent.items()}
-            counts = {k: h.count for k, h in recent.items()}
-            note = "Server percentiles are interpolated from histogram buckets; other traffic in the same window counts too."
-    decode = [(g.token_times[-1] - g.token_times[0], len(g.token_times) - 1) for g in gens if len(g.token_times) > 1]
-    spans, steps = sum(d for d, _ in decode), sum(k for _, k in decode)
-    return ProbeResult(
-        base_url=eng.base_url, model=eng.model, n=n, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
-        concurrency=concurrency, wall_s=wall, generations=gens,
-        client={"ttft": _percentiles([g.ttft_s for g in gens if g.ttft_s is not None]),
-                "itl": _percentiles([x for g in gens for x in client_itl(g)]),
-                "e2e": _percentiles([g.token_times[-1] for g in gens if g.token_times])},
-        tpot_s=spans / steps if steps else None,
-        chunks=sum(len(set(g.token_times)) for g in gens), tokens=sum(len(g.token_ids) for g in gens),
-        server=server, server_counts=counts, metrics_note=note or note2,
-    )

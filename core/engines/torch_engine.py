@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingW
 
 from core import fp8
 from core.engines.base import (
+    ByteTokenizer,
     EngineError,
     Generation,
     GenerationParams,
@@ -29,6 +30,8 @@ from core.engines.base import (
 )
 from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
                          synthetic_config, trust_remote_code)
+from core.errors import InputError
+from core.fmt import GIB
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,23 +54,42 @@ def available_bytes(device: Device) -> int:
     return psutil.virtual_memory().available
 
 
-def estimate_weight_bytes(config, precision: Precision) -> int:
+def count_weight_bytes(config, precision: Precision) -> int:
+    """Bytes of the weights at `precision`, counted on the model built on the meta device (FP8 stores the quantized
+    linears in one byte a parameter); the KV cache calculator's estimate_weight_bytes works from the config alone."""
     counts = count_parameters(config)
     base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
     per_linear = 1 if precision.is_fp8 else base
     return counts["quantizable"] * per_linear + counts["other"] * base
 
 
+def score_from_logprobs(lp, continuation_ids: list[int], top_k: int, full: bool) -> Score:
+    """A Score from the log-softmax rows that predict each continuation token (one row per token)."""
+    target = torch.tensor(continuation_ids, device=lp.device)
+    tv, ti = lp.topk(top_k, dim=-1)
+    return Score(
+        continuation_ids=list(continuation_ids),
+        target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
+        top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
+        full_logprobs=lp.cpu().numpy() if full else None,
+    )
+
+
+def _store_fp8(layer, key_states, value_states) -> None:
+    """Quantize the new K and V to E4M3 and keep them (both FP8 cache layers)."""
+    if not layer.is_initialized:
+        layer.is_initialized, layer.device = True, key_states.device
+        layer.k, layer.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
+    else:
+        layer.k.append(key_states)
+        layer.v.append(value_states)
+
+
 class _FP8Layer(DynamicLayer):
     """Full-attention KV stored in E4M3; what attention reads has been through FP8, as in vLLM's FP8 KV cache."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.is_initialized, self.device = True, key_states.device
-            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
-        else:
-            self.k.append(key_states)
-            self.v.append(value_states)
+        _store_fp8(self, key_states, value_states)
         self.keys = self.k.q  # only its shape is read (sequence length)
         return self.k.read(), self.v.read()
 
@@ -77,12 +99,7 @@ class _FP8Layer(DynamicLayer):
 
 class _FP8SlidingLayer(DynamicSlidingWindowLayer):
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.is_initialized, self.device = True, key_states.device
-            self.k, self.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
-        else:
-            self.k.append(key_states)
-            self.v.append(value_states)
+        _store_fp8(self, key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
         keys, values = self.k.read(), self.v.read()
         # Keep window-1 tokens for the next step, return everything this step may attend to (as the parent does).
@@ -115,22 +132,6 @@ def cache_bytes(cache: DynamicCache) -> int:
     return total
 
 
-class _ByteTokenizer:
-    """Stands in for a tokenizer on synthetic models: UTF-8 bytes in, token ids shown as [id] out."""
-
-    eos_token_id = None
-    pad_token_id = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [b + 1 for b in text.encode()] or [1]
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(f"[{int(i)}]" for i in ids)
-
-    def convert_ids_to_tokens(self, ids):
-        return [f"[{int(i)}]" for i in ids]
-
-
 class TorchEngine:
     name = "torch"
 
@@ -149,12 +150,12 @@ class TorchEngine:
         progress(0.0, f"Preparing {spec.label}")
         model_dir = embedded_model_dir(lambda f, m: progress(0.6 * f, m)) if spec.kind == "embedded" else None
         config = synthetic_config(spec.path) if spec.kind == "synthetic" else load_config(spec)
-        need = estimate_weight_bytes(config, precision)
+        need = count_weight_bytes(config, precision)
         free = available_bytes(self.device)
         if need > 0.85 * free:
             raise EngineError(
-                f"{spec.label} at {precision.label} needs about {need / 2**30:.1f} GiB for its weights; only "
-                f"{free / 2**30:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
+                f"{spec.label} at {precision.label} needs about {need / GIB:.1f} GiB for its weights; only "
+                f"{free / GIB:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
             )
         progress(0.65, f"Loading weights at {precision.label}")
         if self.device.kind == "cuda":
@@ -186,7 +187,7 @@ class TorchEngine:
                     for p in model.parameters():
                         if p.dim() > 1:
                             p.normal_(0.0, 0.02)
-                return model, _ByteTokenizer()
+                return model, ByteTokenizer()
             if spec.kind == "gguf":
                 p = Path(spec.path)
                 kw = dict(gguf_file=p.name)
@@ -208,7 +209,7 @@ class TorchEngine:
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
             return [int(t) for t in prompt]
-        if isinstance(self.tokenizer, _ByteTokenizer):
+        if isinstance(self.tokenizer, ByteTokenizer):
             return self.tokenizer.encode(prompt)
         return self.tokenizer(prompt).input_ids
 
@@ -227,9 +228,9 @@ class TorchEngine:
     def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
         params = params.validated()
         if not prompts:
-            raise ValueError("Give at least one prompt.")
+            raise InputError("Give at least one prompt.")
         if any(isinstance(p, str) and not p.strip() for p in prompts):
-            raise ValueError("A prompt is empty; type some text.")
+            raise InputError("A prompt is empty; type some text.")
         ids = [self.encode(p) for p in prompts]
         gens = [Generation(i) for i in ids]
         for event in self._decode(ids, params, gens, should_stop):
@@ -241,10 +242,10 @@ class TorchEngine:
 
     def _check_lengths(self, ids: list[list[int]], params: GenerationParams) -> None:
         if any(len(i) == 0 for i in ids):
-            raise ValueError("A prompt is empty after tokenization; type some text.")
+            raise InputError("A prompt is empty after tokenization; type some text.")
         longest = max(len(i) for i in ids) + params.max_new_tokens
         if self.max_positions and longest > self.max_positions:
-            raise ValueError(
+            raise InputError(
                 f"Prompt plus new tokens is {longest} tokens; the model handles at most {self.max_positions}. "
                 "Shorten the prompt or ask for fewer new tokens."
             )
@@ -307,7 +308,7 @@ class TorchEngine:
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8, full: bool = False) -> Score:
         """One forward pass over prompt + continuation; position i scores continuation_ids[i]."""
         if not prompt_ids or not continuation_ids:
-            raise ValueError("Scoring needs a non-empty prompt and continuation.")
+            raise InputError("Scoring needs a non-empty prompt and continuation.")
         with self.lock:
             ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
             cache = make_cache(self.config, self.kv_dtype)
@@ -316,14 +317,7 @@ class TorchEngine:
             # at every prompt position would cost ~4 GiB at 8K tokens for a 262K vocabulary.
             logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n + 1).logits[0]
             lp = torch.log_softmax(logits[:n].float(), dim=-1)
-            target = torch.tensor(continuation_ids, device=lp.device)
-            tv, ti = lp.topk(top_k, dim=-1)
-            return Score(
-                continuation_ids=list(continuation_ids),
-                target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
-                top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
-                full_logprobs=lp.cpu().numpy() if full else None,
-            )
+            return score_from_logprobs(lp, continuation_ids, top_k, full)
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:

@@ -21,7 +21,9 @@ from typing import Callable, Iterator
 
 from core.engines.base import EngineError, Generation, GenerationParams, MemoryReport, Score, StreamEvent, \
     UnsupportedCombination
-from core.engines.remote import RemoteEngine, http_get
+from core.engines.remote import RemoteEngine
+from core.fmt import GIB
+from core.http import http_get
 from core.precision import Device, KVDtype, Precision, unsupported_reasons as precision_reasons
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,7 +87,7 @@ def free_port() -> int:
 def server_command(python: str, model_dir: str, port: int, precision: Precision, kv_dtype: KVDtype, *,
                    served_name: str, max_model_len: int, cpu: bool, kv_cache_bytes: int | None,
                    extra_args: list[str] = ()) -> list[str]:
-    """The launch command; only flags that exist in vLLM's own parser (DOMAIN.md section 5)."""
+    """The launch command; only flags that exist in vLLM's own parser."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", _VLLM_DTYPE[precision], "--kv-cache-dtype", kv_dtype.value,
@@ -272,7 +274,7 @@ class VllmEngine:
         cpu = self.name == "vllm-cpu"
         cmd = server_command(self.python, model_dir, port, self.precision, self.kv_dtype, served_name=served,
                              max_model_len=self.max_model_len, cpu=cpu,
-                             kv_cache_bytes=int(self.kv_cache_gib * 2**30) if cpu else None,
+                             kv_cache_bytes=int(self.kv_cache_gib * GIB) if cpu else None,
                              extra_args=self.extra_args)
         # Local model, no network: never reach for the Hub or send usage stats.
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}

@@ -14,11 +14,11 @@ from typing import Any, Callable, Hashable
 import pandas as pd
 
 from core.monitor import charts
-from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT, fmt
+from core.fmt import GIB, fmt_field as fmt
+from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
 from core.telemetry.nvml import GpuInfo
 from core.telemetry.sampler import Sampler, Snapshot
 
-GIB = 1024**3
 FRESH_S = 0.5  # a frame this much older than the newest tick is still shown: half of the fastest refresh
 TREND_POINTS = 300  # per line: one per second over the default 5-minute window, wider than a chart has pixels
 

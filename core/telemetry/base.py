@@ -1,6 +1,6 @@
 """The telemetry Source protocol, the Sample it returns, and the small helpers every source shares.
 
-Design rules (../shared/DESIGN.md): `probe()` says whether a source can work here and why not; `sample()` never
+Design rules (docs/DESIGN.md): `probe()` says whether a source can work here and why not; `sample()` never
 raises; a field the hardware or driver cannot give is None and carries a reason, which the UI shows as "N/A" on
 hover. Units are converted once, at the source, and named in the field (util_pct, mem_used_bytes, power_w, ...),
 so formatting and export never guess. This module imports nothing heavy: no torch, no pynvml.
@@ -11,9 +11,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+
 log = logging.getLogger("triage.telemetry")
 
-# Checklist thresholds (../shared/DOMAIN.md section 7). Kept here, once, so the gauges' colour bands and the
+# Checklist thresholds. Kept here, once, so the gauges' colour bands and the
 # diagnostics checks cannot drift apart.
 GPU_IDLE_UTIL_PCT = 70.0  # NVML GPU util below this over the window while requests run: host-side stall
 BW_LIKELY_PCT = 80.0  # DRAM BW util above this: "likely" memory bound
@@ -60,38 +61,3 @@ class FailureLog:
         if key not in self._seen:
             self._seen.add(key)
             log.log(level, "%s: %s unavailable: %s (logged once)", self.source, key, reason)
-
-
-# --- formatting: the unit is in the key's suffix, so one function formats every field --------------------------
-_GIB = 1024**3
-
-
-def fmt(key: str, value: Any) -> str:
-    """Human text for a value, by the unit named in its key. None -> "N/A" (the caller shows the reason)."""
-    if value is None:
-        return "N/A"
-    if isinstance(value, str):
-        return value or "none"
-    if key.endswith("_pct"):
-        return f"{value:.0f}%"
-    if key.endswith("_bytes_s"):
-        return _rate(value)
-    if key.endswith("_bytes"):
-        return f"{value / _GIB:.1f} GiB"
-    if key.endswith("_w"):
-        return f"{value:.0f} W"
-    if key.endswith("_mhz"):
-        return f"{value:.0f} MHz"
-    if key.endswith("_c"):
-        return f"{value:.0f} °C"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return str(value)
-
-
-def _rate(bytes_s: float) -> str:
-    # Three significant digits at most: these sit in narrow metric columns.
-    unit, scale = next(((u, k) for u, k in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)) if bytes_s >= k),
-                       ("B/s", 1.0))
-    x = bytes_s / scale
-    return f"{x:.1f} {unit}" if x < 10 and scale > 1 else f"{x:.0f} {unit}"

@@ -1,7 +1,7 @@
 """Host source via psutil: MemAvailable, CPU %, load, swap, disk and network I/O rates, RSS of watched processes.
 
 MemAvailable (/proc/meminfo, psutil `virtual_memory().available`) is read every tick because a leak is judged from
-its slope over the window (../shared/DOMAIN.md section 6). Everything else is read once a second: CPU % and I/O rates
+its slope over the window. Everything else is read once a second: CPU % and I/O rates
 come from counter deltas, which are noise over 100 ms (the kernel counts CPU time in 10 ms jiffies).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """NVML source: every NVIDIA GPU on the host, read through the `pynvml` module (package nvidia-ml-py).
 
 pynvml is imported lazily in probe(), never at import time, and NVML itself never creates a CUDA context, so importing
-or probing this module is safe in any process. Facts this relies on (../shared/DOMAIN.md section 6):
+or probing this module is safe in any process. Facts this relies on:
 - NVML `utilization.gpu` is the share of time any kernel ran; `utilization.memory` is the share of time memory was
   read or written ("memory busy"). Neither is bandwidth.
 - DRAM bandwidth utilization comes from NVML GPM (NVML_GPM_METRIC_DRAM_BW_UTIL), Hopper and newer: GPM computes

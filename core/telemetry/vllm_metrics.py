@@ -1,7 +1,7 @@
 """vLLM's Prometheus /metrics: parse a scrape into numbers a person can read, and compare two scrapes.
 
 Pure parsing (`parse_metrics`, `Histogram`, `rates`) is separate from the one HTTP call (`scrape`), so the parsing is
-tested on real fixtures without a server. Metric names changed across vLLM releases (DOMAIN.md section 5); every
+tested on real fixtures without a server. Metric names changed across vLLM releases; every
 field probes the new name first, then the old one, and records which it found so the UI can say where a number came
 from. Several series of one metric (several engines, models or label sets) are summed; the KV cache usage fraction
 is averaged, as vLLM's own Grafana dashboard does.
@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from core.errors import TriageError
+from core.http import http_get, normalize_base_url
 
 # field -> candidate sample names, newest first
 GAUGES = {
@@ -37,7 +40,7 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 QUANTILES = (0.5, 0.9, 0.99)
 
 
-class MetricsError(RuntimeError):
+class MetricsError(TriageError, RuntimeError):
     """The /metrics page could not be read or is not Prometheus text; the message says what was found."""
 
 
@@ -242,8 +245,6 @@ def rates(older: VllmSnapshot, newer: VllmSnapshot) -> Rates:
 
 def scrape(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) -> VllmSnapshot:
     """GET <base_url>/metrics and parse it. Raises RemoteError (network, HTTP) or MetricsError (content)."""
-    from core.engines.remote import http_get, normalize_base_url
-
     url = normalize_base_url(base_url) + "/metrics"
     t = time.monotonic()
     resp = http_get(url, timeout_s=timeout_s, api_key=api_key)

@@ -1,9 +1,9 @@
-"""Configuration checks: what was asked for against what the hardware, driver and vLLM can do (DOMAIN 2, 5, 7)."""
+"""Configuration checks: what was asked for against what the hardware, driver and vLLM can do."""
 from __future__ import annotations
 
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
 from diagnostics.context import CheckContext
-from diagnostics.model import Check, Outcome, Severity, fail, passed, skip, warn
+from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
 
 NO_LAUNCH = "launch command: none given (--launch-cmd, or the launch command field on the page)"
 CUDA12_DRIVER = "R525"  # the oldest Linux driver branch that runs CUDA 12.x applications (minor version compat)

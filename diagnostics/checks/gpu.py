@@ -1,13 +1,13 @@
-"""GPU checks: is the GPU waiting on the host, or is it saturating its memory bandwidth? (DOMAIN.md sections 6, 7)"""
+"""GPU checks: is the GPU waiting on the host, or is it saturating its memory bandwidth?"""
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
 
+from core.stats import mean, percentile
 from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
 from diagnostics.context import CheckContext, GpuWindow, Series
-from diagnostics.model import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
-from diagnostics.stats import mean, percentile
+from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
 
 def load_filter(ctx: CheckContext) -> tuple[bool, list[tuple[float, float]]]:

@@ -1,12 +1,12 @@
-"""Host checks: is MemAvailable falling steadily? A leak is a trend over the window, not one low reading (DOMAIN 6)."""
+"""Host checks: is MemAvailable falling steadily? A leak is a trend over the window, not one low reading."""
 from __future__ import annotations
 
+from core.fmt import GIB
+from core.stats import linear_fit
 from diagnostics.context import CheckContext, Series
-from diagnostics.model import Chart, Check, Outcome, Severity, fail, passed, skip, warn
-from diagnostics.stats import linear_fit
+from diagnostics.findings import Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
 MIB = 1024**2
-GIB = 1024**3
 LEAK_MIB_PER_MIN = 10.0  # slower declines are noise from page cache and allocator churn at this window length
 STEADY_R2 = 0.8  # the line explains >= 80% of the variance: a steady decline
 TREND_R2 = 0.5  # a decline, but noisy

@@ -1,8 +1,8 @@
-"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure (DOMAIN.md section 5)."""
+"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure."""
 from __future__ import annotations
 
 from diagnostics.context import CheckContext, Series
-from diagnostics.model import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
+from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
 KV_FULL = 0.95  # kv_cache_usage_perc (a 0-1 fraction) at or above this is "near 100%"
 KV_HIGH = 0.90

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.compare import CompareResult
+from core.compare.result import CompareResult
 from core.precision import Precision
 from core.store import Store
 

@@ -3,7 +3,6 @@ FakeNvml scenario table, the real host), cards in severity order with charts, th
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +14,7 @@ from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_telemetry_fakenvml import A100, FakeNvml  # noqa: E402
+from tests.fakes.nvml import A100, FakeNvml
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "checklist.py")
 HOSTILE = "[click](javascript:alert(1)) <img src=x onerror=alert(1)>"

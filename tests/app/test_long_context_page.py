@@ -1,9 +1,9 @@
 """The Long context page in Streamlit's AppTest, with the real embedded model (loaded once per process)."""
 from streamlit.testing.v1 import AppTest
 
+from core.engines.pool import Setup
 from core.models import ModelSpec
 from core.precision import Precision
-from core.session import Setup
 from tests.conftest import ROOT
 
 PAGE = str(ROOT / "views" / "long_context.py")

@@ -2,7 +2,6 @@
 real host. Whatever NVML does, the page shows no traceback."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_telemetry_fakenvml import A100, GPUIsLost, FakeNvml, NotSupported, multi_gpu_table  # noqa: E402
+from tests.fakes.nvml import A100, GPUIsLost, FakeNvml, NotSupported, multi_gpu_table
 
 PAGE = str(Path(__file__).resolve().parents[2] / "views" / "monitor.py")
 

@@ -10,7 +10,7 @@ import streamlit as st
 import core.telemetry.sampler as sampler_mod
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
-from tests.unit.test_telemetry_fakenvml import FakeNvml, multi_gpu_table
+from tests.fakes.nvml import FakeNvml, multi_gpu_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,15 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import compare as cp
+from core.compare import run as cp
+from core.compare.prompts import Prompt
+from core.compare.result import CompareResult, Side, history_payload, history_summary, history_title
 from core.precision import Precision
-from core.prompts import Prompt
 from core.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [Prompt("france", "The capital of France is"), Prompt("arithmetic", "What is 123 * 456?")]
 N = 16
-FP32, FP8 = cp.Side(Precision.FP32), cp.Side(Precision.FP8)
+FP32, FP8 = Side(Precision.FP32), Side(Precision.FP8)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +65,13 @@ def test_fp8_against_fp32_differs_but_agrees_on_the_top_token(fp32, fp8):
     assert all(t in res.token_text for p in res.prompts for t in p.ref_ids + p.cand_ids)
     assert len(res.rows()) == sum(max(len(p.ref_ids), len(p.cand_ids)) for p in res.prompts)
     # What history stores (strict JSON) rebuilds the same result, and its summary carries the headline numbers.
-    payload = json.loads(json.dumps(cp.history_payload(res), allow_nan=False))
-    rebuilt = cp.CompareResult.from_dict(payload)
+    payload = json.loads(json.dumps(history_payload(res), allow_nan=False))
+    rebuilt = CompareResult.from_dict(payload)
     assert rebuilt.summary.to_dict() == s.to_dict() and rebuilt.rows() == res.rows()
-    hs = cp.history_summary(res)
+    hs = history_summary(res)
     assert hs["mean_kld_nats"] == s.mean_kld and hs["p99_kld_nats"] == s.p99_kld
     assert hs["same_top_pct"] == 100 * s.same_top and hs["verdict_band"] == s.status
-    assert hs["candidate_precision"] == "fp8" and "FP8" in hs["candidate"] and "FP8" in cp.history_title(res)
+    assert hs["candidate_precision"] == "fp8" and "FP8" in hs["candidate"] and "FP8" in history_title(res)
 
 
 def test_batched_scoring_matches_the_engine_score(fp32):

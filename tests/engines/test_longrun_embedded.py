@@ -5,8 +5,11 @@ import math
 
 import pytest
 
-from core import kvcache, longdoc, longrun
 from core.engines.base import Cancelled
+from core.long_context import document as longdoc
+from core.long_context import kvcache
+from core.long_context import runs as longrun
+from core.stats import percentile
 
 NEW = 4
 
@@ -102,8 +105,8 @@ def test_percentiles_match_numpy():
 
     values = [0.05, 0.01, 0.2, 0.03, 0.07, 0.04, 0.5]
     for q in (0.5, 0.9, 0.99):
-        assert longrun.percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)))
-    assert longrun.percentile([], 0.5) is None
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)))
+    assert percentile([], 0.5) is None
 
 
 def test_a_cpu_run_that_would_not_fit_in_memory_is_refused_before_it_starts(engine):

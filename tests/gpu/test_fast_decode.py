@@ -25,8 +25,8 @@ pytest.importorskip("triton")
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from core.fast import check as C  # noqa: E402
-from core.fast.model import FastLlama  # noqa: E402
+from core.engines.fast import check as C  # noqa: E402
+from core.engines.fast.model import FastLlama  # noqa: E402
 
 # A fresh seed each run, printed; TRIAGE_TEST_SEED=N repeats a run.
 SEED = int(os.environ.get("TRIAGE_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
@@ -111,7 +111,7 @@ def test_engine_synthetic_shape(monkeypatch):
     """FastLlamaEngine on a synthetic config shrunk to test size: token ids, top-k, times, score, memory."""
     from core import models as M
     from core.engines.base import GenerationParams
-    from core.fast import FastLlamaEngine
+    from core.engines.fast import FastLlamaEngine
     from core.precision import KVDtype, Precision
 
     small = dict(M.SYNTHETIC_CONFIGS["llama-3-8b"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,

@@ -3,7 +3,7 @@
     PYTHONUNBUFFERED=1 python3 -m pytest -q -m gpu tests/gpu/test_nvml_real.py -s
 
 A large copy keeps a kernel running all the time (GPU util near 100%) and streams DRAM (GPM DRAM BW util far
-above idle; ../shared/DOMAIN.md section 6 measured 88.6% on an H200). Skipped without a GPU (tests/gpu/conftest.py).
+above idle; 88.6% was measured on an H200). Skipped without a GPU (tests/gpu/conftest.py).
 """
 from __future__ import annotations
 

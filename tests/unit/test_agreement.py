@@ -1,4 +1,4 @@
-"""core.agreement on hand-made token sequences and logprob dicts, including vLLM-shaped ones."""
+"""core.compare.agreement on hand-made token sequences and logprob dicts, including vLLM-shaped ones."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core import agreement as ag
+from core.compare import agreement as ag
 
 
 @dataclass

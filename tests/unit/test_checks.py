@@ -13,7 +13,7 @@ import pytest
 from core.telemetry.vllm_metrics import parse_metrics
 from diagnostics import flags
 from diagnostics.context import CheckContext, GpuWindow, Series
-from diagnostics.model import Check, Severity, Status
+from diagnostics.findings import Check, Severity, Status
 from diagnostics.registry import all_checks, get
 from diagnostics.runner import evaluate
 

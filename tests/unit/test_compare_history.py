@@ -6,7 +6,8 @@ import dataclasses
 import json
 import math
 
-from core import compare as cp
+from core.compare import run as cp
+from core.compare.result import CompareResult, history_payload, history_summary, history_title, save_to_history
 from core.store import Store
 from tests.unit.test_compare_render import _result
 
@@ -17,7 +18,7 @@ def _strict_json(obj):
 
 def test_payload_rebuilds_the_same_result():
     res = _result()
-    rebuilt = cp.CompareResult.from_dict(_strict_json(cp.history_payload(res)))
+    rebuilt = CompareResult.from_dict(_strict_json(history_payload(res)))
     assert rebuilt.to_dict() == res.to_dict()
     assert rebuilt.summary == res.summary and rebuilt.rows() == res.rows()
     assert rebuilt.reference == res.reference and rebuilt.candidate == res.candidate
@@ -29,16 +30,16 @@ def test_non_finite_kl_survives_the_round_trip_as_non_finite():
     tf = res.prompts[0].tf
     res.prompts[0].tf = dataclasses.replace(tf, kl=[tf.kl[0], math.nan, math.inf, tf.kl[3]])
     res.summary = cp.ag.summarize([p.free for p in res.prompts], [p.tf for p in res.prompts], "FP32", "FP8")
-    payload = _strict_json(cp.history_payload(res))  # JSON has no NaN: null
+    payload = _strict_json(history_payload(res))  # JSON has no NaN: null
     assert payload["prompts"][0]["teacher_forced"]["kl"][1:3] == [None, None]
-    rebuilt = cp.CompareResult.from_dict(payload)
+    rebuilt = CompareResult.from_dict(payload)
     assert rebuilt.summary.nonfinite_kl == res.summary.nonfinite_kl == 2
     assert rebuilt.summary.status == "calibration failed" and rebuilt.summary.mean_kld == res.summary.mean_kld
 
 
 def test_summary_is_flat_and_carries_the_headline_numbers():
     res = _result()
-    s = cp.history_summary(res)
+    s = history_summary(res)
     assert all(not isinstance(v, (dict, list)) for v in s.values())
     assert s["reference"] == res.reference.label and s["candidate"] == res.candidate.label
     assert s["candidate_precision"] == "fp8" and s["candidate_kv_dtype"] == "fp8"
@@ -54,24 +55,24 @@ def test_noise_floor_adds_its_summary_without_clobbering_the_flag():
     res = _result()
     floor = _result()
     floor.summary = dataclasses.replace(floor.summary, identical=True)
-    assert cp.history_summary(res, floor)["noise_floor_identical"] is True
-    payload = _strict_json(cp.history_payload(res, floor))
+    assert history_summary(res, floor)["noise_floor_identical"] is True
+    payload = _strict_json(history_payload(res, floor))
     assert payload["noise_floor"] is False and payload["noise_floor_run"]["summary"]["identical"] is True
-    assert cp.CompareResult.from_dict(payload).noise_floor is False
+    assert CompareResult.from_dict(payload).noise_floor is False
 
 
 def test_save_to_history_writes_one_compare_run(tmp_path, monkeypatch):
     path = tmp_path / "history.sqlite"
     monkeypatch.setenv("TRIAGE_DB", str(path))
     res = _result()
-    run_id = cp.save_to_history(res)
+    run_id = save_to_history(res)
     store = Store(path)
     try:
         (run,) = store.list_runs()
         assert run.id == run_id and run.kind == "compare" and run.status == "finished"
-        assert run.title == cp.history_title(res) and "FP8" in run.title and "1 prompt ·" in run.title
-        assert run.summary == _strict_json(cp.history_summary(res))
-        assert cp.CompareResult.from_dict(store.get_run(run_id).payload).to_dict() == res.to_dict()
+        assert run.title == history_title(res) and "FP8" in run.title and "1 prompt ·" in run.title
+        assert run.summary == _strict_json(history_summary(res))
+        assert CompareResult.from_dict(store.get_run(run_id).payload).to_dict() == res.to_dict()
     finally:
         store.close()
 
@@ -79,4 +80,4 @@ def test_save_to_history_writes_one_compare_run(tmp_path, monkeypatch):
 def test_an_unwritable_history_returns_none(tmp_path, monkeypatch):
     # Injected fault: TRIAGE_DB names a directory, which cannot be opened as a database.
     monkeypatch.setenv("TRIAGE_DB", str(tmp_path))
-    assert cp.save_to_history(_result()) is None
+    assert save_to_history(_result()) is None

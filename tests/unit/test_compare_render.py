@@ -8,10 +8,9 @@ import math
 
 import pytest
 
-from core import agreement as ag
-from core import compare_charts as charts
-from core import compare_render as render
-from core.compare import CompareResult, PromptResult, Side
+from core.compare import agreement as ag
+from core.compare import charts, render
+from core.compare.result import CompareResult, PromptResult, Side
 from core.precision import KVDtype, Precision
 
 EVIL = {
@@ -88,7 +87,7 @@ def test_chart_hover_and_titles_are_escaped():
 
 
 def test_repeated_prompt_names_are_numbered_apart():
-    from core.prompts import Prompt, parse_prompts, parse_user_prompts, unique_names
+    from core.compare.prompts import Prompt, parse_prompts, parse_user_prompts, unique_names
 
     typed = parse_user_prompts("first\nsecond")
     filed = parse_prompts('{"prompt": "a", "name": "x"}\n{"prompt": "b", "name": "x"}\n"c"', "p.jsonl")
@@ -99,8 +98,8 @@ def test_repeated_prompt_names_are_numbered_apart():
 
 
 def test_a_binary_prompts_file_is_refused_not_compared_as_replacement_characters(tmp_path):
-    from core.longdoc import DocumentError
-    from core.prompts import prompts_from_bytes, read_prompts_file
+    from core.textfile import DocumentError
+    from core.compare.prompts import prompts_from_bytes, read_prompts_file
 
     png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
     with pytest.raises(DocumentError, match="looks binary"):

@@ -1,4 +1,4 @@
-"""The compact decoder of core/fast on the CPU: its torch-op path against HF eager (the eager reference the CUDA
+"""The compact decoder of core/engines/fast on the CPU: its torch-op path against HF eager (the eager reference the CUDA
 graph path is also checked against, on a GPU, in tests/gpu/test_fast_decode.py).
 
 A tiny random Llama (fixed seed, so CI is deterministic), compared as token ids and logprobs, never as strings.
@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from core.fast import fast_decode_available
-from core.fast import check as C
-from core.fast.model import Dims, FastLlama, StaticKVCache, unsupported_config_reasons
+from core.engines.fast import fast_decode_unavailable_reasons
+from core.engines.fast import check as C
+from core.engines.fast.model import Dims, FastLlama, StaticKVCache, unsupported_config_reasons
 from core.precision import Device, KVDtype, Precision
 
 B, T, N = 8, 10, 8
@@ -104,11 +104,11 @@ def test_fp8_cache_is_half_the_bytes():
 
 
 def test_availability_reasons(hf):
-    cpu = fast_decode_available(Device(), Precision.BF16, KVDtype.AUTO)
+    cpu = fast_decode_unavailable_reasons(Device(), Precision.BF16, KVDtype.AUTO)
     assert len(cpu) == 1 and "NVIDIA GPU" in cpu[0]
-    a100 = fast_decode_available(Device("cuda", "NVIDIA A100", (8, 0)), Precision.FP8, KVDtype.AUTO)
+    a100 = fast_decode_unavailable_reasons(Device("cuda", "NVIDIA A100", (8, 0)), Precision.FP8, KVDtype.AUTO)
     assert any("8.9" in r and "A100" in r for r in a100)
-    fp16 = fast_decode_available(Device("cuda", "NVIDIA H100", (9, 0)), Precision.FP16, KVDtype.AUTO)
+    fp16 = fast_decode_unavailable_reasons(Device("cuda", "NVIDIA H100", (9, 0)), Precision.FP16, KVDtype.AUTO)
     assert any("FP16" in r for r in fp16)
     assert unsupported_config_reasons(hf.config) == []
     gemma = LlamaConfig()

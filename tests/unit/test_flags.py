@@ -32,7 +32,7 @@ def issue(result, flag):
 def test_committed_table_is_vllm_0_32_and_has_the_real_flags():
     assert TABLE.vllm_version == flags.COMMITTED_VERSION == "0.32.0"
     assert "kept in the repo" in TABLE.source
-    # DOMAIN.md section 5's real flags
+    # real flags of vLLM 0.32
     for f in ("--quantization", "--kv-cache-dtype", "--block-size", "--enable-chunked-prefill",
               "--max-num-batched-tokens", "--enable-prefix-caching", "--enforce-eager", "--disable-log-stats",
               "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--tensor-parallel-size"):

@@ -1,9 +1,9 @@
-"""KV cache arithmetic against hand-computed values (DOMAIN.md section 4)."""
+"""KV cache arithmetic against hand-computed values."""
 import json
 
 import pytest
 
-from core import kvcache as kv
+from core.long_context import kvcache as kv
 from diagnostics.__main__ import main
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30

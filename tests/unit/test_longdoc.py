@@ -2,8 +2,9 @@
 weights: only its tokenizer files are read)."""
 import pytest
 
-from core import longdoc
-from core.longdoc import DocumentError
+from core import textfile
+from core.long_context import document as longdoc
+from core.textfile import DocumentError
 
 
 @pytest.fixture(scope="module")
@@ -20,28 +21,28 @@ def tokenizer():
 def test_utf8_with_and_without_bom_and_utf16_with_bom():
     text = "Grüße, 東京 — naïve café\r\nsecond line\n"
     want = text.replace("\r\n", "\n")
-    assert longdoc.decode_bytes(text.encode("utf-8"), "a.txt") == want
-    assert longdoc.decode_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"), "a.md") == want
-    assert longdoc.decode_bytes(text.encode("utf-16"), "a.log") == want  # Python writes a BOM
-    assert longdoc.decode_bytes(b"\xfe\xff" + text.encode("utf-16-be"), "a.csv") == want
+    assert textfile.decode_bytes(text.encode("utf-8"), "a.txt") == want
+    assert textfile.decode_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"), "a.md") == want
+    assert textfile.decode_bytes(text.encode("utf-16"), "a.log") == want  # Python writes a BOM
+    assert textfile.decode_bytes(b"\xfe\xff" + text.encode("utf-16-be"), "a.csv") == want
 
 
 def test_binary_file_is_refused_with_a_message():
     png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
     with pytest.raises(DocumentError, match=r"looks binary: it has a NUL byte at offset 8"):
-        longdoc.decode_bytes(png, "image.txt")
+        textfile.decode_bytes(png, "image.txt")
 
 
 def test_control_characters_without_nul_are_refused():
     data = bytes([1, 2, 3, 4, 5, 6, 7, 14, 15, 16] * 50) + b"some text"
     with pytest.raises(DocumentError, match=r"looks binary: \d+% of its first"):
-        longdoc.decode_bytes(data, "x.log")
+        textfile.decode_bytes(data, "x.log")
 
 
 def test_latin1_bytes_that_are_not_utf8_say_which_encoding_and_what_to_do():
     data = "Résumé of the café incident".encode("latin-1")
     with pytest.raises(DocumentError) as err:
-        longdoc.decode_bytes(data, "notes.txt")
+        textfile.decode_bytes(data, "notes.txt")
     msg = str(err.value)
     assert "not valid UTF-8" in msg and "0xe9 at offset 1" in msg
     assert "Latin-1" in msg and "iconv" in msg and "UTF-16 with BOM" in msg
@@ -49,25 +50,25 @@ def test_latin1_bytes_that_are_not_utf8_say_which_encoding_and_what_to_do():
 
 def test_empty_file_and_whitespace_paste():
     with pytest.raises(DocumentError, match=r"notes.txt is empty \(0 bytes\)"):
-        longdoc.decode_bytes(b"", "notes.txt")
+        textfile.decode_bytes(b"", "notes.txt")
     with pytest.raises(DocumentError, match="only whitespace"):
-        longdoc.decode_bytes(b" \n\n\t ", "notes.txt")
+        textfile.decode_bytes(b" \n\n\t ", "notes.txt")
     with pytest.raises(DocumentError, match="empty"):
-        longdoc.check_text("   ")
+        textfile.check_text("   ")
 
 
 def test_huge_file_and_paste_are_refused_with_the_limit():
-    assert longdoc.upload_limit_mb() == 20  # .streamlit/config.toml server.maxUploadSize
+    assert textfile.upload_limit_mb() == 20  # .streamlit/config.toml server.maxUploadSize
     huge = b"a" * (2 * 2**20 + 1)
     with pytest.raises(DocumentError, match=r"2\.0 MB; the limit is 2 MB \(server.maxUploadSize"):
-        longdoc.decode_bytes(huge, "big.log", limit_mb=2)
+        textfile.decode_bytes(huge, "big.log", limit_mb=2)
     with pytest.raises(DocumentError, match="the limit is 20 MB"):
-        longdoc.check_text("x" * (20 * 2**20 + 1))
+        textfile.check_text("x" * (20 * 2**20 + 1))
 
 
 def test_unsupported_extension():
     with pytest.raises(DocumentError, match=r"extension \.pdf"):
-        longdoc.decode_bytes(b"%PDF-1.7", "paper.pdf")
+        textfile.decode_bytes(b"%PDF-1.7", "paper.pdf")
 
 
 # ---- sections, sample, stats ----
@@ -124,5 +125,5 @@ def test_truncation_head_tail_middle():
 
 
 def test_new_tokens_that_fill_the_max_length_get_a_message_not_a_crash(tokenizer):
-    with pytest.raises(longdoc.DocumentError, match="600 new tokens leave no room for a prompt within 512 positions"):
+    with pytest.raises(textfile.DocumentError, match="600 new tokens leave no room for a prompt within 512 positions"):
         longdoc.stats("some text " * 100, tokenizer, max_positions=32768, max_length=512, reserve_new_tokens=600)

@@ -1,11 +1,11 @@
-"""Long-context runs in the history (core/longrun_history.py) on a real SQLite file: checkpoints after every result,
+"""Long-context runs in the history (core/long_context/history.py) on a real SQLite file: checkpoints after every result,
 and what is stored when a run fails, is cancelled or is stopped. The runs here are RunResult/NeedleResult values
 built from numbers; the faults (an error, a cancel, a stop) are injected by the test's own run function."""
 import pytest
 
-from core import longrun_history as hist
 from core.engines.base import Cancelled
-from core.longrun import NeedleResult, RunResult, needle_row
+from core.long_context import history as hist
+from core.long_context.runs import NeedleResult, RunResult, needle_row
 from core.store import Store
 
 

@@ -12,7 +12,7 @@ from core.monitor.pacing import BUDGET_CORE, MAX_INTERVAL_S, Pacer
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler
-from tests.unit.test_telemetry_fakenvml import FakeNvml
+from tests.fakes.nvml import FakeNvml
 
 
 def test_gauge_shows_value_source_and_band_colour():
@@ -26,7 +26,8 @@ def test_gauge_shows_value_source_and_band_colour():
 
 
 def test_gauge_na_shows_the_reason_on_hover_and_escapes_everything():
-    svg = charts.gauge(None, "DRAM BW <util>", source="NVML GPM", na_reason='GPM needs Hopper <script>"x"</script>')
+    svg = charts.gauge_row([charts.gauge(None, "DRAM BW <util>", source="NVML GPM",
+                                         na_reason='GPM needs Hopper <script>"x"</script>')])
     assert ">N/A</text>" in svg
     assert f"<title>{html.escape('GPM needs Hopper <script>')}" in svg and "<script>" not in svg
     assert "DRAM BW &lt;util&gt;" in svg
@@ -131,3 +132,13 @@ def test_pacer_backs_off_when_the_server_is_behind():
     p.record("a", 0.010, 0.900)  # 10 ms of work took 900 ms: waiting for the interpreter or the cores
     pace = p.pace(1)
     assert pace.interval_s == 2 and pace.reason == "behind" and "the server is behind" in pace.describe()
+
+
+def test_gpu_table_escapes_names_processes_and_reasons():
+    hostile = '<img src=x onerror=alert(1)>"'
+    table = charts.gpu_table([
+        {"gpu": f"0: {hostile}", "lost": "", "cells": [(hostile, 0.5, hostile)] + [("N/A", None, f"N/A: {hostile}")]
+         * (len(charts.GPU_TABLE_COLUMNS) - 1)},
+        {"gpu": "1: x", "lost": f"GPU 1 is lost {hostile}", "cells": []}])
+    assert "<img" not in table and "&lt;img src=x onerror=alert(1)&gt;&quot;" in table
+    assert table.count("<tr>") == 3 and 'colspan="8"' in table

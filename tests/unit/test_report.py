@@ -7,7 +7,7 @@ import re
 
 from diagnostics import flags, report
 from diagnostics.context import CheckContext, Series
-from diagnostics.model import Chart, Finding, RunResult, Severity, Status
+from diagnostics.findings import Chart, Finding, RunResult, Severity, Status
 from diagnostics.runner import evaluate
 
 XSS = '<script>alert("x")</script>'

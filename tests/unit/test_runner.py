@@ -15,7 +15,7 @@ import pytest
 from core.telemetry.host import HostSource
 from core.telemetry.sampler import Sampler
 from diagnostics import runner
-from diagnostics.model import Status
+from diagnostics.findings import Status
 from diagnostics.registry import get
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,11 +1,11 @@
-"""The FP8/BF16 speedups the pages show, read from the H200 results recorded in docs/fp8_speed_h200.json."""
+"""The FP8/BF16 speedups the pages show, read from the H200 results recorded in core/data/fp8_speed_h200.json."""
 import pytest
 
 from core import speedup
 
 
 def test_h200_speedups_by_context_come_from_the_recorded_results():
-    short, long, rows, notes = speedup.by_context("auto")  # docs/fp8_speed_h200.json, as recorded
+    short, long, rows, notes = speedup.by_context("auto")  # core/data/fp8_speed_h200.json, as recorded
     assert (short, long) == (512, 32768)
     fp8 = next(r for r in rows if r["precision"] == "fp8" and r["batch"] == 1)
     bf16 = next(r for r in rows if r["precision"] == "bf16" and r["batch"] == 1)

@@ -5,11 +5,11 @@ import io
 
 import pandas as pd
 
-from core.telemetry.base import fmt
+from core.fmt import fmt_field as fmt
 from core.telemetry.export import to_csv_bytes, to_frame, to_parquet_bytes
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler
-from test_telemetry_fakenvml import A100, FakeNvml
+from tests.fakes.nvml import A100, FakeNvml
 
 ROWS = [  # the second row has a process watched later: a new column, empty before
     {"t": 1_700_000_000.0, "gpu0.util_pct": 97.0, "gpu0.dram_bw_util_pct": None, "gpu0.throttle_reasons": ""},

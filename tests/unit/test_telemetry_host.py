@@ -12,7 +12,7 @@ import pytest
 
 import core.telemetry.host as host_mod
 from core.telemetry.host import HOST_FIELDS, HostSource, parse_watch
-from test_telemetry_fakenvml import FakeClock
+from tests.fakes.nvml import FakeClock
 
 
 def two_readings(src, clock):

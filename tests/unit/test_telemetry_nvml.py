@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from core.telemetry.nvml import GPM_FIELDS, GPM_MIN_WINDOW_S, GPU_FIELDS, NvmlSource, decode_throttle
-from test_telemetry_fakenvml import (A100, GIB, PROBE_CALLS, SAMPLED_CALLS, FakeClock, FakeNvml, FunctionNotFound,
+from tests.fakes.nvml import (A100, GIB, PROBE_CALLS, SAMPLED_CALLS, FakeClock, FakeNvml, FunctionNotFound,
                                      GPUIsLost, NotSupported, Unknown)
 
 

@@ -11,7 +11,7 @@ from core.telemetry.base import Availability, Sample
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, get_sampler, shutdown_sampler
-from test_telemetry_fakenvml import FakeNvml
+from tests.fakes.nvml import FakeNvml
 
 
 class Counter:

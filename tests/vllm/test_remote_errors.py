@@ -9,7 +9,8 @@ import time
 import pytest
 
 from core.engines.base import GenerationParams
-from core.engines.remote import RemoteEngine, RemoteError, normalize_base_url
+from core.engines.remote import RemoteEngine, RemoteError
+from core.http import normalize_base_url
 from core.telemetry.vllm_metrics import MetricsError, scrape
 
 
@@ -132,7 +133,8 @@ def test_bad_urls_are_refused(url):
 
 def test_client_itl_spreads_coalesced_chunks():
     from core.engines.base import Generation
-    from core.engines.remote import _percentiles, client_itl
+    from core.deployment.probe import client_itl
+    from core.stats import nearest_rank_percentiles as _percentiles
 
     # 5 tokens: first at 0.1 s, then one chunk of 1 token, one chunk of 3 tokens arriving together at 0.7 s
     gen = Generation(prompt_ids=[2], token_ids=[1, 2, 3, 4, 5], token_times=[0.1, 0.2, 0.7, 0.7, 0.7])

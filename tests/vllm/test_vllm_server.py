@@ -11,8 +11,9 @@ import statistics
 
 import pytest
 
+from core.deployment.probe import probe
 from core.engines.base import GenerationParams, Score, UnsupportedCombination
-from core.engines.remote import RemoteEngine, RemoteError, probe
+from core.engines.remote import RemoteEngine, RemoteError
 from core.engines.vllm_engine import VllmEngine, cpu_supports_fp8_kv
 from core.models import REFERENCE_CONTINUATION, REFERENCE_PROMPT
 from core.precision import KVDtype, Precision
@@ -29,7 +30,7 @@ PROMPTS = [
 GREEDY = GenerationParams(max_new_tokens=24, temperature=0.0, top_logprobs=8, stop_at_eos=False)
 
 
-# --- agreement metrics (DOMAIN.md section 3), over token ids and top-k logprobs --------------------------------
+# --- agreement metrics, over token ids and top-k logprobs --------------------------------
 def free_running(ref: list[int], cand: list[int]) -> dict:
     n = min(len(ref), len(cand))
     prefix = next((i for i in range(n) if ref[i] != cand[i]), n)
@@ -157,7 +158,7 @@ def test_probe_measures_client_ttft_and_itl_beside_server(vllm_engine):
 
 
 def test_cli_probe_json(vllm_engine, capsys):
-    from diagnostics import cli_probe
+    from diagnostics.cli import probe as cli_probe
 
     parser = argparse.ArgumentParser()
     cli_probe.add_parser(parser.add_subparsers())

@@ -1,0 +1,406 @@
+"""Token agreement between a reference run and a candidate run. Pure: token ids, top-k
+logprob dicts and, where an engine can give them, full log-probability arrays (numpy). No torch.
+
+Two kinds of evidence, kept apart because free-running greedy outputs stop being comparable at their first
+disagreement:
+- free-running: both sides generate greedily on their own. The seed's "top-3 token match", the exact-prefix length,
+  position-wise top-1 agreement and vLLM's `check_logprobs_close` rule come from these.
+- teacher-forced: the reference continuation is fed to both sides, so every position has the same context. Per
+  position top-1 agreement, top-k overlap and KL(ref || cand), aggregated like llama.cpp `perplexity --kl-divergence`
+  ("mean KLD", "99.0% KLD", "same top p").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from core.errors import InputError
+
+DEFAULT_K = 8  # vLLM's FP8 KV cache test compares top-8 logprobs
+
+# The seed's thresholds. They were written for its "top-3 token match"; we also apply them to teacher-forced top-1
+# agreement (same top token), the robust version of the same question. Nothing else is banded.
+BAND_FINE = 0.92
+BAND_FAILED = 0.85
+BANDED_METRICS = {
+    "top3_match": "seed's top-3 token match",
+    "same_top": "teacher-forced top-1 agreement (same top token)",
+}
+
+TopK = Mapping[Any, Any]  # token id (int, "123" or "token_id:123") -> logprob (float, vLLM Logprob, or {"logprob": x})
+
+
+# ---- logprob dicts in any of the shapes engines and vLLM produce ----
+
+def _token_id(key: Any) -> int:
+    if isinstance(key, str) and ":" in key:  # vLLM's return_tokens_as_token_ids: "token_id:123"
+        key = key.rsplit(":", 1)[1]
+    return int(key)
+
+
+def _logprob(value: Any) -> float:
+    if value is None:  # JSON null: how a server serializes a NaN logprob
+        return math.nan
+    if hasattr(value, "logprob"):  # vllm.logprobs.Logprob
+        return float(value.logprob)
+    if isinstance(value, Mapping):  # the JSON form of the same
+        return float(value["logprob"])
+    return float(value)
+
+
+def normalize_topk(d: TopK | None) -> dict[int, float]:
+    """{token id: logprob} from any supported shape; None or empty -> {}."""
+    return {_token_id(k): _logprob(v) for k, v in (d or {}).items()}
+
+
+def topk_ids(d: TopK | None, k: int) -> list[int]:
+    """The k most likely ids of a position, best first. vLLM's dicts may hold the sampled token on top of the
+    requested k, so the dict is cut to k here rather than trusted to be exactly k long. Ties break on the lower id,
+    as argmax does."""
+    items = normalize_topk(d)
+    return [t for t, _ in sorted(items.items(), key=lambda kv: (-kv[1], kv[0]))[:k]]
+
+
+def top1(d: TopK | None) -> int | None:
+    ids = topk_ids(d, 1)
+    return ids[0] if ids else None
+
+
+# ---- free-running metrics ----
+
+def top3_match(ref: Sequence[int], cand: Sequence[int], n: int = 3) -> float:
+    """The seed's metric: share of the first n generated ids that are equal. A side that stopped early counts as a
+    mismatch at the positions it lacks; two empty outputs agree trivially (1.0)."""
+    span = min(n, max(len(ref), len(cand)))
+    if span == 0:
+        return 1.0
+    return sum(1 for i in range(span) if i < len(ref) and i < len(cand) and ref[i] == cand[i]) / span
+
+
+def first_divergence(ref: Sequence[int], cand: Sequence[int]) -> int | None:
+    """Index of the first position where the ids differ (or where one side has stopped); None if identical."""
+    for i, (a, b) in enumerate(zip(ref, cand)):
+        if a != b:
+            return i
+    return None if len(ref) == len(cand) else min(len(ref), len(cand))
+
+
+def exact_prefix_len(ref: Sequence[int], cand: Sequence[int]) -> int:
+    d = first_divergence(ref, cand)
+    return len(ref) if d is None else d
+
+
+def positionwise_agreement(ref: Sequence[int], cand: Sequence[int]) -> float:
+    """Free-running top-1 agreement: share of positions (over the longer output) holding the same id. Past the first
+    divergence the two sides see different contexts, so this understates closeness; teacher-forced is the fair one."""
+    span = max(len(ref), len(cand))
+    if span == 0:
+        return 1.0
+    return sum(1 for a, b in zip(ref, cand) if a == b) / span
+
+
+@dataclass
+class VllmRule:
+    """vLLM `tests/models/utils.py::check_logprobs_close`: at the first position where the ids differ, each side's
+    token must be in the other's top-k logprobs; the sequences then diverge, so nothing later is checked. Like vLLM,
+    only the shared length is compared (one output being a prefix of the other passes)."""
+
+    passed: bool
+    k: int
+    position: int | None = None  # first differing position within the shared length; None if none
+    ref_token: int | None = None
+    cand_token: int | None = None
+    ref_in_cand_topk: bool | None = None
+    cand_in_ref_topk: bool | None = None
+    detail: str = ""
+
+
+def vllm_rule(ref_ids: Sequence[int], ref_topk: Sequence[TopK | None], cand_ids: Sequence[int],
+              cand_topk: Sequence[TopK | None], k: int = DEFAULT_K) -> VllmRule:
+    if k < 1:
+        raise InputError(f"k must be at least 1; got {k}.")
+    for i, (a, b) in enumerate(zip(ref_ids, cand_ids)):
+        if a == b:
+            continue
+        ref_d = ref_topk[i] if i < len(ref_topk) else None
+        cand_d = cand_topk[i] if i < len(cand_topk) else None
+        if not ref_d or not cand_d:  # vLLM asserts the logprobs exist
+            return VllmRule(False, k, i, a, b, None, None, f"no top-k logprobs at position {i}, so the rule cannot pass")
+        a_in_b, b_in_a = a in topk_ids(cand_d, k), b in topk_ids(ref_d, k)
+        problems = []
+        if not a_in_b:
+            problems.append(f"reference token {a} is not in the candidate's top-{k}")
+        if not b_in_a:
+            problems.append(f"candidate token {b} is not in the reference's top-{k}")
+        detail = f"first divergence at position {i}: " + ("; ".join(problems) or f"each token is in the other's top-{k}")
+        return VllmRule(not problems, k, i, a, b, a_in_b, b_in_a, detail)
+    n = min(len(ref_ids), len(cand_ids))
+    return VllmRule(True, k, detail=f"no divergence in the {n} shared positions")
+
+
+@dataclass
+class FreeRun:
+    top3_match: float
+    exact_prefix: int
+    first_divergence: int | None
+    top1_agreement: float  # position-wise, free-running
+    ref_len: int
+    cand_len: int
+    vllm: VllmRule
+
+
+def free_run(ref_ids: Sequence[int], ref_topk: Sequence[TopK | None], cand_ids: Sequence[int],
+             cand_topk: Sequence[TopK | None], k: int = DEFAULT_K) -> FreeRun:
+    return FreeRun(top3_match(ref_ids, cand_ids), exact_prefix_len(ref_ids, cand_ids),
+                   first_divergence(ref_ids, cand_ids), positionwise_agreement(ref_ids, cand_ids),
+                   len(ref_ids), len(cand_ids), vllm_rule(ref_ids, ref_topk, cand_ids, cand_topk, k))
+
+
+# ---- teacher-forced metrics ----
+
+KL_FULL = "full"  # exact, over the whole vocabulary
+KL_TOPK = "top-k"  # lower bound from top-k logprobs plus one remainder bucket
+KL_SOURCE_TEXT = {
+    KL_FULL: "KL over the full vocabulary (exact)",
+    KL_TOPK: "KL lower bound from top-k logprobs with one remainder bucket (the full distributions were not available)",
+}
+
+
+KL_ROWS_PER_CHUNK = 16  # float64 temporaries of 16 x 262,144 positions: ~32 MiB each, whatever the length
+
+
+def kl_full(ref_logprobs: np.ndarray, cand_logprobs: np.ndarray) -> np.ndarray:
+    """Per-position KL(ref || cand) in nats from [positions, vocab] log-probabilities; NaN where either side has a
+    NaN (an overflowed forward pass), so it is counted as non-finite rather than as agreement."""
+    if np.shape(ref_logprobs) != np.shape(cand_logprobs):
+        raise ValueError(f"Distributions differ in shape: {np.shape(ref_logprobs)} vs {np.shape(cand_logprobs)}.")
+    rows = np.shape(ref_logprobs)[0] if np.ndim(ref_logprobs) > 1 else None
+    if rows is None:
+        return _kl_rows(np.asarray(ref_logprobs), np.asarray(cand_logprobs))
+    out = np.empty(rows)
+    for a in range(0, rows, KL_ROWS_PER_CHUNK):  # in chunks: whole-run float64 temporaries were ~10x the input
+        out[a:a + KL_ROWS_PER_CHUNK] = _kl_rows(ref_logprobs[a:a + KL_ROWS_PER_CHUNK],
+                                                 cand_logprobs[a:a + KL_ROWS_PER_CHUNK])
+    return out
+
+
+def _kl_rows(ref_logprobs: np.ndarray, cand_logprobs: np.ndarray) -> np.ndarray:
+    ref = np.asarray(ref_logprobs, dtype=np.float64)
+    cand = np.asarray(cand_logprobs, dtype=np.float64)
+    p = np.exp(ref)
+    # p * (a - a) is exactly 0, so identical inputs give exactly 0. -inf logprobs (p = 0) contribute nothing.
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * (ref - cand), 0.0)
+    # Rounding can leave a tiny negative sum for near-identical rows; KL itself is never negative.
+    kl = np.maximum(terms.sum(axis=-1), 0.0)
+    return np.where(np.isnan(ref).any(axis=-1) | np.isnan(cand).any(axis=-1), np.nan, kl)
+
+
+# Top-k probabilities can add up to a hair over 1 (a confident token reported as logprob 0.0 in float32), leaving
+# one side's remainder bucket at 0 and the other's at 1e-7: that is rounding, not a candidate with no mass there.
+REMAINDER_FLOOR = 1e-6
+
+
+def kl_topk(ref: TopK, cand: TopK) -> float:
+    """KL(ref || cand) over the tokens both sides report, plus one bucket for the rest of the vocabulary.
+
+    Merging outcomes into buckets can only lower KL (data-processing inequality), so this is a lower bound of the
+    true KL, and exactly 0 when both sides report the same numbers. NaN when either side reports a NaN logprob."""
+    r, c = normalize_topk(ref), normalize_topk(cand)
+    if any(math.isnan(v) for v in (*r.values(), *c.values())):
+        return math.nan
+    shared = sorted(set(r) & set(c))
+    p = [math.exp(r[t]) for t in shared]
+    q = [math.exp(c[t]) for t in shared]
+    rest_p, rest_q = 1.0 - math.fsum(p), 1.0 - math.fsum(q)
+    if rest_p > REMAINDER_FLOOR or rest_q > REMAINDER_FLOOR:  # else both put all their mass on shared tokens
+        p.append(max(rest_p, 0.0))
+        q.append(max(rest_q, REMAINDER_FLOOR))
+    kl = 0.0
+    for pi, qi in zip(p, q):
+        if pi <= 0.0:
+            continue
+        if qi <= 0.0:  # a -inf logprob: the candidate gives no mass to a token the reference expects
+            return math.inf
+        kl += pi * (math.log(pi) - math.log(qi))
+    return max(kl, 0.0)
+
+
+@dataclass
+class TeacherForced:
+    """Per position of the reference continuation (position i predicts token i)."""
+
+    top1_agree: list[bool]
+    topk_overlap: list[float]  # |top-k(ref) & top-k(cand)| / k
+    kl: list[float]  # KL(ref || cand), nats
+    kl_source: str  # KL_FULL or KL_TOPK
+    k: int
+
+
+def teacher_forced(ref_topk: Sequence[TopK], cand_topk: Sequence[TopK], k: int = DEFAULT_K,
+                   ref_full: np.ndarray | None = None, cand_full: np.ndarray | None = None) -> TeacherForced:
+    """Scores of both sides on the same (reference) continuation. KL comes from the full distributions when both are
+    given, else from the top-k dicts (which may also carry the continuation token's own logprob)."""
+    if len(ref_topk) != len(cand_topk):
+        raise ValueError(f"Both sides must score the same positions; got {len(ref_topk)} and {len(cand_topk)}.")
+    agree, overlap = [], []
+    for r, c in zip(ref_topk, cand_topk):
+        rk, ck = topk_ids(r, k), topk_ids(c, k)
+        agree.append(bool(rk) and bool(ck) and rk[0] == ck[0])
+        overlap.append(len(set(rk) & set(ck)) / k)
+    if ref_full is not None and cand_full is not None:
+        kl, source = kl_full(ref_full, cand_full).tolist(), KL_FULL
+    else:
+        kl, source = [kl_topk(r, c) for r, c in zip(ref_topk, cand_topk)], KL_TOPK
+    return TeacherForced(agree, overlap, kl, source, k)
+
+
+# ---- aggregation, bands and the verdict ----
+
+@dataclass
+class Band:
+    metric: str
+    value: float | None
+    name: str  # "fine", "watch", "calibration failed", "n/a"
+
+    @property
+    def label(self) -> str:
+        """Says which metric the seed's band is applied to, as the UI must."""
+        rule = f">= {BAND_FINE} fine, {BAND_FAILED}-{BAND_FINE} watch, < {BAND_FAILED} calibration failed"
+        return f"{self.name} (seed band for the {BANDED_METRICS[self.metric]}: {rule})"
+
+
+def band(value: float | None, metric: str = "top3_match") -> Band:
+    if metric not in BANDED_METRICS:
+        raise InputError(f"The seed's bands apply only to {', '.join(BANDED_METRICS)}; not to {metric!r}.")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return Band(metric, value, "n/a")
+    name = "fine" if value >= BAND_FINE else "watch" if value >= BAND_FAILED else "calibration failed"
+    return Band(metric, value, name)
+
+
+_SEVERITY = {"n/a": 0, "fine": 0, "watch": 1, "calibration failed": 2}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+@dataclass
+class Summary:
+    prompts: int
+    # free-running
+    top3_match: float | None  # mean over prompts
+    exact_prefix_mean: float | None
+    top1_agreement_free: float | None  # pooled over positions
+    vllm_passed: int
+    vllm_total: int
+    # teacher-forced, pooled over every scored position of every prompt (as llama.cpp pools over tokens)
+    positions: int
+    same_top: float | None  # fraction 0-1 ("same top token %" / 100)
+    mean_topk_overlap: float | None
+    mean_kld: float | None  # over positions with a finite KL
+    p99_kld: float | None
+    max_kld: float | None
+    nonfinite_kl: int  # positions where KL is NaN or inf: NaN/-inf log-probabilities, i.e. numerical overflow
+    kl_source: str
+    identical: bool  # every id, top-k and KL identical: what the noise floor must show
+    bands: dict[str, Band] = field(default_factory=dict)
+    status: str = "n/a"
+    verdict: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["bands"] = {k: {"value": b.value, "band": b.name, "label": b.label} for k, b in self.bands.items()}
+        d["kl_source_text"] = KL_SOURCE_TEXT.get(self.kl_source, self.kl_source)
+        return d
+
+
+def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: str = "reference",
+              cand_label: str = "candidate") -> Summary:
+    kl = [x for t in tf for x in t.kl]
+    agree = [x for t in tf for x in t.top1_agree]
+    overlap = [x for t in tf for x in t.topk_overlap]
+    free_positions = sum(max(f.ref_len, f.cand_len) for f in free)
+    sources = {t.kl_source for t in tf}
+    finite = [x for x in kl if math.isfinite(x)]
+    identical = (all(f.first_divergence is None for f in free) and all(agree) and all(o == 1.0 for o in overlap)
+                 and all(x == 0.0 for x in kl))
+    s = Summary(
+        prompts=len(free),
+        top3_match=_mean([f.top3_match for f in free]),
+        exact_prefix_mean=_mean([f.exact_prefix for f in free]),
+        top1_agreement_free=(math.fsum(f.top1_agreement * max(f.ref_len, f.cand_len) for f in free) / free_positions
+                             if free_positions else None),
+        vllm_passed=sum(f.vllm.passed for f in free),
+        vllm_total=len(free),
+        positions=len(kl),
+        same_top=_mean([float(a) for a in agree]),
+        mean_topk_overlap=_mean(overlap),
+        mean_kld=_mean(finite),
+        p99_kld=float(np.percentile(finite, 99)) if finite else None,
+        max_kld=max(finite) if finite else None,
+        nonfinite_kl=len(kl) - len(finite),
+        kl_source=KL_TOPK if KL_TOPK in sources else KL_FULL,
+        identical=identical,
+    )
+    s.bands = {"top3_match": band(s.top3_match, "top3_match"), "same_top": band(s.same_top, "same_top")}
+    s.status, s.verdict = verdict(s, ref_label, cand_label)
+    return s
+
+
+def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a share measured on n positions (stays inside 0-1, sensible at 0 and 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate") -> tuple[str, str]:
+    """(status, one line).
+
+    The status follows the teacher-forced same-top-token band: it rests on every scored position, where the seed's
+    top-3 match rests on three tokens a prompt and flips on a single near-tie. A failed vLLM rule (a divergent pick
+    outside the other side's top-k, more than a near-tie) lifts "fine" to "watch" and lets a bad top-3 band count.
+    When the top-3 band is worse but every divergence passed vLLM's rule, the line says so instead of failing."""
+    if s.prompts == 0:
+        return "n/a", "No prompts were compared."
+    if s.identical:
+        return "identical", (f"Identical: {cand_label} matches {ref_label} token for token, same top-k, KL 0 "
+                             f"over {s.positions} positions (the noise floor).")
+    same, top3 = s.bands["same_top"].name, s.bands["top3_match"].name
+    status = "fine" if same == "n/a" else same
+    vllm_failed = s.vllm_passed < s.vllm_total
+    if vllm_failed:
+        status = max(status, "watch", top3 if top3 != "n/a" else "fine", key=_SEVERITY.__getitem__)
+    if s.nonfinite_kl:
+        status = "calibration failed"  # NaN or infinite log-probabilities: the candidate's numbers are broken
+    head = {"fine": "Fine", "watch": "Watch", "calibration failed": "Calibration failed"}[status]
+    kld = "n/a" if s.mean_kld is None else f"{s.mean_kld:.3g} nats" + (" (lower bound)" if s.kl_source == KL_TOPK else "")
+    same_txt = "n/a" if s.same_top is None else f"{100 * s.same_top:.1f}%"
+    top3_txt = "n/a" if s.top3_match is None else f"{s.top3_match:.2f}"
+    note = ""
+    if s.nonfinite_kl:
+        note = (f" KL is not finite at {s.nonfinite_kl} of {s.positions} positions (NaN or -inf log-probabilities: "
+                "numerical overflow, for example FP16 activations past 65504); the mean covers the rest.")
+    elif not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
+        note = (f" The seed's top-3 match is in its '{top3}' band, but every early divergence passed vLLM's top-k "
+                "rule: near-ties, not a broken model.")
+    if s.same_top is not None and s.positions > 0:
+        # A few dozen positions cannot tell 0.85 from 0.92: when the 95% interval spans more than one band, say so
+        # rather than let one near-tie read as a calibration failure. The status keeps the seed's rule.
+        lo, hi = wilson_interval(s.same_top, s.positions)
+        if band(lo, "same_top").name != band(hi, "same_top").name:
+            # Rounded outwards: 91.97% shown as "92" would hide why the interval leaves the fine band.
+            lo_pct, hi_pct = math.floor(1000 * lo) / 10, math.ceil(1000 * hi) / 10
+            note += (f" With {s.positions} scored positions, same top token lies in {lo_pct:.1f}-{hi_pct:.1f}% "
+                     "(95% interval), which spans more than one band; compare more prompts or tokens before "
+                     "trusting it.")
+    return status, (f"{head}: {cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), "
+                    f"top-3 match {top3_txt}, mean KLD {kld}, vLLM rule passed on {s.vllm_passed}/{s.vllm_total} "
+                    f"prompts.{note}")

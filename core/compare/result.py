@@ -1,0 +1,211 @@
+"""A comparison's data: its two sides, the per-prompt results and the summary, their JSON form, and their History run.
+
+Pure data and serialization (no engine, no torch), so the pages, the CLI and the History page rebuild and render a
+saved comparison without loading a model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from core.compare import agreement as ag
+from core.precision import KVDtype, Precision
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison. For a remote server the precision and KV dtype are what the user says it runs
+    (a server's launch flags decide them); the KV dtype is checked against its /metrics where possible."""
+
+    precision: Precision = Precision.FP32
+    kv_dtype: KVDtype = KVDtype.AUTO
+    model: str = "embedded"  # torch/vllm: embedded, a synthetic name or a path; remote: served model name or ""
+    engine: str = "torch"
+    url: str = ""
+    api_key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        kv = ", FP8 KV cache" if self.kv_dtype is KVDtype.FP8 else ""
+        where = {"torch": "torch", "vllm": "local vLLM"}.get(self.engine, f"server {self.url}")
+        return f"{self.precision.label}{kv} ({where})"
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "model": self.model, "precision": self.precision.value,
+                "kv_dtype": self.kv_dtype.value, "url": self.url or None, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Side":
+        return cls(Precision(d["precision"]), KVDtype(d["kv_dtype"]), d.get("model") or "", d.get("engine", "torch"),
+                   d.get("url") or "")
+
+
+# ---- results ----
+
+def _json_safe(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _pairs(d: dict) -> list[list]:
+    """A top-k dict as [[id, logprob], ...] best first: JSON-safe and ordered."""
+    return [[t, d[t]] for t in ag.topk_ids(d, len(d))]
+
+
+@dataclass
+class PromptResult:
+    name: str
+    prompt: str
+    prompt_ids: list[int]
+    ref_ids: list[int]
+    cand_ids: list[int]
+    ref_text: str
+    cand_text: str
+    ref_decode_topk: list[dict[int, float]]  # each side's own top-k while generating
+    cand_decode_topk: list[dict[int, float]]
+    ref_tf_topk: list[dict[int, float]]  # both sides scoring the reference continuation
+    cand_tf_topk: list[dict[int, float]]
+    free: ag.FreeRun
+    tf: ag.TeacherForced
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "prompt", "prompt_ids", "ref_ids", "cand_ids", "ref_text",
+                                           "cand_text")}
+        for k in ("ref_decode_topk", "cand_decode_topk", "ref_tf_topk", "cand_tf_topk"):
+            d[k] = [_pairs(x) for x in getattr(self, k)]
+        d["free"] = asdict(self.free)
+        d["teacher_forced"] = asdict(self.tf)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PromptResult":
+        # JSON null in a top-k list stood for a non-finite logprob; -inf keeps it ranked last.
+        topk = {k: [{int(t): (-math.inf if lp is None else lp) for t, lp in pairs} for pairs in d[k]]
+                for k in ("ref_decode_topk", "cand_decode_topk", "ref_tf_topk", "cand_tf_topk")}
+        free = dict(d["free"])
+        free["vllm"] = ag.VllmRule(**free["vllm"])
+        tf = dict(d["teacher_forced"])
+        tf["kl"] = [math.nan if x is None else x for x in tf["kl"]]  # JSON null stands for NaN/inf (overflow)
+        return cls(d["name"], d["prompt"], d["prompt_ids"], d["ref_ids"], d["cand_ids"], d["ref_text"],
+                   d["cand_text"], **topk, free=ag.FreeRun(**free), tf=ag.TeacherForced(**tf))
+
+
+@dataclass
+class CompareResult:
+    reference: Side
+    candidate: Side
+    max_new_tokens: int
+    top_k: int
+    prompts: list[PromptResult]
+    summary: ag.Summary
+    token_text: dict[int, str]  # id -> text of every id shown (tokens and top-k alternatives)
+    timings: dict[str, float]
+    noise_floor: bool  # the two sides are the same setup
+
+    def text_of(self, tok: int | None) -> str:
+        return "" if tok is None else self.token_text.get(tok, f"[{tok}]")
+
+    def to_dict(self) -> dict:
+        """Strict JSON: NaN and inf (an overflowing candidate) become null, as JSON has no such numbers."""
+        return _json_safe({
+            "reference": self.reference.to_dict(), "candidate": self.candidate.to_dict(),
+            "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "noise_floor": self.noise_floor,
+            "summary": self.summary.to_dict(), "timings_s": self.timings,
+            "prompts": [p.to_dict() for p in self.prompts],
+            "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
+        })
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CompareResult":
+        """Rebuild a result from to_dict()'s JSON (a saved history run). The numbers are recomputed from the
+        per-prompt metrics (JSON nulls back to NaN where KL overflowed); the verdict line is the one saved, worded
+        as the run showed it."""
+        ref, cand = Side.from_dict(d["reference"]), Side.from_dict(d["candidate"])
+        prompts = [PromptResult.from_dict(p) for p in d["prompts"]]
+        summary = ag.summarize([p.free for p in prompts], [p.tf for p in prompts], ref.label, cand.label)
+        summary.verdict = (d.get("summary") or {}).get("verdict") or summary.verdict
+        timings = {k: v for k, v in d.get("timings_s", {}).items() if v is not None}
+        return cls(ref, cand, d["max_new_tokens"], d["top_k"], prompts, summary,
+                   {int(k): v for k, v in d.get("token_text", {}).items()}, timings,
+                   bool(d.get("noise_floor", ref == cand)))
+
+    def rows(self) -> list[dict]:
+        """One row per position (over the longer output) for CSV: the reference continuation and what the candidate
+        predicted on it (teacher-forced), beside the candidate's own free-running token."""
+        out = []
+        for p in self.prompts:
+            for i in range(max(len(p.ref_ids), len(p.cand_ids))):
+                ref = p.ref_ids[i] if i < len(p.ref_ids) else None
+                cand = p.cand_ids[i] if i < len(p.cand_ids) else None
+                tf = i < len(p.tf.kl)
+                cand_top1 = ag.top1(p.cand_tf_topk[i]) if tf else None
+                out.append({
+                    "prompt": p.name, "position": i,
+                    "ref_token_id": ref, "ref_token": self.text_of(ref),
+                    "cand_free_token_id": cand, "cand_free_token": self.text_of(cand),
+                    "free_same": ref is not None and ref == cand,
+                    "after_first_divergence": p.free.first_divergence is not None and i >= p.free.first_divergence,
+                    "cand_tf_top1_id": cand_top1, "cand_tf_top1": self.text_of(cand_top1),
+                    "tf_top1_agree": p.tf.top1_agree[i] if tf else None,
+                    "tf_topk_overlap": p.tf.topk_overlap[i] if tf else None,
+                    "tf_kl_nats": p.tf.kl[i] if tf else None,
+                })
+        return out
+
+
+# ---- batching (torch) ----
+
+# ---- history ----
+
+def history_title(result: CompareResult) -> str:
+    n = len(result.prompts)
+    return (f"{result.reference.label} vs {result.candidate.label} · {n} prompt{'s' * (n != 1)} · "
+            f"{result.max_new_tokens} tokens")
+
+
+def history_summary(result: CompareResult, noise: CompareResult | None = None) -> dict:
+    """The headline numbers, one level deep, so the History page can put two comparisons side by side field by
+    field. Percentages are 0-100 and KL is in nats, as the page shows them."""
+    s = result.summary
+    ref, cand = result.reference, result.candidate
+    out = {
+        "reference": ref.label, "candidate": cand.label, "model": cand.model or ref.model or None,
+        "reference_precision": ref.precision.value, "reference_kv_dtype": ref.kv_dtype.value,
+        "candidate_precision": cand.precision.value, "candidate_kv_dtype": cand.kv_dtype.value,
+        "prompts": s.prompts, "positions": s.positions, "max_new_tokens": result.max_new_tokens, "top_k": result.top_k,
+        "mean_kld_nats": s.mean_kld, "p99_kld_nats": s.p99_kld, "max_kld_nats": s.max_kld,
+        "same_top_pct": None if s.same_top is None else 100.0 * s.same_top,
+        "top3_match": s.top3_match, "mean_topk_overlap": s.mean_topk_overlap,
+        "exact_prefix_mean_tokens": s.exact_prefix_mean, "top1_agreement_free": s.top1_agreement_free,
+        "vllm_rule_passed": s.vllm_passed, "vllm_rule_total": s.vllm_total,
+        "nonfinite_kl_positions": s.nonfinite_kl, "kl_source": s.kl_source,
+        "verdict_band": s.status, "top3_match_band": s.bands["top3_match"].name,
+        "same_top_band": s.bands["same_top"].name, "verdict": s.verdict,
+        "total_s": result.timings.get("total"), "load_s": result.timings.get("load"),
+    }
+    if noise is not None:
+        out["noise_floor_identical"] = noise.summary.identical
+    return _json_safe(out)
+
+
+def history_payload(result: CompareResult, noise: CompareResult | None = None) -> dict:
+    """Everything CompareResult.from_dict needs to rebuild the run; the noise floor adds only its summary (its
+    per-prompt data would double the size and says nothing new when it is clean)."""
+    payload = result.to_dict()
+    if noise is not None:
+        payload["noise_floor_run"] = {"summary": noise.summary.to_dict(), "timings_s": _json_safe(noise.timings)}
+    return payload
+
+
+def save_to_history(result: CompareResult, noise: CompareResult | None = None) -> int | None:
+    """Save one comparison as a "compare" run; the run id, or None when the history could not be written (the
+    caller still has its result, and core.store logs why)."""
+    from core import store
+
+    return store.record("compare", history_title(result), history_payload(result, noise),
+                        history_summary(result, noise))

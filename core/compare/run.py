@@ -1,0 +1,275 @@
+"""Precision compare: a reference and a candidate run on the same prompts, and the agreement between them.
+
+Flow per prompt:
+1. the reference greedy-generates N tokens with top-k logprobs; the candidate does the same (free-running metrics);
+2. both sides score the reference continuation teacher-forced: one forward pass per prompt and side, prompts of
+   similar length batched together, logits computed only for the continuation (the vocabulary projection dominates
+   a small model's cost, so prompt positions are skipped);
+3. core.compare.agreement turns ids, top-k dicts and (torch) full distributions into metrics, bands and a verdict.
+
+Sides are torch in-process (each precision loaded once; the same engine object is reused when both sides are the
+same setup, which is the noise floor), a local vLLM server, or a remote OpenAI-compatible server. torch is imported
+lazily, inside the torch-only helpers, so pages can import this module.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from core.compare import agreement as ag
+from core.compare.prompts import Prompt, unique_names
+from core.compare.result import CompareResult, PromptResult, Side
+from core.engines.base import Cancelled, EngineError, Generation, GenerationParams, Score, UnsupportedCombination
+from core.errors import InputError
+
+ENGINES = ("torch", "vllm", "remote")
+MAX_TOP_K = 20  # GenerationParams.top_logprobs and vLLM's default --max-logprobs
+# Batching limits for the torch engine: padded tokens per forward pass, continuation positions whose full
+# distributions are held at once (1 MiB each at Gemma's 262k vocabulary), and how much padding a batch may waste.
+BATCH_TOKENS = 4096
+BATCH_POSITIONS = 512
+BATCH_PAD_RATIO = 1.3
+
+ProgressFn = Callable[[float, str], None]
+
+
+def load_engine(side: Side, progress: ProgressFn | None = None):
+    """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user."""
+    if side.engine == "torch":
+        from core.engines.factory import build_engine  # the CUDA-graph engine where it runs, else TorchEngine
+        from core.models import parse_model
+
+        return build_engine(parse_model(side.model), side.precision, side.kv_dtype, progress=progress)
+    if side.engine == "vllm":
+        from pathlib import Path
+
+        from core.engines.vllm_engine import VllmEngine
+
+        model_dir = None if side.model in ("", "embedded") else str(Path(side.model).expanduser())
+        return VllmEngine(model_dir, side.precision, side.kv_dtype).load(progress)
+    if side.engine == "remote":
+        from core.engines.remote import RemoteEngine
+
+        eng = RemoteEngine(side.url, model=side.model or None, api_key=side.api_key, timeout_s=120.0)
+        eng.connect()
+        reasons = eng.unsupported_reasons(side.precision, side.kv_dtype)
+        if reasons:
+            raise UnsupportedCombination(reasons)
+        return eng
+    raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
+
+
+def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = None) -> list[list[int]]:
+    """Indices grouped so that each group is one forward pass: similar lengths (little padding), bounded size."""
+    cont_lengths = cont_lengths or [0] * len(lengths)
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        cand = cur + [i]
+        width = max(lengths[j] for j in cand)
+        real = sum(lengths[j] for j in cand)
+        fits = (width * len(cand) <= max(BATCH_TOKENS, width) and width * len(cand) <= BATCH_PAD_RATIO * real
+                and sum(cont_lengths[j] for j in cand) <= max(BATCH_POSITIONS, cont_lengths[i]))
+        if cur and not fits:
+            groups.append(cur)
+            cand = [i]
+        cur = cand
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _is_torch(engine) -> bool:
+    return getattr(engine, "name", "") == "torch" and hasattr(engine, "model")
+
+
+def _torch_score_batch(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+    """Teacher-forced scores of several (prompt, continuation) pairs in one forward pass of a TorchEngine.
+
+    Same numerics as TorchEngine.score (a fresh cache of the engine's KV dtype, so an FP8 KV cache is applied to
+    what attention reads), but left-padded and batched, and with logits only for the continuation positions."""
+    import torch
+
+    from core.engines.torch_engine import make_cache
+
+    dev = engine.device.kind
+    pad = engine.tokenizer.pad_token_id or 0
+    seqs = [list(p) + list(c) for p, c in items]
+    width = max(len(s) for s in seqs)
+    keep = max(len(c) for _, c in items) + 1  # the last column predicts past the sequence; kept for simple slicing
+    with torch.inference_mode(), engine.lock:
+        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
+        out = engine.model(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=make_cache(engine.config, engine.kv_dtype), cache_position=torch.arange(width, device=dev),
+            use_cache=True, logits_to_keep=keep,
+        )
+        scores = []
+        for b, (_, cont) in enumerate(items):
+            n = len(cont)
+            lp = torch.log_softmax(out.logits[b, keep - 1 - n: keep - 1].float(), dim=-1)
+            tv, ti = lp.topk(top_k, dim=-1)
+            target = lp.gather(1, torch.tensor(cont, device=lp.device)[:, None])[:, 0]
+            scores.append(Score(list(cont), target.tolist(), [dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
+                                lp.cpu().numpy()))
+        return scores
+
+
+def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+    """Teacher-forced scores for every (prompt ids, continuation ids) pair: batched forward passes on torch, parallel
+    prompt_logprobs requests on a server (which batches them itself)."""
+    if _is_torch(engine):
+        return _torch_score_batch(engine, items, top_k)
+    if "full" in inspect.signature(engine.score).parameters:  # an in-process engine (the fast CUDA one): exact KL
+        return [engine.score(p, c, top_k, full=True) for p, c in items]
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        return list(pool.map(lambda it: engine.score(it[0], it[1], top_k), items))
+
+
+def _generate(engine, texts: list[str], params: GenerationParams, should_stop) -> list[Generation]:
+    if not _is_torch(engine):
+        return engine.generate(texts, params, should_stop=should_stop)
+    # Left padding makes every row as long as the longest prompt: group by length so one long prompt does not
+    # multiply the prefill of the short ones.
+    gens: list[Generation | None] = [None] * len(texts)
+    for group in length_groups([len(engine.encode(t)) for t in texts]):
+        for i, g in zip(group, engine.generate([texts[i] for i in group], params, should_stop=should_stop)):
+            gens[i] = g
+    return gens  # type: ignore[return-value]
+
+
+def _with_target(score: Score) -> list[dict[int, float]]:
+    return [{**ag.normalize_topk(d), tok: lp} if not math.isnan(lp) else ag.normalize_topk(d)
+            for d, tok, lp in zip(score.top_logprobs, score.continuation_ids, score.target_logprobs)]
+
+
+def _token_texts(engines, ids: set[int]) -> dict[int, str]:
+    for eng in engines:
+        fn = getattr(eng, "token_texts", None)
+        if fn is not None:
+            order = sorted(ids)
+            return dict(zip(order, fn(order)))
+    return {}  # servers give no per-token text here; ids are shown as [id]
+
+
+# ---- the run ----
+
+def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new_tokens: int = 32,
+            top_k: int = ag.DEFAULT_K, reference: Side | None = None, candidate: Side | None = None,
+            progress: ProgressFn | None = None, should_stop: Callable[[], bool] | None = None) -> CompareResult:
+    """Generate with both sides, score the reference continuation on both, and measure agreement.
+
+    Pass the same engine object twice for the noise floor: it still generates and scores twice, so a
+    non-deterministic engine shows up as less than 1.0."""
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise InputError(f"top-k must be between 1 and {MAX_TOP_K}; got {top_k}.")
+    prompts = unique_names([p if isinstance(p, Prompt) else Prompt(f"prompt-{i + 1}", p)
+                            for i, p in enumerate(prompts)])
+    if not prompts:
+        raise InputError("Give at least one prompt.")
+    reference, candidate = reference or Side(), candidate or Side()
+    progress = progress or (lambda f, m: None)
+    stop = should_stop or (lambda: False)
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0, top_logprobs=top_k).validated()
+    texts = [p.text for p in prompts]
+    t: dict[str, float] = {}
+
+    def timed(key: str, fn):
+        if stop():
+            raise Cancelled("Comparison cancelled.")
+        t0 = time.perf_counter()
+        value = fn()
+        t[key] = time.perf_counter() - t0
+        return value
+
+    t_start = time.perf_counter()
+    progress(0.0, f"Reference ({reference.label}) generating {max_new_tokens} tokens for {len(prompts)} prompts")
+    ref_gens = timed("reference_generate", lambda: _generate(ref_engine, texts, params, stop))
+    progress(0.35, f"Candidate ({candidate.label}) generating")
+    cand_gens = timed("candidate_generate", lambda: _generate(cand_engine, texts, params, stop))
+
+    # Teacher-forced: both sides score the reference continuation. Prompts whose reference output is empty
+    # (immediate EOS) have nothing to score.
+    scorable = [i for i, g in enumerate(ref_gens) if g.token_ids and g.prompt_ids]
+    tf_topk: dict[int, tuple[list[dict], list[dict]]] = {}
+    tfs: dict[int, ag.TeacherForced] = {}
+    t["reference_score"] = t["candidate_score"] = t["metrics"] = 0.0
+    groups = (length_groups([len(ref_gens[i].prompt_ids) + len(ref_gens[i].token_ids) for i in scorable],
+                            [len(ref_gens[i].token_ids) for i in scorable]) if scorable else [])
+    for n, group in enumerate(groups):
+        idx = [scorable[j] for j in group]
+        items = [(ref_gens[i].prompt_ids, ref_gens[i].token_ids) for i in idx]
+        progress(0.7 + 0.25 * n / len(groups), f"Scoring the reference continuation teacher-forced "
+                                               f"(batch {n + 1}/{len(groups)}, {len(idx)} prompts)")
+        rs = timed("_r", lambda: score_many(ref_engine, items, top_k))
+        cs = timed("_c", lambda: score_many(cand_engine, items, top_k))
+        t["reference_score"] += t.pop("_r")
+        t["candidate_score"] += t.pop("_c")
+        t0 = time.perf_counter()
+        for i, r, c in zip(idx, rs, cs):
+            r_top, c_top = [ag.normalize_topk(d) for d in r.top_logprobs], [ag.normalize_topk(d) for d in c.top_logprobs]
+            if r.full_logprobs is not None and c.full_logprobs is not None:
+                tfs[i] = ag.teacher_forced(r_top, c_top, top_k, r.full_logprobs, c.full_logprobs)
+            else:
+                # A server reports the continuation token's own logprob beside its top-k: add it, it tightens the
+                # top-k KL bound (and, ranking below the top-k, changes neither top-1 nor overlap).
+                tfs[i] = ag.teacher_forced(_with_target(r), _with_target(c), top_k)
+            tf_topk[i] = (r_top, c_top)  # the full arrays are dropped here: 1 MiB per position
+        t["metrics"] += time.perf_counter() - t0
+
+    progress(0.97, "Computing agreement")
+    results = []
+    for i, (p, r, c) in enumerate(zip(prompts, ref_gens, cand_gens)):
+        r_tf, c_tf = tf_topk.get(i, ([], []))
+        results.append(PromptResult(
+            p.name, p.text, r.prompt_ids, r.token_ids, c.token_ids, r.text, c.text,
+            [ag.normalize_topk(d) for d in r.top_logprobs], [ag.normalize_topk(d) for d in c.top_logprobs],
+            r_tf, c_tf,
+            ag.free_run(r.token_ids, r.top_logprobs, c.token_ids, c.top_logprobs, top_k),
+            tfs.get(i) or ag.TeacherForced([], [], [], ag.KL_FULL, top_k)))
+    summary = ag.summarize([r.free for r in results], [r.tf for r in results], reference.label, candidate.label)
+    ids = {t_ for r in results for t_ in r.ref_ids + r.cand_ids}
+    ids |= {t_ for r in results for k in ("ref_decode_topk", "cand_decode_topk", "ref_tf_topk", "cand_tf_topk")
+            for d in getattr(r, k) for t_ in d}
+    t["total"] = time.perf_counter() - t_start
+    progress(1.0, "Done")
+    return CompareResult(reference, candidate, max_new_tokens, top_k, results, summary,
+                         _token_texts([ref_engine, cand_engine], ids), t, noise_floor=reference == candidate)
+
+
+def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, max_new_tokens: int = 32,
+        top_k: int = ag.DEFAULT_K, progress: ProgressFn | None = None, should_stop=None,
+        loader: Callable[[Side, ProgressFn | None], object] = load_engine) -> CompareResult:
+    """Load both sides (once each; the same object when they are the same setup) and compare."""
+    progress = progress or (lambda f, m: None)
+    from core.http import normalize_base_url
+
+    for side in (reference, candidate):  # a mistyped URL is reported before minutes of loading the other side
+        if side.engine == "remote":
+            normalize_base_url(side.url)
+    t0 = time.perf_counter()
+    started = []
+    try:
+        ref = loader(reference, lambda f, m: progress(0.1 * f, f"Reference: {m}"))
+        started.append((reference, ref))
+        cand = ref if candidate == reference else loader(candidate,
+                                                         lambda f, m: progress(0.1 + 0.1 * f, f"Candidate: {m}"))
+        started.append((candidate, cand))
+        load_s = time.perf_counter() - t0
+        result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
+                         candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),
+                         should_stop=should_stop)
+    finally:
+        # A vLLM side is a server process started for this comparison alone: stop it, whoever called.
+        for side, engine in started:
+            if side.engine == "vllm":
+                engine.unload()
+    result.timings["load"] = load_s
+    return result
+
+
+__all__ = ["compare", "run", "load_engine", "score_many", "length_groups", "EngineError"]

@@ -1,0 +1,473 @@
+"""A compact Llama-family decoder with a static KV cache, and a decode step captured whole in a CUDA graph.
+
+Why its own model rather than transformers': a decode step of HF `generate` on an H200 is 95% host overhead
+(82 ms/step against a 3.7 ms bandwidth floor). Here a step is a fixed list of ~10 kernels per
+layer over preallocated buffers, so it can be captured once and replayed with one launch.
+
+Two implementations of every op:
+- torch ops (`prefill`, `decode_ref`): any device; the prompt pass and the CPU path; same math as HF eager and as
+  core/fp8.py's FP8Linear and FP8 KV cache, so tests can compare it with the eager reference directly;
+- Triton kernels (`DecodeGraph`): CUDA only, one decode step, captured in a torch.cuda.CUDAGraph.
+
+Weights are held fused (q|k|v and gate|up). FP8 quantizes each output row on its own (per-channel scales), so
+quantizing the fused matrix gives exactly the scales of quantizing each projection separately.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from core import fp8
+
+E4M3 = fp8.E4M3
+MODES = ("bf16", "fp8-wo", "fp8")
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    eps: float
+    max_positions: int
+    tie_embeddings: bool
+
+    @classmethod
+    def from_config(cls, c) -> "Dims":
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return cls(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                   c.num_key_value_heads, head_dim, c.vocab_size, c.rms_norm_eps, c.max_position_embeddings,
+                   bool(getattr(c, "tie_word_embeddings", False)))
+
+    @property
+    def qkv_out(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+def unsupported_config_reasons(config) -> list[str]:
+    """Why this transformers config cannot run on the compact decoder; empty when it can."""
+    reasons = []
+    mt = getattr(config, "model_type", "?")
+    if mt != "llama":
+        reasons.append(f"The fast decode path implements the Llama architecture only; this model is {mt!r}.")
+        return reasons
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        reasons.append("The fast decode path has no bias terms; this Llama config uses attention or MLP biases.")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        reasons.append(f"The fast decode path implements SiLU MLPs; this model uses {config.hidden_act!r}.")
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if d < 16 or d & (d - 1):
+        reasons.append(f"The fast attention kernel needs a power-of-two head_dim >= 16; this model has {d}.")
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
+        reasons.append("The fast decode path precomputes RoPE tables; dynamic and longrope scaling are not supported.")
+    return reasons
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm, operation for operation."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF apply_rotary_pos_emb on bf16 x with bf16-valued half tables, rounding as HF's bf16 ops round."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+class Lin:
+    """One fused projection at a precision: bf16 weight, or E4M3 weight with per-output-channel float32 scales."""
+
+    def __init__(self, weight: torch.Tensor, mode: str):
+        self.mode = mode
+        self.out_features, self.in_features = weight.shape
+        if mode == "bf16":
+            self.w, self.scale = weight, None
+        else:
+            q, s = fp8.quantize_rows(weight)
+            self.w, self.scale = q, s.reshape(-1).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.numel() * self.w.element_size() + (self.scale.numel() * 4 if self.scale is not None else 0)
+
+    def ref(self, x: torch.Tensor) -> torch.Tensor:
+        """Exactly core.fp8.FP8Linear (or F.linear for bf16): the eager numerics."""
+        if self.mode == "bf16":
+            return F.linear(x, self.w)
+        if self.mode == "fp8-wo":
+            return F.linear(x, fp8.dequantize(self.w, self.scale[:, None], x.dtype))
+        shape = x.shape
+        xq, xs = fp8.quantize_rows(x.reshape(-1, shape[-1]))
+        out = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.scale[None, :], out_dtype=x.dtype)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def fast(self, x, x_scale, out, silu_x: bool = False):
+        """Triton/cuBLAS decode-time product; for W8A8, x is the E4M3 activation and x_scale its per-token scale."""
+        from core.engines.fast import kernels as K
+
+        return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x)
+
+
+class StaticKVCache:
+    """K and V for every layer as [layers, batch, kv_heads, max_len, head_dim]; E4M3 plus a float32 scale per
+    (layer, batch, head, token) when fp8, the scheme of core.fp8.FP8KV. Zero-filled so that masked reads of unused
+    slots in the torch path never meet NaN garbage."""
+
+    def __init__(self, dims: Dims, batch: int, max_len: int, fp8_kv: bool, device, dtype=torch.bfloat16):
+        self.dims, self.batch, self.max_len, self.fp8 = dims, batch, max_len, fp8_kv
+        self.dtype = dtype
+        shape = (dims.layers, batch, dims.kv_heads, max_len, dims.head_dim)
+        store = E4M3 if fp8_kv else dtype
+        self.k = torch.zeros(shape, dtype=store, device=device)
+        self.v = torch.zeros(shape, dtype=store, device=device)
+        self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device) if fp8_kv else None
+        self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device) if fp8_kv else None
+
+    def rows(self, b: int) -> "StaticKVCache":
+        """The first b rows as a cache of their own (views; the kernels take strides, so no copy)."""
+        view = copy.copy(self)
+        view.batch = b
+        view.k, view.v = self.k[:, :b], self.v[:, :b]
+        if self.fp8:
+            view.k_scale, view.v_scale = self.k_scale[:, :b], self.v_scale[:, :b]
+        return view
+
+    def replicate_row0(self) -> None:
+        """Copy row 0 into every other row (a batch of one prompt without prefilling it again)."""
+        for t in (self.k, self.v, self.k_scale, self.v_scale):
+            if t is not None and self.batch > 1:
+                t[:, 1:].copy_(t[:, :1].expand_as(t[:, 1:]))
+
+    def bytes_per_token(self) -> int:
+        d = self.dims
+        per = d.kv_heads * d.head_dim * self.k.element_size() + (d.kv_heads * 4 if self.fp8 else 0)
+        return 2 * d.layers * per
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_per_token() * self.batch * self.max_len
+
+    def write(self, layer: int, rows, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [b, kv_heads, T, d] into rows `rows` (a slice) at positions start..start+T-1."""
+        T = k.shape[2]
+        for src, dst, sc in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            if self.fp8:
+                q, s = fp8.quantize_rows(src)
+                dst[layer, rows, :, start:start + T] = q
+                sc[layer, rows, :, start:start + T] = s[..., 0]
+            else:
+                dst[layer, rows, :, start:start + T] = src
+
+    def write_at(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [B, kv_heads, d]: row b at position pos[b]."""
+        b = torch.arange(k.shape[0], device=k.device)
+        for src, dst, sc in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+            if self.fp8:
+                q, s = fp8.quantize_rows(src)
+                # index_put has no float8 kernel on every backend; the bytes are what we store
+                dst[layer].view(torch.uint8)[b, :, pos] = q.view(torch.uint8)
+                sc[layer][b, :, pos] = s[..., 0]
+            else:
+                dst[layer][b, :, pos] = src
+
+    def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V [b, kv_heads, length, d] in the activation dtype (FP8KV.read's arithmetic)."""
+        k, v = self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
+        if not self.fp8:
+            return k, v
+        ks, vs = self.k_scale[layer, rows, :, :length, None], self.v_scale[layer, rows, :, :length, None]
+        return fp8.dequantize(k, ks, self.dtype), fp8.dequantize(v, vs, self.dtype)
+
+
+class FastLlama:
+    """Weights of a Llama model at one precision, with the torch-op forward passes."""
+
+    def __init__(self, dims: Dims, weights: dict, mode: str, rotary=None):
+        """weights: 'embed', 'norm', 'lm_head' and per layer i 'i.qkv', 'i.o', 'i.gu', 'i.down' (bf16, fused),
+        'i.ln1', 'i.ln2'. The bf16 tensors are used as given (not copied) where the precision keeps them."""
+        if mode not in MODES:
+            raise ValueError(f"Unknown mode {mode!r}; choose one of {MODES}.")
+        self.dims, self.mode = dims, mode
+        self.embed, self.norm, self.lm_head = weights["embed"], weights["norm"], weights["lm_head"]
+        self.device = self.embed.device
+        self.layers = []
+        for i in range(dims.layers):
+            self.layers.append(dict(
+                qkv=Lin(weights[f"{i}.qkv"], mode), o=Lin(weights[f"{i}.o"], mode), gu=Lin(weights[f"{i}.gu"], mode),
+                down=Lin(weights[f"{i}.down"], mode), ln1=weights[f"{i}.ln1"], ln2=weights[f"{i}.ln2"]))
+        self.lm = Lin(self.lm_head, "bf16")  # lm_head stays at the base dtype, as vLLM's online FP8 leaves it
+        self._inv_freq, self._attn_scaling = _rope_params(rotary, dims)
+        self._rope_len = 0
+        self.cos = self.sin = None
+
+    # ---- construction ----
+    @staticmethod
+    def fuse_hf_state_dict(sd: dict, dims: Dims, device, dtype=torch.bfloat16) -> dict:
+        """HF Llama parameter names -> this model's fused bf16 tensors on `device` (one tensor moved at a time)."""
+        def get(name):
+            return sd[name].to(device=device, dtype=dtype)
+
+        w = {"embed": get("model.embed_tokens.weight"), "norm": get("model.norm.weight")}
+        w["lm_head"] = w["embed"] if dims.tie_embeddings or "lm_head.weight" not in sd else get("lm_head.weight")
+        for i in range(dims.layers):
+            p = f"model.layers.{i}."
+            w[f"{i}.qkv"] = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            w[f"{i}.o"] = get(p + "self_attn.o_proj.weight")
+            w[f"{i}.gu"] = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+            w[f"{i}.down"] = get(p + "mlp.down_proj.weight")
+            w[f"{i}.ln1"] = get(p + "input_layernorm.weight")
+            w[f"{i}.ln2"] = get(p + "post_attention_layernorm.weight")
+        return w
+
+    @staticmethod
+    def random_weights(dims: Dims, device, seed: int = 0, dtype=torch.bfloat16) -> dict:
+        """Random weights N(0, 0.02) (TorchEngine's synthetic scale) generated on the device; norms at 1."""
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def rnd(*shape):
+            return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+        d = dims
+        w = {"embed": rnd(d.vocab, d.hidden), "norm": torch.ones(d.hidden, device=device, dtype=dtype)}
+        w["lm_head"] = w["embed"] if d.tie_embeddings else rnd(d.vocab, d.hidden)
+        for i in range(d.layers):
+            w[f"{i}.qkv"] = rnd(d.qkv_out, d.hidden)
+            w[f"{i}.o"] = rnd(d.hidden, d.heads * d.head_dim)
+            w[f"{i}.gu"] = rnd(2 * d.inter, d.hidden)
+            w[f"{i}.down"] = rnd(d.hidden, d.inter)
+            w[f"{i}.ln1"] = torch.ones(d.hidden, device=device, dtype=dtype)
+            w[f"{i}.ln2"] = torch.ones(d.hidden, device=device, dtype=dtype)
+        return w
+
+    @classmethod
+    def from_hf(cls, model, mode: str, device=None) -> "FastLlama":
+        dims = Dims.from_config(model.config)
+        device = device or next(model.parameters()).device
+        return cls(dims, cls.fuse_hf_state_dict(model.state_dict(), dims, device), mode, rotary=model.config)
+
+    # ---- sizes ----
+    def weight_bytes_by_dtype(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        seen = set()
+        tensors = [self.embed, self.norm, self.lm_head]
+        for L in self.layers:
+            tensors += [L["ln1"], L["ln2"]] + [t for n in ("qkv", "o", "gu", "down")
+                                              for t in (L[n].w, L[n].scale) if t is not None]
+        for t in tensors:
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            key = str(t.dtype).replace("torch.", "")
+            out[key] = out.get(key, 0) + t.numel() * t.element_size()
+        return out
+
+    def step_weight_bytes(self, batch: int) -> int:
+        """Weight bytes one decode step must read: every Linear, lm_head and norms; `batch` embedding rows."""
+        lin = sum(L[n].nbytes for L in self.layers for n in ("qkv", "o", "gu", "down"))
+        norms = sum(L["ln1"].numel() + L["ln2"].numel() for L in self.layers) * 2 + self.norm.numel() * 2
+        return lin + self.lm.nbytes + norms + batch * self.dims.hidden * self.embed.element_size()
+
+    # ---- RoPE tables ----
+    def rope_tables(self, length: int):
+        """cos/sin [length, head_dim/2] float32 holding bf16-rounded values, as HF's rotary embedding gives them."""
+        if self._rope_len < length:
+            n = max(length, 2 * self._rope_len, 256)
+            pos = torch.arange(n, dtype=torch.float32, device=self._inv_freq.device)
+            freqs = pos[:, None] * self._inv_freq[None, :]
+            self.cos = (freqs.cos() * self._attn_scaling).to(torch.bfloat16).float().to(self.device)
+            self.sin = (freqs.sin() * self._attn_scaling).to(torch.bfloat16).float().to(self.device)
+            self._rope_len = n
+        return self.cos, self.sin
+
+    def new_cache(self, batch: int, max_len: int, fp8_kv: bool) -> StaticKVCache:
+        return StaticKVCache(self.dims, batch, max_len, fp8_kv, self.device, self.embed.dtype)
+
+    # ---- torch-op forward passes ----
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: StaticKVCache, rows=slice(None), all_logits: bool = False):
+        """Prompt pass from position 0 for equal-length rows: tokens [b, T] -> logits [b, V] (last position) or
+        [b, T, V]. Fills cache rows `rows`; with an FP8 cache, attention reads the quantized K/V back, as the
+        eager FP8 cache does."""
+        d = self.dims
+        b, T = tokens.shape
+        cos, sin = self.rope_tables(T)
+        c, s = cos[:T][None, :, None, :], sin[:T][None, :, None, :]
+        g = d.heads // d.kv_heads
+        x = F.embedding(tokens, self.embed)
+        for i, L in enumerate(self.layers):
+            h = rmsnorm(x, L["ln1"], d.eps)
+            qkv = L["qkv"].ref(h).view(b, T, d.heads + 2 * d.kv_heads, d.head_dim)
+            q, k, v = qkv.split([d.heads, d.kv_heads, d.kv_heads], dim=2)
+            q, k = rope(q, c, s).transpose(1, 2), rope(k, c, s).transpose(1, 2)
+            v = v.transpose(1, 2)
+            cache.write(i, rows, 0, k, v)
+            if cache.fp8:
+                k, v = cache.read(i, rows, T)
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + L["o"].ref(a.transpose(1, 2).reshape(b, T, d.heads * d.head_dim))
+            h = rmsnorm(x, L["ln2"], d.eps)
+            gate, up = L["gu"].ref(h).chunk(2, dim=-1)
+            x = x + L["down"].ref(F.silu(gate) * up)
+        h = rmsnorm(x if all_logits else x[:, -1], self.norm, d.eps)
+        return self.lm.ref(h)
+
+    @torch.inference_mode()
+    def decode_ref(self, tokens: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """One decode step with torch ops: tokens [B] at positions pos [B] (row b attends to 0..pos[b]) -> logits."""
+        d = self.dims
+        B = tokens.shape[0]
+        cos, sin = self.rope_tables(int(pos.max()) + 1)
+        c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+        g = d.heads // d.kv_heads
+        mask = (torch.arange(cache.max_len, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
+        x = F.embedding(tokens, self.embed)
+        for i, L in enumerate(self.layers):
+            h = rmsnorm(x, L["ln1"], d.eps)
+            qkv = L["qkv"].ref(h).view(B, d.heads + 2 * d.kv_heads, d.head_dim)
+            q, k, v = qkv.split([d.heads, d.kv_heads, d.kv_heads], dim=1)
+            q, k = rope(q, c, s), rope(k, c, s)
+            cache.write_at(i, pos, k, v)
+            kc, vc = cache.read(i, slice(None), cache.max_len)
+            a = F.scaled_dot_product_attention(q[:, :, None, :], kc.repeat_interleave(g, dim=1),
+                                               vc.repeat_interleave(g, dim=1), attn_mask=mask)
+            x = x + L["o"].ref(a.reshape(B, d.heads * d.head_dim))
+            h = rmsnorm(x, L["ln2"], d.eps)
+            gate, up = L["gu"].ref(h).chunk(2, dim=-1)
+            x = x + L["down"].ref(F.silu(gate) * up)
+        return self.lm.ref(rmsnorm(x, self.norm, d.eps))
+
+
+def _rope_params(rotary_config, dims: Dims):
+    """inv_freq and attention scaling from HF's own rotary embedding (so every rope_type it knows is honoured)."""
+    if rotary_config is None:  # plain RoPE, theta 500000 (the synthetic Llama-3 shapes)
+        inv = 1.0 / (500000.0 ** (torch.arange(0, dims.head_dim, 2, dtype=torch.float32) / dims.head_dim))
+        return inv, 1.0
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rot = LlamaRotaryEmbedding(rotary_config)
+    return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
+
+
+class DecodeGraph:
+    """One decode step over a static cache, built from the Triton kernels and captured in a CUDA graph.
+
+    Static inputs: `tokens` [B] and `pos` [B] (position of each row's token). A replay writes the token into the
+    cache, computes logprobs, picks the greedy next token and advances `tokens` and `pos` in place, so replays can
+    run back to back with no host work; to sample instead, overwrite `tokens` after a replay.
+    """
+
+    def __init__(self, model: FastLlama, cache: StaticKVCache, top_k: int = 0, use_graph: bool = True):
+        from core.engines.fast import kernels as K
+
+        self.model, self.cache, self.top_k = model, cache, top_k
+        d, B, dev = model.dims, cache.batch, model.device
+        self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(B, dtype=torch.long, device=dev)
+        self.cos, self.sin = model.rope_tables(cache.max_len)  # held so a later, longer table cannot free them
+        bf = model.embed.dtype
+        self.h = torch.empty(B, d.hidden, dtype=bf, device=dev)
+        self.delta = torch.empty(B, d.hidden, dtype=bf, device=dev)
+        self.qkv = torch.empty(B, d.qkv_out, dtype=bf, device=dev)
+        self.q = torch.empty(B, d.heads, d.head_dim, dtype=bf, device=dev)
+        self.attn = torch.empty(B, d.heads * d.head_dim, dtype=bf, device=dev)
+        self.gu = torch.empty(B, 2 * d.inter, dtype=bf, device=dev)
+        self.act = torch.empty(B, d.inter, dtype=bf, device=dev)
+        self.logits = torch.empty(B, d.vocab, dtype=bf, device=dev)
+        w8a8 = model.mode == "fp8"
+        self.xs = torch.empty(B, dtype=torch.float32, device=dev) if w8a8 else None
+        if w8a8:  # E4M3 copies of the linears' inputs, written by the kernels that produce them
+            self.hq = torch.empty(B, d.hidden, dtype=E4M3, device=dev)
+            self.attnq = torch.empty(B, d.heads * d.head_dim, dtype=E4M3, device=dev)
+            self.actq = torch.empty(B, d.inter, dtype=E4M3, device=dev)
+        self.ws = K.AttnWorkspace(B, d.heads, d.kv_heads, d.head_dim, cache.max_len, dev)
+        self.sm_scale = 1.0 / math.sqrt(d.head_dim)
+        self.graph = None
+        self.out = None
+        if use_graph:
+            self._capture()
+
+    def _body(self):
+        from core.engines.fast import kernels as K
+
+        m, d, c = self.model, self.model.dims, self.cache
+        xs = self.xs
+        x = F.embedding(self.tokens, m.embed)
+        delta = None
+        w8a8 = xs is not None
+        for i, L in enumerate(m.layers):
+            K.add_rmsnorm(x, delta, L["ln1"], d.eps, self.h, xs, self.hq if w8a8 else None)
+            L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv)
+            ks, vs = (c.k_scale[i], c.v_scale[i]) if c.fp8 else (None, None)
+            K.rope_store(self.qkv, self.pos, self.cos, self.sin, self.q, c.k[i], c.v[i], ks, vs,
+                         d.heads, d.kv_heads, d.head_dim)
+            K.decode_attention(self.q, c.k[i], c.v[i], ks, vs, self.pos, self.attn, self.ws,
+                               d.heads, d.kv_heads, d.head_dim, self.sm_scale)
+            if w8a8:
+                K.row_quant(self.attn, xs, self.attnq)
+            L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta)
+            delta = self.delta
+            K.add_rmsnorm(x, delta, L["ln2"], d.eps, self.h, xs, self.hq if w8a8 else None)
+            L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu)
+            if w8a8:
+                # the row amax of SiLU(gate) * up must be known before the down projection's input is quantized
+                K.silu_mul(self.gu, self.act, xs, self.actq)
+                L["down"].fast(self.actq, xs, self.delta)
+            elif self.cache.batch == 1:
+                # one row: the down projection computes SiLU(gate) * up as it loads it (one launch fewer)
+                L["down"].fast(self.gu, None, self.delta, silu_x=True)
+            else:
+                # several rows: a computed (not loaded) dot operand stalls the tensor-core pipeline; measured
+                # ~3x slower on the H200 at batch 8, so the activation gets its own kernel
+                K.silu_mul(self.gu, self.act)
+                L["down"].fast(self.act, None, self.delta)
+        K.add_rmsnorm(x, delta, m.norm, d.eps, self.h)
+        m.lm.fast(self.h, None, self.logits)
+        lp = torch.log_softmax(self.logits.float(), dim=-1)
+        nxt = lp.argmax(dim=-1)
+        chosen = lp.gather(1, nxt[:, None])[:, 0]
+        top = lp.topk(self.top_k, dim=-1) if self.top_k else None
+        self.tokens.copy_(nxt)
+        self.pos.add_(1)
+        return dict(logprobs=lp, next=nxt, chosen=chosen, top_values=top.values if top else None,
+                    top_ids=top.indices if top else None)
+
+    @torch.inference_mode()
+    def _capture(self):
+        # Warm up (Triton compiles, cuBLAS picks kernels) at the last cache slots: any slot past a row's length is
+        # written before it is read, so this scribbling never reaches a later step.
+        self.pos.fill_(self.cache.max_len - 3)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._body()
+
+    @torch.inference_mode()
+    def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:
+        self.tokens.copy_(tokens)
+        self.pos.copy_(pos)
+
+    @torch.inference_mode()
+    def step(self) -> dict:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        return self._body()

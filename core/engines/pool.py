@@ -1,0 +1,58 @@
+"""Loaded engines shared by every browser session of the process: keyed by Setup (model, precision, KV dtype, engine),
+one load at a time, at most KEEP loaded (the least recently used is unloaded first).
+
+Pure Python: the pages hold one EnginePool for the process (views/common/session.py), so eight browser tabs on the
+same setup share one copy of the weights; each engine serializes its own generations.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from core.models import ModelSpec
+from core.precision import KVDtype, Precision
+
+KEEP = 3  # reference + candidate for a comparison, plus one more
+
+
+@dataclass(frozen=True)
+class Setup:
+    spec: ModelSpec
+    precision: Precision
+    kv_dtype: KVDtype = KVDtype.AUTO
+    engine: str = "torch"
+
+    @property
+    def label(self) -> str:
+        kv = "" if self.kv_dtype is KVDtype.AUTO else ", FP8 KV cache"
+        return f"{self.spec.label} at {self.precision.label}{kv} ({self.engine})"
+
+
+DEFAULT_SETUP = Setup(ModelSpec("embedded"), Precision.BF16)
+
+
+class EnginePool:
+    def __init__(self, keep: int = KEEP):
+        self.keep = keep
+        self._engines: OrderedDict[Setup, object] = OrderedDict()  # oldest first
+        self._lock = threading.Lock()
+
+    def load(self, setup: Setup, progress=None):
+        """The engine for `setup`, loaded now unless it is already; it becomes the most recently used. Raises on
+        failure, leaving the pool as it was."""
+        with self._lock:  # a second session asking for the same model waits here, then reuses it
+            engine = self._engines.get(setup)
+            if engine is None:
+                from core.engines.factory import build_engine
+
+                engine = build_engine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
+                self._engines[setup] = engine
+                while len(self._engines) > self.keep:
+                    self._engines.popitem(last=False)[1].unload()
+            self._engines.move_to_end(setup)
+        return engine
+
+    def get(self, setup: Setup):
+        """The loaded engine for `setup`, or None (never loads)."""
+        return self._engines.get(setup)

@@ -1,0 +1,84 @@
+"""Formatting for display: the one home of byte sizes, durations, telemetry fields and Markdown escaping, so every
+page, report and CLI line writes a unit the same way."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
+_BINARY_UNITS = (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
+
+
+def fmt_bytes(n: float | None, largest: str = "TiB") -> str:
+    """Binary units, as GPU memory is quoted in tools: "1.50 GiB", "512 B"; `largest` caps the unit."""
+    if n is None:
+        return "N/A"
+    units = _BINARY_UNITS[[u for u, _ in _BINARY_UNITS].index(largest):]
+    for unit, size in units:
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def fmt_cache_bytes(n: float | None) -> str:
+    """KV cache sizes stay in GiB however large, so they compare at a glance with a GPU's memory."""
+    return fmt_bytes(n, largest="GiB")
+
+
+def fmt_s(s: float | None) -> str:
+    if s is None:
+        return "N/A"
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+# --- telemetry fields: the unit is in the key's suffix, so one function formats every field -----------------------
+
+def fmt_field(key: str, value: Any) -> str:
+    """Human text for a value, by the unit named in its key. None -> "N/A" (the caller shows the reason)."""
+    if value is None:
+        return "N/A"
+    if isinstance(value, str):
+        return value or "none"
+    if key.endswith("_pct"):
+        return f"{value:.0f}%"
+    if key.endswith("_bytes_s"):
+        return fmt_rate(value)
+    if key.endswith("_bytes"):
+        return f"{value / GIB:.1f} GiB"  # one decimal, always GiB: these sit in narrow metric columns
+    if key.endswith("_w"):
+        return f"{value:.0f} W"
+    if key.endswith("_mhz"):
+        return f"{value:.0f} MHz"
+    if key.endswith("_c"):
+        return f"{value:.0f} °C"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def fmt_rate(bytes_s: float) -> str:
+    # Three significant digits at most: these sit in narrow metric columns.
+    unit, scale = next(((u, k) for u, k in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)) if bytes_s >= k),
+                       ("B/s", 1.0))
+    x = bytes_s / scale
+    return f"{x:.1f} {unit}" if x < 10 and scale > 1 else f"{x:.0f} {unit}"
+
+
+# --- Markdown -----------------------------------------------------------------------------------------------------
+
+_MD_SPECIAL = re.compile(r"([\\*_\[\]()#<>!|{}~$])")  # $ too: Streamlit's markdown renders $...$ as LaTeX
+_MD_ALL = re.compile(r"([\\`*_{}\[\]()#+\-.!<>|~$:])")
+
+
+def markdown_safe(text: Any) -> str:
+    """Text for Markdown with its special characters escaped, except inside `code spans` (kept as code).
+    Verdicts quote launch commands and URLs from outside; they must not turn into links, images or tables."""
+    parts = re.split(r"(`[^`\n]+`)", str(text))
+    return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else _MD_SPECIAL.sub(r"\\\1", p)
+                   for p in parts)
+
+
+def markdown_literal(text: Any) -> str:
+    """Text shown exactly as written: every Markdown character escaped, backticks too (for text from a server or a
+    model, where a code span is no more trusted than a link). `:` too: Streamlit turns :name: into an icon."""
+    return _MD_ALL.sub(r"\\\1", str(text))

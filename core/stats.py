@@ -1,0 +1,58 @@
+"""Small statistics, pure Python (the checks run where numpy may be absent): the one home of percentiles, means and
+regression lines."""
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    slope: float  # units of y per unit of x
+    intercept: float
+    r2: float  # share of the variance the line explains: 1.0 is a perfectly steady trend, ~0 is noise
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def linear_fit(points: list[tuple[float, float]]) -> LinearFit:
+    """Least-squares line through (x, y) points. Needs two distinct x; a flat y gives r2 = 0 (no trend to explain)."""
+    n = len(points)
+    if n < 2:
+        raise ValueError("a line needs at least two points")
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        raise ValueError("a line needs points at two different times")
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    syy = sum((y - my) ** 2 for _, y in points)
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return LinearFit(slope, my - slope * mx, r2)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 1]; None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    rank = (len(v) - 1) * q
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return v[lo] + (v[hi] - v[lo]) * (rank - lo)
+
+
+def nearest_rank_percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90 and p99 by nearest rank on the sorted samples: with a handful of requests, no interpolation pretends
+    to more precision than the samples hold."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    v = sorted(values)
+    pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
+    return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}

@@ -1,0 +1,77 @@
+"""`python -m diagnostics run`: the three-minute checklist from the command line. Exit 0 whenever it ran."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from core.precision import Precision
+from diagnostics.findings import Status
+from diagnostics.runner import DEFAULT_S, MAX_S
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="sample GPU, host and vLLM for a window and run the diagnostic checklist",
+        description="Samples GPU (NVML/GPM), host memory (psutil) and optionally a vLLM server's /metrics for a "
+                    "window, then runs every check. Exit status 0 whenever the checklist ran, whatever it found; "
+                    "Ctrl-C ends the window early and still runs the checks.")
+    p.add_argument("--duration", type=float, default=DEFAULT_S, metavar="S",
+                   help=f"window in seconds (default {DEFAULT_S:g}, at most {MAX_S:g})")
+    p.add_argument("--vllm-url", metavar="URL", help="vLLM server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--launch-cmd", metavar="CMD", help='the server\'s launch command, e.g. "vllm serve MODEL ..."')
+    p.add_argument("--precision", choices=[x.value for x in Precision],
+                   help="the precision you asked for, when the launch command does not say")
+    p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D")
+    p.set_defaults(func=main)
+
+
+def _print_text(result) -> None:
+    from diagnostics.report import summary_line
+
+    print(summary_line(result))
+    for f in result.findings:
+        print(f"{f.status.value:5} {f.check_id:20} {f.verdict}")
+        if f.remedy and f.status in (Status.FAIL, Status.WARN, Status.ERROR):
+            print(f"{'':26} -> {f.remedy}")
+
+
+def main(args: argparse.Namespace) -> int:
+    from core import store
+    from diagnostics import report, runner
+
+    cancel = threading.Event()
+    # First Ctrl-C ends the window early (the checks still run); a second one stops the program.
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        cancel.set()
+        signal.signal(signal.SIGINT, previous)
+        print("\nStopping the window early; running the checks on what was sampled...", file=sys.stderr)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    last = [-1]
+
+    def progress(fraction: float, message: str) -> None:
+        step = int(fraction * 10)
+        if step != last[0]:  # a line per 10%, on stderr so --json output stays clean
+            last[0] = step
+            print(f"[{fraction:4.0%}] {message}", file=sys.stderr)
+
+    try:
+        result = runner.run(args.duration, vllm_url=args.vllm_url, launch_cmd=args.launch_cmd,
+                            requested_precision=args.precision, progress=progress, cancel=cancel)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    store.record("checklist", report.history_title(result.inputs, args.duration), result.to_dict(),
+                 report.history_summary(result))
+    if args.report_dir:
+        for ext, path in report.write_all(result, args.report_dir).items():
+            print(f"wrote {ext}: {path}", file=sys.stderr)
+    if args.json:
+        print(report.to_json(result))
+    else:
+        _print_text(result)
+    return 0

@@ -1,0 +1,104 @@
+"""Streamlit glue shared by every page: per-user state in one place, and the process's engine pool.
+
+The pool (core/engines/pool.py) is held by st.cache_resource, so every browser session shares it. Loading happens
+outside any cached function so its progress bar can update the page.
+"""
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from core.engines.pool import EnginePool, Setup
+from core.errors import InputError
+from core.precision import Precision
+from core.throttle import throttled
+
+DEFAULTS = {"setup": None}  # the Setup this browser session has loaded, or None
+
+
+def init() -> None:
+    for key, value in DEFAULTS.items():
+        st.session_state.setdefault(key, value)
+
+
+@st.cache_resource(show_spinner=False)
+def _pool() -> EnginePool:
+    """Process-wide: one engine pool for every browser session (core/engines/pool.py)."""
+    return EnginePool()
+
+
+def load(setup: Setup, progress=None):
+    """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
+    the previous setup current and loaded."""
+    engine = _pool().load(setup, progress)
+    st.session_state["setup"] = setup
+    return engine
+
+
+def current():
+    """(setup, engine) of this session, or (None, None) when nothing is loaded yet."""
+    setup = st.session_state.get("setup")
+    if setup is None:
+        return None, None
+    engine = _pool().get(setup)
+    return setup, engine if engine is not None else load(setup)
+
+
+def sidebar_status(box) -> None:
+    """The loaded model's line in the sidebar placeholder `box`."""
+    setup = st.session_state.get("setup")
+    box.caption(f"Loaded: {setup.label}" if setup else "No model loaded yet: open the Model page.")
+
+
+@st.cache_resource(show_spinner=False)
+def device():
+    """Where the torch engine would run (CPU, or the first CUDA GPU with its compute capability)."""
+    from core.engines.torch_engine import current_device
+
+    return current_device()
+
+
+# The Model page's prompt box takes any paste (a browser-side max_chars would drop a longer paste without a word);
+# this bound refuses it with a message before tokenizing megabytes.
+PROMPT_MAX_CHARS = 200_000
+
+
+def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text):
+    """Generate for one prompt, calling on_text with the text so far a few times a second and with the whole text at
+    the end."""
+    from core.engines.base import GenerationParams
+
+    if len(prompt) > PROMPT_MAX_CHARS:
+        raise InputError(f"The prompt is {len(prompt):,} characters; this box runs at most {PROMPT_MAX_CHARS:,}. "
+                         "For a long document use the Long context page: it counts the tokens and truncates to fit.")
+    params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    show = throttled(on_text)  # a page update per token would slow the decode it times
+    gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
+    on_text(gen.text)
+    return gen
+
+
+def non_finite_warning(gen, setup: Setup) -> str | None:
+    """What to tell the user when a generation's log-probabilities were NaN: the forward pass overflowed and the
+    tokens picked from it (argmax of NaN: token 0, the pad token) mean nothing."""
+    n = sum(1 for lp in gen.logprobs if math.isnan(lp))
+    if not n:
+        return None
+    why = ("FP16 tops out at 65504 and Gemma 3's activations go past it (vLLM refuses float16 for Gemma 3 too)"
+           if setup.precision is Precision.FP16 else "The activations left this precision's range")
+    return (f"{n} of {len(gen.logprobs)} generated tokens came from NaN log-probabilities: the forward pass "
+            f"overflowed at {setup.precision.label}, so this output means nothing. {why}. Use BF16 or FP32.")
+
+
+def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
+    """Save one Model page generation to history; None when history could not be written (the user keeps the
+    result)."""
+    from core import store
+
+    timing = gen.timing_summary()
+    payload = {"setup": setup.label, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
+               "text": gen.text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
+               "token_times_s": gen.token_times, "timing": timing}
+    summary = {"setup": setup.label, "precision": setup.precision.value, "kv_dtype": setup.kv_dtype.value, **timing}
+    return store.record("generate", prompt, payload, summary)
