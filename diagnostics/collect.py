@@ -145,7 +145,14 @@ class WindowCollector:
                 if info.lost:
                     reason = info.lost_reason
                 cc = _major_minor(info.compute_capability)
-                gpus.append(GpuWindow(info.index, info.name, cc, util, bw, reason))
+                total = next((r.get(p + "mem_total_bytes") for r in reversed(rows) if r.get(p + "mem_total_bytes")),
+                             None)
+                procs = self.sampler.latest().tables.get(p + "processes") or []
+                gpus.append(GpuWindow(info.index, info.name, cc, util, bw, reason,
+                                      mem_total_bytes=int(total) if total else None,
+                                      throttle_reasons=tuple(r.get(p + "throttle_reasons") for r in rows),
+                                      processes=tuple((x["pid"], x["name"]) for x in procs),
+                                      lost=info.lost_reason if info.lost else ""))
         host = series("host.mem_available_bytes", "MemAvailable", "bytes", "psutil (/proc/meminfo MemAvailable)")
         total = next((r.get("host.mem_total_bytes") for r in reversed(rows) if r.get("host.mem_total_bytes")), None)
         host_av = self.sampler.availability("host")

@@ -43,6 +43,10 @@ class GpuWindow:
     util_pct: Series | None = None  # NVML utilization.gpu: share of time any kernel ran
     dram_bw_util_pct: Series | None = None  # NVML GPM DRAM_BW_UTIL; None where GPM is unsupported (pre-Hopper)
     dram_bw_reason: str = ""  # why dram_bw_util_pct is None
+    mem_total_bytes: int | None = None
+    throttle_reasons: tuple[str | None, ...] = ()  # NVML clock-event reasons per reading ("SW power cap, HW thermal")
+    processes: tuple[tuple[int, str], ...] = ()  # (PID, name) of the compute processes at the window's end
+    lost: str = ""  # why the GPU stopped answering, if it did
 
     @property
     def label(self) -> str:

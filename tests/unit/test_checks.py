@@ -23,7 +23,8 @@ NO_STATS = parse_metrics((FIXTURES / "vllm-0.32-cpu-metrics-disable-log-stats.tx
 GIB, MIB = 1024**3, 1024**2
 URL = "http://127.0.0.1:8000"
 
-EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "host.mem_leak", "vllm.reachable", "vllm.metrics_off",
+EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "gpu.imbalance", "gpu.throttled", "gpu.foreign_process",
+                "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off",
                 "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
 
 
