@@ -10,7 +10,7 @@ import math
 import streamlit as st
 
 from core.engines.pool import EnginePool, Setup
-from core.errors import InputError
+from core.errors import EngineError, InputError
 from core.precision import Precision
 from core.throttle import throttled
 
@@ -74,7 +74,14 @@ def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float
                          "For a long document use the Long context page: it counts the tokens and truncates to fit.")
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
     show = throttled(on_text)  # a page update per token would slow the decode it times
-    gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
+    try:
+        gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
+    except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError; other ones are bugs
+        if not isinstance(exc, MemoryError) and "out of memory" not in str(exc).lower():
+            raise
+        what = (str(exc) or type(exc).__name__).splitlines()[0][:200]
+        raise EngineError(f"Out of memory while generating ({what}). Ask for fewer new "
+                          "tokens or a shorter prompt, unload other models, or load a smaller precision.") from exc
     on_text(gen.text)
     return gen
 
