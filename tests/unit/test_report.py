@@ -90,8 +90,8 @@ def test_json_round_trips_with_series_and_ids():
 
 
 def test_write_all(tmp_path):
-    paths = report.write_all(hostile_result(), str(tmp_path / "out"))
-    assert set(paths) == {"md", "json", "html"}
+    paths, not_written = report.write_all(hostile_result(), str(tmp_path / "out"))
+    assert set(paths) == {"md", "json", "html"} and not_written == {}
     for p in paths.values():
         assert open(p, encoding="utf-8").read()
 
@@ -115,3 +115,29 @@ def test_markdown_escapes_only_what_markdown_needs():
     assert "[click](javascript:alert(1))" in hostile
     # "#" makes a heading only at the start of a line
     assert report.markdown_safe("# not a heading\n  #2 nor this") == "\\# not a heading\n  \\#2 nor this"
+
+
+def test_run_without_plotly_writes_markdown_and_json_and_names_the_html(tmp_path):
+    # A host without plotly: the checklist still runs, writes what it can, says what it could not, and exits 0.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['plotly'] = None  # import plotly fails\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(root)]),
+           "TRIAGE_DB": str(tmp_path / "history.sqlite")}
+    probe = subprocess.run([sys.executable, "-c", "import plotly"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0  # the shim works: plotly cannot be imported
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--duration", "1", "--report-dir", str(out),
+                           "--json"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["findings"]
+    written = sorted(p.suffix for p in out.iterdir())
+    assert written == [".json", ".md"]
+    assert "not written html: the HTML report needs plotly" in proc.stderr and "pip install plotly" in proc.stderr
+    assert "No module named" not in proc.stderr and "error:" not in proc.stderr
