@@ -2,6 +2,7 @@
 
     python -m bench.fp8_speed                       # Llama-3-8B shape, random weights, on one CUDA GPU
     python -m bench.fp8_speed --json core/data/fp8_speed_h200.json --out $OUT
+    python -m bench.fp8_speed --tuned core/engines/fast/tuned_h200.json   # skip tuning: the shipped H200 table
 
 For bf16, fp8 W8A8 and fp8 weight-only, each with the auto (bf16) and the FP8 KV cache, at batch 1, 8, 64 and
 prompt 512 and 32K: ms per decode step (CUDA-graph replays back to back, timed with events), tokens/s
@@ -29,6 +30,7 @@ import torch
 from core.engines.fast import kernels as K
 from core.engines.fast import tune
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
 
 PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only"}
@@ -125,7 +127,8 @@ def main() -> None:
     ap.add_argument("--kv", default="auto,fp8")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--no-tune", action="store_true", help="use kernels.default_config instead of timing candidates")
-    ap.add_argument("--tuned", help="a tuned-config JSON written by an earlier run (skips tuning)")
+    ap.add_argument("--tuned", help="a tuning table (skips tuning): the shipped "
+                    "core/engines/fast/tuned_h200.json, or tuned_linears.json / the result JSON of an earlier run")
     ap.add_argument("--json", help="write the results here (core/data/fp8_speed_h200.json)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
     args = ap.parse_args()
@@ -152,8 +155,7 @@ def main() -> None:
     master = FastLlama.random_weights(dims, "cuda", seed=0)
     tuned_rows = []
     if args.tuned:
-        for r in json.loads(Path(args.tuned).read_text()):
-            K.TUNED[tuple(r["key"])] = r["cfg"]
+        K.TUNED.update(read_tuned_table(args.tuned))
     elif not args.no_tune:
         t0 = time.perf_counter()
         tuned_rows = tune.tune_model(dims, precisions, batches, log=log)

@@ -66,7 +66,11 @@ def fmt_rate(bytes_s: float) -> str:
 
 # --- Markdown -----------------------------------------------------------------------------------------------------
 
-_MD_SPECIAL = re.compile(r"([\\*_\[\]()#<>!|{}~$])")  # $ too: Streamlit's markdown renders $...$ as LaTeX
+# Only what changes the rendering: emphasis (* _ ~), links and images ([ ] -- without them "(" and "!" are plain
+# text), raw HTML and autolinks (< >), table cells (|), backslash escapes (\), and $ for Streamlit's $...$ LaTeX.
+# A "#" turns into a heading only at the start of a line; it is escaped there alone.
+_MD_SPECIAL = re.compile(r"([\\*_\[\]<>|~$])")
+_MD_HEADING = re.compile(r"^([ ]{0,3})#", re.MULTILINE)
 _MD_ALL = re.compile(r"([\\`*_{}\[\]()#+\-.!<>|~$:])")
 
 
@@ -74,8 +78,8 @@ def markdown_safe(text: Any) -> str:
     """Text for Markdown with its special characters escaped, except inside `code spans` (kept as code).
     Verdicts quote launch commands and URLs from outside; they must not turn into links, images or tables."""
     parts = re.split(r"(`[^`\n]+`)", str(text))
-    return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1 else _MD_SPECIAL.sub(r"\\\1", p)
-                   for p in parts)
+    return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1
+                   else _MD_HEADING.sub(r"\1\\#", _MD_SPECIAL.sub(r"\\\1", p)) for p in parts)
 
 
 def markdown_literal(text: Any) -> str:

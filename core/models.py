@@ -104,7 +104,7 @@ def cache_dir() -> Path:
 def embedded_model_dir(progress: ProgressFn | None = None) -> Path:
     """The converted embedded model directory, converting and verifying it on first use (about 90 s on 2 cores)."""
     target = cache_dir() / "gemma-3-270m"
-    if (target / "verified.json").is_file():
+    if embedded_converted_dir() is not None:
         return target
     progress = progress or (lambda f, m: None)
     with open(cache_dir() / "gemma-3-270m.lock", "w") as lock:
@@ -112,6 +112,12 @@ def embedded_model_dir(progress: ProgressFn | None = None) -> Path:
         if not (target / "verified.json").is_file():
             _convert_embedded(target, progress)
     return target
+
+
+def embedded_converted_dir() -> Path | None:
+    """The embedded model's directory if setup (or a first load) has converted it, else None: never converts."""
+    target = cache_dir() / "gemma-3-270m"
+    return target if (target / "verified.json").is_file() else None
 
 
 def _convert_embedded(target: Path, progress: ProgressFn) -> None:

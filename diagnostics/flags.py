@@ -6,7 +6,8 @@ has vLLM and its option strings are dumped to JSON. Where no such Python exists,
 version kept in diagnostics/data/ is used, and the result says so.
 
 Flags that vLLM never had but articles claim (the seed's --fp8-w8a16 and friends) are answered with the real way to
-get the intended effect; removed flags with what replaced them; the rest with the nearest real flag (difflib).
+get the intended effect; removed flags with what replaced them; a typo with the real flag it is spelled close to
+(difflib, above a similarity floor); anything else plainly as a flag vLLM does not have.
 """
 from __future__ import annotations
 
@@ -50,9 +51,13 @@ FICTIONS: dict[str, tuple[str, str]] = {
     "--max-num-prompt-tokens": ("--max-num-batched-tokens", "vLLM has no such flag (the 'page table overflow' it "
                                 "is said to fix does not exist). Bound the context with `--max-model-len` and the "
                                 "batch with `--max-num-batched-tokens` / `--max-num-seqs`."),
+    # Other servers' names for what vLLM calls differently: spelled too far from vLLM's flag for a typo match.
+    "--max-batch-size": ("--max-num-seqs", "vLLM has no such flag (other servers do): the number of sequences "
+                         "scheduled together is `--max-num-seqs`, the tokens per step `--max-num-batched-tokens`."),
+    "--fp8-kv-cache": ("--kv-cache-dtype", "vLLM has no such flag: an FP8 KV cache is `--kv-cache-dtype fp8`."),
 }
 # Fictional flags that take no value (so the token after them is not swallowed as their value).
-FICTION_SWITCHES = {"--fp8-w8a16", "--quant-aware", "--fp8-use-matrix", "--attention-reduction"}
+FICTION_SWITCHES = {"--fp8-w8a16", "--quant-aware", "--fp8-use-matrix", "--attention-reduction", "--fp8-kv-cache"}
 FICTION_HEADER = "X-VLLM-QUANTIZATION"
 FICTION_HEADER_TEXT = (
     "vLLM has no per-request precision switch: the X-VLLM-QUANTIZATION header is ignored and a server runs one "
@@ -316,8 +321,33 @@ def _normalise(name: str) -> str:
 
 
 def nearest(name: str, candidates: list[str]) -> str | None:
+    """The closest of a short list of values (an option's choices), if any is roughly alike."""
     found = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+# A flag is offered as "did you mean" only when its spelling is this close (difflib ratio, 0..1) to what was typed,
+# compared without the leading dashes and switch words: "--enable-" alone made --enable-fp8-kv-offload look like
+# --enable-lora (0.67 whole), while real typos (--gpu-memory-utilizaton, --max-model-length, --enable-prefix-cache,
+# --tensor-parallel) score 0.85 and up.
+FLAG_SIMILARITY_FLOOR = 0.8
+_SWITCH_WORDS = re.compile(r"^(?:no-)?(?:enable-|disable-)?")
+
+
+def _flag_stem(flag: str) -> str:
+    return _SWITCH_WORDS.sub("", flag.lstrip("-"))
+
+
+def nearest_flag(name: str, flags: list[str]) -> str | None:
+    """The real flag `name` is a misspelling of, or None when no flag is spelled close enough to it."""
+    def ratio(a: str, b: str) -> float:
+        return difflib.SequenceMatcher(None, a, b).ratio()
+
+    stem = _flag_stem(name)
+    # Stems first; the whole name breaks ties (--enable-x over --no-enable-x for "--enable-y").
+    scored = [(ratio(stem, _flag_stem(f)), ratio(name, f), f) for f in flags]
+    best = max(scored, default=None)
+    return best[2] if best and best[0] >= FLAG_SIMILARITY_FLOOR else None
 
 
 def lint_command(command: str | list[str], table: FlagTable | None = None) -> LintResult:
@@ -415,8 +445,10 @@ def lint_command(command: str | list[str], table: FlagTable | None = None) -> Li
             issues.append(FlagIssue(raw, "removed", f"{raw} is not in vLLM {table.vllm_version}: it {REMOVED[name]}",
                                     real_way=REMOVED[name]))
         else:
-            close = nearest(name, long_flags)
-            hint = f" Did you mean {close}?" if close else ""
+            close = nearest_flag(name, long_flags)
+            hint = (f" Did you mean {close}?" if close else
+                    " vLLM has no such flag, and none is spelled close to it: remove it, or look up the setting you "
+                    "want in `vllm serve --help`.")
             issues.append(FlagIssue(raw, "unknown", f"{raw} is not a flag of vLLM {table.vllm_version}.{hint}",
                                     suggestion=close))
     # vllm serve takes one positional (the model); more make argparse stop with "unrecognized arguments".

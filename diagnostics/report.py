@@ -201,16 +201,23 @@ def to_html(result: RunResult) -> str:
 """
 
 
-def write_all(result: RunResult, directory: str) -> dict[str, str]:
-    """Write report.{md,json,html} under `directory` (created); returns format -> path."""
+def write_all(result: RunResult, directory: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Write report.{md,json,html} under `directory` (created); returns (format -> path, format -> why it was not
+    written). A format whose optional package is missing (HTML needs plotly) is named, never the run's loss."""
     from pathlib import Path
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     stamp = result.started_at.replace(":", "").replace("-", "")[:15]
-    paths = {}
+    paths, not_written = {}, {}
     for ext, render in (("md", to_markdown), ("json", to_json), ("html", to_html)):
+        try:
+            text = render(result)
+        except ModuleNotFoundError as exc:
+            not_written[ext] = (f"the {ext.upper()} report needs {exc.name}, which is not installed here "
+                                f"(pip install {exc.name})")
+            continue
         p = d / f"diagnostics-{stamp}.{ext}"
-        p.write_text(render(result), encoding="utf-8")
+        p.write_text(text, encoding="utf-8")
         paths[ext] = str(p)
-    return paths
+    return paths, not_written

@@ -3,6 +3,8 @@ prefill and decode on the loaded model. Cancel works through Streamlit itself: t
 stops the running one at its next progress update (a few a second); results finished before it stay on the page and
 in the history (views/common/runs.py, core/long_context/history.py).
 """
+from pathlib import Path
+
 import streamlit as st
 
 from core import speedup, textfile
@@ -12,7 +14,7 @@ from core.long_context import charts as lc
 from core.long_context import document as longdoc
 from core.long_context import kvcache as kv
 from core.long_context import runs as longrun
-from core.models import ModelSpec
+from core.models import ModelSpec, embedded_converted_dir
 from core.precision import Precision
 from views.common import runs as ui
 from views.common import session
@@ -22,9 +24,22 @@ st.title("Long context")
 st.caption("Does a long input fit, how much KV cache does it need, how long until the first token, how fast after, "
            "and is a fact in the middle still used? Times are measured here, on this machine.")
 
+
+@st.cache_resource(show_spinner="Reading the embedded model's tokenizer")
+def embedded_tokenizer_only(model_dir: str):
+    return longdoc.embedded_tokenizer_only(Path(model_dir))
+
+
 setup, engine = session.current()
+# The document's statistics and the KV calculator need a tokenizer and a config, not weights: without a loaded model
+# they use the embedded model's, read from disk; only the timed runs wait for a load.
+text_model = engine
 if engine is None:
-    st.info("No model is loaded in this session; token counts and runs need one.")
+    model_dir = embedded_converted_dir()
+    text_model = embedded_tokenizer_only(str(model_dir)) if model_dir else None
+    st.info("No model is loaded in this session. "
+            + ("Token counts and the KV cache calculator use the embedded model's tokenizer and config; timed runs "
+               "need a loaded model." if text_model else "Token counts and runs need one."))
     if st.button("Load the embedded model (Gemma 3 270M) at BF16", type="primary"):
         bar = st.progress(0.0, "Loading")
         try:
@@ -33,12 +48,17 @@ if engine is None:
             st.error(f"Loading failed: {exc}")
         else:
             st.rerun()
-    st.stop()
-st.caption(f"Model: {setup.label}; {engine.max_positions or 'unknown'} positions.")
+    if text_model is None:
+        st.stop()
+    model_label = text_model.label
+else:
+    model_label = setup.label
+    st.caption(f"Model: {setup.label}; {engine.max_positions or 'unknown'} positions.")
 
 
 def set_sample():
-    ss.lc_text = longdoc.sample_document(ss.lc_sample_tokens, lambda s: longdoc.count_tokens(engine.tokenizer, s))
+    ss.lc_text = longdoc.sample_document(ss.lc_sample_tokens,
+                                         lambda s: longdoc.count_tokens(text_model.tokenizer, s))
 
 
 def read_upload():
@@ -67,15 +87,17 @@ if not text.strip():
 @st.cache_data(max_entries=4, show_spinner="Counting tokens")
 def doc_stats(text, model, max_len, reserve):
     textfile.check_text(text)
-    return longdoc.stats(text, engine.tokenizer, engine.max_positions, max_len, reserve, len(longrun.bos(engine)))
+    return longdoc.stats(text, text_model.tokenizer, text_model.max_positions, max_len, reserve,
+                         len(longrun.bos(text_model)))
 
 
 c = st.columns(3)
-max_len = int(c[0].number_input("Configured max length (tokens)", 16, engine.max_positions or 10**7,
-                                engine.max_positions or 32768, help="As vLLM's --max-model-len", key="lc_max_len"))
+max_len = int(c[0].number_input("Configured max length (tokens)", 16, text_model.max_positions or 10**7,
+                                text_model.max_positions or 32768, help="As vLLM's --max-model-len",
+                                key="lc_max_len"))
 new_tokens = int(c[1].number_input("New tokens per run", 2, 1024, 16, key="lc_new"))
 try:
-    s = doc_stats(text, setup.label, max_len, new_tokens)
+    s = doc_stats(text, model_label, max_len, new_tokens)
 except textfile.DocumentError as exc:
     st.error(str(exc))
     st.stop()
@@ -88,8 +110,9 @@ st.plotly_chart(lc.section_tokens(s.sections), key="lc_sections", config=ui.NOBA
 
 with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     k = [*st.columns(3), *st.columns(3)]  # two rows: six in one cut the choices short
-    src = k[0].selectbox("Config", ["loaded model", *kv.BUILTIN_CONFIGS])
-    config = engine.config if src == "loaded model" else kv.BUILTIN_CONFIGS[src]
+    own = "loaded model" if engine is not None else "embedded model"
+    src = k[0].selectbox("Config", [own, *kv.BUILTIN_CONFIGS])
+    config = text_model.config if src == own else kv.BUILTIN_CONFIGS[src]
     dtype = k[1].selectbox("KV dtype", list(kv.DTYPE_BYTES))
     block = k[2].number_input("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, help="vLLM --block-size")
     run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
@@ -107,6 +130,9 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
         ui.metrics(kv.headline(r))
         st.caption(kv.formula(r))
 
+if engine is None:
+    st.info("Load a model (the button above, or the Model page) to time prefill and decode on this document.")
+    st.stop()
 
 stopped = ui.stopped_test()
 filler, lim, n_prompt = ids or [0], max(s.limit, 256), len(ids) + s.special_tokens

@@ -62,7 +62,11 @@ memory_box = st.container()  # filled at the end of the script, so it includes a
 
 
 def show_memory() -> None:
-    mem = engine.memory_report()
+    try:
+        mem = engine.memory_report()
+    except TriageError as exc:  # unloaded by another session's load since this page got it
+        memory_box.warning(str(exc))
+        return
     cols = memory_box.columns(4)
     cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
     cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "

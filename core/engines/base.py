@@ -25,6 +25,15 @@ class Cancelled(EngineError):
     pass
 
 
+class EngineUnloaded(EngineError):
+    """The engine pool unloaded this engine (another session loaded a model beyond the pool's keep) before this call
+    reached it: the weights are gone, so say so instead of failing inside the model."""
+
+    def __init__(self, label: str):
+        super().__init__(f"{label} was unloaded to make room for a model loaded since (the console keeps only the "
+                         "most recently used models loaded). Load it again and retry.")
+
+
 @dataclass
 class GenerationParams:
     max_new_tokens: int = 64

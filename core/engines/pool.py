@@ -1,5 +1,5 @@
 """Loaded engines shared by every browser session of the process: keyed by Setup (model, precision, KV dtype, engine),
-one load at a time, at most KEEP loaded (the least recently used is unloaded first).
+one load at a time, at most KEEP loaded (the least recently used idle one is unloaded first).
 
 Pure Python: the pages hold one EnginePool for the process (views/common/session.py), so eight browser tabs on the
 same setup share one copy of the weights; each engine serializes its own generations.
@@ -48,10 +48,30 @@ class EnginePool:
 
                 engine = build_engine(setup.spec, setup.precision, setup.kv_dtype, progress=progress)
                 self._engines[setup] = engine
-                while len(self._engines) > self.keep:
-                    self._engines.popitem(last=False)[1].unload()
+                self._evict_beyond_keep(setup)
             self._engines.move_to_end(setup)
         return engine
+
+    def _evict_beyond_keep(self, newest: Setup) -> None:
+        """Unload the least recently used engines until KEEP remain, each under its own lock. An engine that is
+        generating right now (lock held) is skipped, not pulled from under its session; it goes at a later load,
+        once idle, so the pool can hold more than KEEP for a while. A session that reaches an unloaded engine gets
+        EngineUnloaded from it."""
+        for old in list(self._engines):
+            if len(self._engines) <= self.keep:
+                break
+            if old == newest:
+                continue
+            engine = self._engines[old]
+            lock = getattr(engine, "lock", None)  # the vLLM and remote engines have none: nothing in-process to wait
+            if lock is not None and not lock.acquire(blocking=False):
+                continue
+            try:
+                del self._engines[old]
+                engine.unload()
+            finally:
+                if lock is not None:
+                    lock.release()
 
     def get(self, setup: Setup):
         """The loaded engine for `setup`, or None (never loads)."""

@@ -19,6 +19,7 @@ from core import fp8
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
+    EngineUnloaded,
     Generation,
     GenerationParams,
     MemoryReport,
@@ -255,6 +256,7 @@ class TorchEngine:
                 should_stop) -> Iterator[StreamEvent]:
         self._check_lengths(ids, params)
         with self.lock:
+            self._ensure_loaded()
             dev = self.device.kind
             batch = len(ids)
             width = max(len(i) for i in ids)
@@ -310,6 +312,7 @@ class TorchEngine:
         if not prompt_ids or not continuation_ids:
             raise InputError("Scoring needs a non-empty prompt and continuation.")
         with self.lock:
+            self._ensure_loaded()
             ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
             cache = make_cache(self.config, self.kv_dtype)
             n = len(continuation_ids)
@@ -321,6 +324,7 @@ class TorchEngine:
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:
+        self._ensure_loaded()
         by_dtype: dict[str, int] = defaultdict(int)
         seen: set[int] = set()
         for t in list(self.model.parameters()) + list(self.model.buffers()):
@@ -333,6 +337,11 @@ class TorchEngine:
         else:
             peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (getrusage)"
         return MemoryReport(dict(by_dtype), self.last_kv_bytes, peak, source, self.device.name)
+
+    def _ensure_loaded(self) -> None:
+        # The pool unloads under self.lock, so a check made holding the lock stays true for the whole call.
+        if self.model is None:
+            raise EngineUnloaded(f"{self.spec.label} at {self.precision.label}")
 
     def unload(self) -> None:
         self.model = None

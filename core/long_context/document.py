@@ -1,8 +1,9 @@
 """Long documents: build a sample document, count tokens per section, decide the fit (reading uploads and pastes is
 core/textfile.py).
 
-Pure Python; the tokenizer is whatever the loaded engine has, passed in. Errors are DocumentError with a message
-that says what was found and what to do.
+Pure Python; the tokenizer is whatever the loaded engine has, passed in, or, before any model is loaded, the embedded
+model's own tokenizer read from disk (TokenizerOnly). Errors are DocumentError with a message that says what was
+found and what to do.
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from core.errors import InputError
+from core.models import embedded_converted_dir
 from core.textfile import DocumentError, source_text
 
 TRUNCATIONS = {
@@ -207,3 +210,26 @@ def fit(s: DocStats, mode: str = "head") -> tuple[list[int], str | None]:
     ids, dropped = truncate_ids(s.ids, s.limit - s.special_tokens, mode)
     return ids, (f"Over the limit: runs use {len(ids) + s.special_tokens:,} tokens, {dropped:,} dropped "
                  f"({TRUNCATIONS[mode]}).")
+
+
+@dataclass(frozen=True)
+class TokenizerOnly:
+    """What a document's statistics and the KV cache calculator need of a model, without its weights: the tokenizer,
+    the config and the position limit (named as an engine names them, so either can be passed)."""
+    label: str
+    tokenizer: Any
+    config: Any
+    max_positions: int | None
+
+
+def embedded_tokenizer_only(model_dir: Path | None = None) -> TokenizerOnly | None:
+    """The embedded model's tokenizer and config from its converted directory (a second, no weights), or None when
+    it has not been converted yet (setup converts it, as does loading it once)."""
+    model_dir = model_dir or embedded_converted_dir()
+    if model_dir is None:
+        return None
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    return TokenizerOnly("Gemma 3 270M (embedded, not loaded)", AutoTokenizer.from_pretrained(str(model_dir)), config,
+                         getattr(config, "max_position_embeddings", None))

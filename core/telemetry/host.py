@@ -51,6 +51,7 @@ class HostSource:
         self.watch_specs = [w.strip() for w in watch if w.strip()]
         self._watch = parse_watch(self.watch_specs)
         self._matches: dict[str, list[Any]] = {}  # label -> psutil.Process list
+        self._scan_failed: dict[str, str] = {}  # label -> why its name scan failed
         self._scan_t = -float("inf")
         self._slow_t = -float("inf")
         self._prev: dict[str, tuple[float, Any]] = {}  # counter name -> (time, last counters) for rates
@@ -102,15 +103,20 @@ class HostSource:
     def _slow(self, now: float) -> None:
         vals: dict[str, Any] = {}
         why: dict[str, str] = {}
-        cpu = psutil.cpu_times()
-        busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
-        prev = self._prev.get("cpu")
-        self._prev["cpu"] = (sum(cpu), busy)
-        if prev and sum(cpu) > prev[0]:
-            # Sums of float counters: an idle interval can come out a hair below 0 (-1e-10 seen), so clamp.
-            vals["cpu_pct"] = min(100.0, max(0.0, 100.0 * (busy - prev[1]) / (sum(cpu) - prev[0])))
+        # Each read fails alone: an unreadable /proc/stat must not blank load, swap, I/O and the watched processes.
+        try:
+            cpu = psutil.cpu_times()
+        except Exception as exc:
+            why["cpu_pct"] = self._failed("CPU times", exc)
         else:
-            why["cpu_pct"] = "needs two readings a second apart"
+            busy = sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+            prev = self._prev.get("cpu")
+            self._prev["cpu"] = (sum(cpu), busy)
+            if prev and sum(cpu) > prev[0]:
+                # Sums of float counters: an idle interval can come out a hair below 0 (-1e-10 seen), so clamp.
+                vals["cpu_pct"] = min(100.0, max(0.0, 100.0 * (busy - prev[1]) / (sum(cpu) - prev[0])))
+            else:
+                why["cpu_pct"] = "needs two readings a second apart"
         try:
             vals["load1"], vals["load5"], vals["load15"] = os.getloadavg()
         except OSError as exc:
@@ -150,9 +156,12 @@ class HostSource:
     def _processes(self, now: float, vals: dict, why: dict) -> None:
         if now - self._scan_t >= NAME_RESCAN_S:
             self._scan_t = now
-            self._matches = self._scan()
+            self._matches, self._scan_failed = self._scan()
         for label, target in self._watch:
             key = f"proc.{label}.rss_bytes"
+            if label in self._scan_failed:  # the process list could not be read: unknown, not "none running"
+                why[key] = why[f"proc.{label}.count"] = self._scan_failed[label]
+                continue
             procs = self._matches.get(label, [])
             rss, alive = 0, []
             for proc in procs:
@@ -170,8 +179,10 @@ class HostSource:
                 why[key] = (f"no running process with PID {target}" if isinstance(target, int)
                             else f"no running process whose name or command line contains '{target}'")
 
-    def _scan(self) -> dict[str, list[Any]]:
+    def _scan(self) -> tuple[dict[str, list[Any]], dict[str, str]]:
+        """label -> matching processes, and label -> reason for the name watches whose scan failed."""
         found: dict[str, list[Any]] = {}
+        failed: dict[str, str] = {}
         patterns = [(label, t) for label, t in self._watch if isinstance(t, str)]
         for label, target in self._watch:
             if isinstance(target, int):
@@ -182,17 +193,23 @@ class HostSource:
         if patterns:
             for label, _ in patterns:
                 found[label] = []
-            for pid, text in _cmdlines():
+            try:
+                cmdlines = list(_cmdlines())
+            except Exception as exc:
+                reason = self._failed("the process list", exc)
+                failed = {label: reason for label, _ in patterns}
+                cmdlines = []
+            for pid, text in cmdlines:
                 for label, pattern in patterns:
                     if pattern in text:
                         try:
                             found[label].append(psutil.Process(pid))
                         except (psutil.NoSuchProcess, psutil.AccessDenied):
                             pass
-        return found
+        return found, failed
 
     def close(self) -> None:
-        self._matches = {}
+        self._matches, self._scan_failed = {}, {}
 
 
 def _cmdlines() -> Iterator[tuple[int, str]]:

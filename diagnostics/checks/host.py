@@ -54,22 +54,27 @@ def decide_mem_leak(ctx: CheckContext) -> Outcome:
         low = f" A dip of {dip / MIB:.0f} MiB came back: a low reading, not a leak." if dip >= DIP_MIB * MIB else ""
         return passed(f"No steady decline of MemAvailable: {per_min_mib:+.1f} MiB/min, R² {fit.r2:.2f} over "
                       f"{span:.0f} s.{low}{short}", evidence=evidence, charts=charts)
-    minutes_left = end / (-fit.slope * 60) if fit.slope < 0 else float("inf")
-    evidence["minutes_to_exhaustion"] = round(minutes_left, 1)
     remedy = ("Find the process whose RSS grows (`ps -o pid,rss,cmd --sort=-rss | head`, or psutil): usually the "
               "client's or server's tokenizer / data loader keeping references (caches keyed by request, lists of "
               "outputs). Restarting it buys time; a heap profile (tracemalloc, memray) of that process finds the "
               "owner.")
     trend = f"MemAvailable falls {-per_min_mib:.0f} MiB/min (R² {fit.r2:.2f} over {span:.0f} s)"
-    # Under 30 s a process starting up or loading a model falls just as steadily as a leak: never call it FAIL.
-    if fit.r2 >= STEADY_R2 and minutes_left < URGENT_MIN and span >= SHORT_WINDOW_S:
+    # A process starting up or loading a model falls just as steadily as a leak for seconds on end: extrapolating a
+    # short window to "minutes to exhaustion" reads a load as a leak, so under 30 s no such number is given.
+    if span < SHORT_WINDOW_S:
+        return warn(f"{trend}, but {span:.0f} s is too short to tell a leak from a load (a process starting up or "
+                    f"loading a model falls just as steadily), so no time to exhaustion is estimated.{short}",
+                    remedy, evidence=evidence, charts=charts)
+    minutes_left = end / (-fit.slope * 60) if fit.slope < 0 else float("inf")
+    evidence["minutes_to_exhaustion"] = round(minutes_left, 1)
+    if fit.r2 >= STEADY_R2 and minutes_left < URGENT_MIN:
         return fail(f"{trend}: a steady leak; at this rate host memory runs out in about {minutes_left:.0f} min.",
                     remedy, evidence=evidence, charts=charts)
     if fit.r2 >= STEADY_R2:
         return warn(f"{trend}: a steady decline, about {minutes_left:.0f} min from exhaustion at this rate; a "
-                    f"leak if it keeps going.{short}",
+                    "leak if it keeps going.",
                     remedy, evidence=evidence, charts=charts)
-    return warn(f"{trend}: falling, but noisily; watch it over a longer window.{short}", remedy,
+    return warn(f"{trend}: falling, but noisily; watch it over a longer window.", remedy,
                 evidence=evidence, charts=charts)
 
 

@@ -24,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=[x.value for x in Precision],
                    help="the precision you asked for, when the launch command does not say")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
-    p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D")
+    p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D "
+                   "(HTML needs plotly; without it the other two are written and the run still exits 0)")
     p.set_defaults(func=main)
 
 
@@ -68,8 +69,11 @@ def main(args: argparse.Namespace) -> int:
     store.record("checklist", report.history_title(result.inputs, args.duration), result.to_dict(),
                  report.history_summary(result))
     if args.report_dir:
-        for ext, path in report.write_all(result, args.report_dir).items():
+        paths, not_written = report.write_all(result, args.report_dir)
+        for ext, path in paths.items():
             print(f"wrote {ext}: {path}", file=sys.stderr)
+        for ext, why in not_written.items():  # the run itself succeeded: say what is missing, exit as usual
+            print(f"not written {ext}: {why}", file=sys.stderr)
     if args.json:
         print(report.to_json(result))
     else:

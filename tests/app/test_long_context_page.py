@@ -18,10 +18,10 @@ def page(setup=BF16) -> AppTest:
     return at
 
 
-def test_without_a_model_it_offers_the_embedded_one():
+def test_without_a_model_it_offers_the_embedded_one(embedded_dir):
     at = page(None)
     assert any("Load the embedded model" in b.label for b in at.button)
-    assert not at.text_area  # nothing to count tokens with yet
+    assert at.text_area  # a tokenizer is enough to count: the document box is there at once
 
 
 def test_empty_input_renders_and_asks_for_a_document(embedded_dir):
@@ -127,3 +127,24 @@ def test_the_needle_test_shows_its_table_and_is_saved(embedded_dir, tmp_path, mo
     run = Store(tmp_path / "h.sqlite").get_run(Store(tmp_path / "h.sqlite").list_runs("longdoc")[0].id)
     assert run.status == "finished" and run.payload["test"] == "needle" and len(run.payload["results"]) == 4
     assert set(run.summary["lift_over_control"]) == {"start", "middle", "end"}
+
+
+def test_opened_directly_it_counts_tokens_and_sizes_the_kv_cache_without_loading(embedded_dir):
+    # Only the timed runs need weights: the statistics and the calculator use the embedded model's tokenizer and
+    # config from disk, and give the same numbers as with the model loaded.
+    doc = "# Incident\n\nThe server stalled after a long paste.\n\n## Log\n\n" + "ERROR kv cache full\n" * 400
+    at = page(None)
+    at.text_area(key="lc_text").set_value(doc).run()
+    assert not at.exception, at.exception
+    assert at.session_state["setup"] is None  # nothing was loaded
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Characters"] == f"{len(doc):,}" and metrics["Fits"] == "yes"
+    assert metrics["Per token"] == "18.00 KiB" and "vLLM blocks" in metrics
+    assert not any(b.key and b.key.startswith("lc_go_") for b in at.button)  # runs wait for a load
+    assert any("time prefill and decode" in i.value for i in at.info)
+    assert any("Load the embedded model" in b.label for b in at.button)
+
+    loaded = page()
+    loaded.text_area(key="lc_text").set_value(doc).run()
+    assert not loaded.exception, loaded.exception
+    assert {m.label: m.value for m in loaded.metric}["Tokens"] == metrics["Tokens"]

@@ -20,7 +20,8 @@ def open_page(app_server, page):
     load = page.get_by_role("button", name=re.compile("Load the embedded model"))
     if load.count():
         load.click()
-        page.get_by_role("textbox", name="Document").wait_for(timeout=LOAD_TIMEOUT_S * 1000)
+        # The Document box shows before any load (a tokenizer is enough for it): wait for the button to go instead.
+        load.wait_for(state="detached", timeout=LOAD_TIMEOUT_S * 1000)
         wait_idle(page, LOAD_TIMEOUT_S)
 
 

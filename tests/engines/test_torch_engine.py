@@ -125,3 +125,54 @@ def test_cli_rejects_unknown_precision():
     out = subprocess.run([sys.executable, "-m", "diagnostics", "generate", "--precision", "fp9", "--prompt", "x"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "choose one of" in out.stderr
+
+
+def test_the_pool_never_unloads_a_generating_engine_and_an_unloaded_one_says_so(monkeypatch):
+    """Real threads on the real model: a fourth load while a session generates does not pull the weights from under
+    it (it once died with a TypeError); once idle it is unloaded, and a session still holding it gets a clear
+    TriageError instead."""
+    import threading
+
+    from core.engines import factory
+    from core.engines.base import EngineUnloaded
+    from core.engines.pool import EnginePool, Setup
+    from core.errors import TriageError
+
+    real = TorchEngine(ModelSpec("embedded"), Precision.FP32, device="cpu")  # its own: this test unloads it
+
+    class Stub:  # the other setups only need to exist
+        lock = None
+
+        def unload(self):
+            pass
+
+    monkeypatch.setattr(factory, "build_engine", lambda spec, precision, kv_dtype, progress=None:
+                        real if precision is Precision.FP32 else Stub())
+    pool = EnginePool(keep=1)
+    assert pool.load(Setup(ModelSpec("embedded"), Precision.FP32)) is real
+    out, errors = [], []
+
+    def session():
+        try:
+            out.extend(real.generate([REFERENCE_PROMPT], GenerationParams(max_new_tokens=48, stop_at_eos=False)))
+        except Exception as exc:  # recorded, so the main thread's assertions report it
+            errors.append(exc)
+
+    t = threading.Thread(target=session)
+    t.start()
+    for _ in range(2000):  # until the session holds the engine's lock
+        if real.lock.locked():
+            break
+        threading.Event().wait(0.005)
+    assert real.lock.locked()
+    pool.load(Setup(ModelSpec("embedded"), Precision.BF16))  # beyond keep, while FP32 generates
+    assert real.model is not None and pool.get(Setup(ModelSpec("embedded"), Precision.FP32)) is real
+    t.join(120)
+    assert not errors and len(out[0].token_ids) == 48
+    pool.load(Setup(ModelSpec("embedded"), Precision.FP16))  # FP32 is idle now: unloaded
+    assert real.model is None and pool.get(Setup(ModelSpec("embedded"), Precision.FP32)) is None
+    for call in (lambda: real.generate([REFERENCE_PROMPT], GenerationParams(max_new_tokens=4)),
+                 lambda: real.score([2, 651], [6037]), real.memory_report):
+        with pytest.raises(EngineUnloaded) as err:
+            call()
+        assert isinstance(err.value, TriageError) and "unloaded" in str(err.value) and "Load it again" in str(err.value)

@@ -372,3 +372,27 @@ def test_unknown_flags_skips_without_command_or_table():
     assert decide("vllm.unknown_flags", CheckContext()).status is Status.SKIP
     f = decide("vllm.unknown_flags", CheckContext(launch_cmd="vllm serve m"))
     assert f.status is Status.SKIP and "flag table" in f.missing
+
+
+# --- host.mem_leak: a short window gives no time to exhaustion (#15) ------------------------------------------------
+
+@pytest.mark.parametrize("noise", [0.0, 0.9], ids=["steady", "noisy"])
+def test_mem_leak_gives_no_time_to_exhaustion_from_a_short_window(noise):
+    # 5 s at 0.5 s readings while another process loads a model: 2 GiB left, falling ~500 MiB/min. Steady or as
+    # noisy as the R² 0.76 seen on a busy host, it must not become "~4 min to exhaustion".
+    wiggle = [0, 1, -1, 1, 0, -1, 1, -1, 0, 1, 0]
+    values = [2.0 - i * 0.5 * (500 / 1024) / 60 + noise * wiggle[i] * 0.01 for i in range(11)]
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values, dt=0.5)))
+    assert f.status is Status.WARN
+    assert "minutes_to_exhaustion" not in f.evidence
+    assert "exhaustion is estimated" in f.verdict and "min from exhaustion" not in f.verdict
+    assert "too short to tell a leak from a load" in f.verdict
+    assert f.evidence["span_s"] == 5.0 and f.evidence["slope_mib_per_min"] < -100
+    assert (f.evidence["r2"] < 0.8) == (noise > 0)  # the noisy case is the R² ~0.76 one
+
+
+def test_mem_leak_gives_the_time_to_exhaustion_from_30_s_on():
+    values = [100.0 - i * (50 / 1024) / 60 for i in range(31)]  # -50 MiB/min over exactly 30 s: days left
+    f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
+    assert f.status is Status.WARN and f.evidence["minutes_to_exhaustion"] > 1000
+    assert "too short" not in f.verdict

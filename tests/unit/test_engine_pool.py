@@ -66,3 +66,61 @@ def test_two_sessions_asking_at_once_share_one_load(built):
     for t in threads:
         t.join()
     assert built == [Precision.BF16] and got[0] is got[1]
+
+
+# --- eviction under the engine's own lock (#15) ---------------------------------------------------------------------
+
+class Generating:
+    """An engine with a lock, as the torch engines have: a generation holds it from start to end."""
+
+    def __init__(self, precision):
+        self.precision, self.lock, self.model, self.unloaded = precision, threading.Lock(), object(), False
+
+    def generate(self, started: threading.Event, finish: threading.Event) -> bool:
+        with self.lock:
+            started.set()
+            assert finish.wait(10)
+            return self.model is not None  # the weights were there for the whole generation
+
+    def unload(self):
+        self.model, self.unloaded = None, True
+
+
+@pytest.fixture
+def generating(monkeypatch):
+    monkeypatch.setattr(factory, "build_engine", lambda spec, precision, kv_dtype, progress=None: Generating(precision))
+
+
+def generate_in_thread(engine):
+    started, finish, out = threading.Event(), threading.Event(), []
+    t = threading.Thread(target=lambda: out.append(engine.generate(started, finish)))
+    t.start()
+    assert started.wait(10)
+    return t, finish, out
+
+
+def test_a_busy_engine_is_not_evicted_from_under_its_generation(generating):
+    pool = EnginePool()
+    bf16, fp32, fp8 = (pool.load(setup(p)) for p in (Precision.BF16, Precision.FP32, Precision.FP8))
+    t, finish, out = generate_in_thread(bf16)  # the least recently used is generating
+    fp16 = pool.load(setup(Precision.FP16))
+    assert not bf16.unloaded and fp32.unloaded  # the oldest idle one went instead
+    assert [pool.get(setup(p)) for p in (Precision.BF16, Precision.FP8, Precision.FP16)] == [bf16, fp8, fp16]
+    finish.set()
+    t.join(10)
+    assert out == [True]
+
+
+def test_when_every_older_engine_is_busy_the_pool_waits_for_a_later_load(generating):
+    pool = EnginePool()
+    engines = [pool.load(setup(p)) for p in (Precision.BF16, Precision.FP32, Precision.FP8)]
+    running = [generate_in_thread(e) for e in engines]
+    pool.load(setup(Precision.FP16))  # nothing idle to unload: four stay loaded, none pulled mid-generation
+    assert not any(e.unloaded for e in engines)
+    assert all(pool.get(setup(p)) for p in (Precision.BF16, Precision.FP32, Precision.FP8, Precision.FP16))
+    for t, finish, out in running:
+        finish.set()
+        t.join(10)
+        assert out == [True]
+    pool.load(setup(Precision.FP8, KVDtype.FP8))  # now idle: back down to KEEP, least recently used first
+    assert [e.unloaded for e in engines] == [True, True, False]

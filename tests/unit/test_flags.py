@@ -192,3 +192,37 @@ def test_cli_json_lists_issues_and_exit_1():
 def test_cli_without_a_command_is_a_usage_error():
     p = cli()
     assert p.returncode == 2 and "no command given" in p.stderr
+
+
+# --- far-off flags are not suggested (#15) ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--enable-fp8-kv-offload", "--enable-dynamic-kv", "--enable-fp8"])
+def test_a_flag_spelled_like_nothing_real_gets_no_suggestion(flag):
+    # These once got "--enable-lora", "--enable-elastic-ep" and "--enable-eplb": only "--enable-" was alike.
+    r = lint(f"vllm serve m {flag} --enforce-eager")
+    i = issue(r, flag)
+    assert not r.ok and i.kind == "unknown" and i.suggestion is None
+    assert "vLLM has no such flag" in i.message and "Did you mean" not in i.message
+    assert "nearest real" not in flags.format_text(r)
+    assert [x.flag for x in r.issues] == [flag]
+
+
+@pytest.mark.parametrize("typo, real", [
+    ("--gpu-memory-utilizaton", "--gpu-memory-utilization"), ("--max-model-length", "--max-model-len"),
+    ("--enable-prefix-cache", "--enable-prefix-caching"), ("--kv-cache-type", "--kv-cache-dtype"),
+    ("--enable-chunk-prefill", "--enable-chunked-prefill"), ("--quantisation", "--quantization"),
+    ("--trust-remote", "--trust-remote-code"), ("--disable-log-stat", "--disable-log-stats"),
+])
+def test_typos_still_get_the_real_flag(typo, real):
+    i = issue(lint(f"vllm serve m {typo} 1"), typo)
+    assert i.kind in ("unknown", "abbreviated") and i.suggestion == real
+
+
+@pytest.mark.parametrize("myth, related", [("--max-batch-size", "--max-num-seqs"),
+                                           ("--fp8-kv-cache", "--kv-cache-dtype")])
+def test_known_myths_get_the_flag_meant_even_when_spelled_far_from_it(myth, related):
+    value = "" if myth in flags.FICTION_SWITCHES else " 64"
+    r = lint(f"vllm serve m {myth}{value} --enforce-eager")
+    i = issue(r, myth)
+    assert i.kind == "fiction" and i.suggestion == related and related in TABLE.options and i.real_way
+    assert [x.flag for x in r.issues] == [myth]

@@ -63,7 +63,7 @@ def test_html_without_charts_has_no_plotly():
 
 def test_markdown_escapes_links_html_and_table_pipes():
     md = report.to_markdown(hostile_result())
-    assert MD_LINK not in md and "\\[click\\]\\(javascript:alert\\(1\\)\\)" in md
+    assert MD_LINK not in md and "\\[click\\](javascript:alert(1))" in md  # no [ ], no link
     # Outside code spans nothing is raw; inside them CommonMark shows HTML as text, so it stays as typed.
     prose = re.sub(r"`[^`\n]+`", "", md)
     assert XSS not in prose and IMG not in prose and "\\<script\\>" in prose
@@ -90,7 +90,54 @@ def test_json_round_trips_with_series_and_ids():
 
 
 def test_write_all(tmp_path):
-    paths = report.write_all(hostile_result(), str(tmp_path / "out"))
-    assert set(paths) == {"md", "json", "html"}
+    paths, not_written = report.write_all(hostile_result(), str(tmp_path / "out"))
+    assert set(paths) == {"md", "json", "html"} and not_written == {}
     for p in paths.values():
         assert open(p, encoding="utf-8").read()
+
+
+def test_markdown_escapes_only_what_markdown_needs():
+    from markdown_it import MarkdownIt
+
+    gpu = "GPU 0 (NVIDIA H200, CC 9.0)"
+    f = Finding("test.plain", f"Sees {gpu}", Severity.LOW, Status.PASS, f"{gpu}: 3.5 of 141 GB used (2%) #1!",
+                f"Nothing to do on {gpu}.", evidence={"gpu": gpu}, hint="NVML (GPM)")
+    result = RunResult("2026-01-01T00:00:00+00:00", 5.0, 5.0, False, "host", {"vllm_url": None, "launch_cmd": None},
+                       (f,), (f"Sampled {gpu}",))
+    md = report.to_markdown(result)
+    assert "\\(" not in md and "\\)" not in md and "\\#" not in md and "\\!" not in md and "\\." not in md
+    assert md.count(gpu) >= 5  # title, verdict, remedy, evidence, note: all as written
+    # Rendered, the text reads as written; hostile text still renders as neither link, image nor HTML.
+    renderer = MarkdownIt("commonmark").enable("table")
+    assert f"{gpu}: 3.5 of 141 GB used (2%) #1!" in renderer.render(md)
+    hostile = renderer.render(report.to_markdown(hostile_result()))
+    assert "<a " not in hostile and "<img" not in hostile and "<script" not in hostile
+    assert "[click](javascript:alert(1))" in hostile
+    # "#" makes a heading only at the start of a line
+    assert report.markdown_safe("# not a heading\n  #2 nor this") == "\\# not a heading\n  \\#2 nor this"
+
+
+def test_run_without_plotly_writes_markdown_and_json_and_names_the_html(tmp_path):
+    # A host without plotly: the checklist still runs, writes what it can, says what it could not, and exits 0.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['plotly'] = None  # import plotly fails\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(root)]),
+           "TRIAGE_DB": str(tmp_path / "history.sqlite")}
+    probe = subprocess.run([sys.executable, "-c", "import plotly"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0  # the shim works: plotly cannot be imported
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--duration", "1", "--report-dir", str(out),
+                           "--json"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["findings"]
+    written = sorted(p.suffix for p in out.iterdir())
+    assert written == [".json", ".md"]
+    assert "not written html: the HTML report needs plotly" in proc.stderr and "pip install plotly" in proc.stderr
+    assert "No module named" not in proc.stderr and "error:" not in proc.stderr

@@ -67,12 +67,31 @@ def test_rewatch_replaces_the_list():
     src = HostSource(watch=["self"])
     src.watch(["1"])
     assert src.watch_specs == ["1"]
-    assert "proc.pid1.rss_bytes" in src.sample().values or "proc.pid1.rss_bytes" in src.sample().reasons
+    s = src.sample()
+    # PID 1 always exists; reading its RSS may be denied in a container, which must then say why.
+    assert s.values["proc.pid1.count"] in (0, 1)
+    assert s.values.get("proc.pid1.rss_bytes") is not None or "PID 1" in s.reasons["proc.pid1.rss_bytes"]
+    assert not any(k.startswith("proc.console.") for k in s.values)  # the old list is gone
 
 
-@pytest.mark.parametrize("target", ["virtual_memory", "cpu_times", "swap_memory", "disk_io_counters",
-                                    "net_io_counters", "_cmdlines"])
+# Each injected failure and the exact fields it must turn into N/A with its reason; every other field keeps its value
+# (or the reason a healthy reading on this host gives too, e.g. no swap).
+MEM = ("host.mem_available_bytes", "host.mem_total_bytes")
+FAILURES = {
+    "virtual_memory": MEM,
+    "cpu_times": ("host.cpu_pct",),
+    "swap_memory": ("host.swap_used_bytes", "host.swap_total_bytes"),
+    "disk_io_counters": ("host.disk_read_bytes_s", "host.disk_write_bytes_s"),
+    "net_io_counters": ("host.net_rx_bytes_s", "host.net_tx_bytes_s"),
+    "_cmdlines": ("proc.vllm.rss_bytes", "proc.vllm.count"),  # the name scan: the PID watch ("self") is unaffected
+}
+
+
+@pytest.mark.parametrize("target", list(FAILURES))
 def test_psutil_failures_become_reasons(monkeypatch, target):
+    clock = FakeClock()
+    healthy = two_readings(HostSource(watch=["self", "vllm"], clock=clock), clock)
+
     def boom(*a, **k):
         raise OSError("simulated /proc failure")
 
@@ -80,8 +99,17 @@ def test_psutil_failures_become_reasons(monkeypatch, target):
     clock = FakeClock()
     src = HostSource(watch=["self", "vllm"], clock=clock)
     s = two_readings(src, clock)  # must not raise
-    for key, value in s.values.items():
-        assert value is not None or s.reasons.get(key), key
+    affected = FAILURES[target]
+    for key in affected:
+        assert s.values.get(key) is None, key
+        assert "simulated /proc failure" in s.reasons.get(key, ""), (key, s.reasons.get(key))
+    keys = set(healthy.values) | set(healthy.reasons) | set(s.values) | set(s.reasons)
+    for key in keys - set(affected):
+        assert "simulated" not in s.reasons.get(key, ""), key
+        if healthy.values.get(key) is not None:
+            assert s.values.get(key) is not None, (key, s.reasons.get(key))
+    assert s.values["host.mem_available_bytes" if target != "virtual_memory" else "host.load1"] is not None
+    assert s.values["proc.console.rss_bytes"] > 10 * 2**20
 
 
 def test_no_disk_counters_in_a_container(monkeypatch):

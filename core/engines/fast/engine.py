@@ -14,6 +14,7 @@ import torch
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
+    EngineUnloaded,
     Generation,
     GenerationParams,
     MemoryReport,
@@ -156,6 +157,7 @@ class FastLlamaEngine:
                 should_stop) -> Iterator[StreamEvent]:
         self._check_lengths(ids, params)
         with self.lock:
+            self._ensure_loaded()
             B = len(ids)
             lens = [len(i) for i in ids]
             runner = self._runner_for(B, max(lens) + params.max_new_tokens)
@@ -205,6 +207,7 @@ class FastLlamaEngine:
         if not prompt_ids or not continuation_ids:
             raise InputError("Scoring needs a non-empty prompt and continuation.")
         with self.lock:
+            self._ensure_loaded()
             ids = list(prompt_ids) + list(continuation_ids)
             cache = self.model.new_cache(1, len(ids), self.kv_dtype is KVDtype.FP8)
             logits = self.model.prefill(torch.tensor([ids], device="cuda"), cache, all_logits=True)[0]
@@ -214,8 +217,14 @@ class FastLlamaEngine:
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:
+        self._ensure_loaded()
         return MemoryReport(self.model.weight_bytes_by_dtype(), self.last_kv_bytes, torch.cuda.max_memory_allocated(),
                             "CUDA allocator (torch.cuda.max_memory_allocated)", self.device.name)
+
+    def _ensure_loaded(self) -> None:
+        # The pool unloads under self.lock, so a check made holding the lock stays true for the whole call.
+        if self.model is None:
+            raise EngineUnloaded(f"{self.spec.label} at {self.precision.label}")
 
     def unload(self) -> None:
         self._runner = None

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from core.engines.fast.tuned_table import read_tuned_table
+
 E4M3_MAX = 448.0
 MODE_BF16, MODE_WO, MODE_W8A8 = 0, 1, 2
 MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
@@ -196,14 +198,10 @@ TUNED: dict[tuple[int, int, int, int], dict] = {}
 
 def load_tuned(path=None) -> int:
     """Add a saved tuning table (default: the H200 one shipped here) to TUNED; returns how many entries."""
-    import json
-    from pathlib import Path
-
-    data = json.loads(Path(path or Path(__file__).with_name("tuned_h200.json")).read_text())
-    rows = data["configs"] if isinstance(data, dict) else data
-    for r in rows:
-        TUNED.setdefault(tuple(r["key"]), r["cfg"])
-    return len(rows)
+    table = read_tuned_table(path)
+    for key, cfg in table.items():
+        TUNED.setdefault(key, cfg)
+    return len(table)
 
 
 def block_m_for(m: int) -> int:
