@@ -10,7 +10,7 @@ import uuid
 import streamlit as st
 
 from core.monitor import charts
-from core.monitor.frames import GPU_TREND_HLINES, live_frame
+from core.monitor.frames import live_frame
 from core.monitor.pacing import get_pacer
 from core.fmt import fmt_field as fmt
 from core.telemetry.export import to_csv_bytes, to_parquet_bytes
@@ -101,7 +101,7 @@ def live():
     # Same spec every refresh (only the data changes), so the browser updates the charts in place.
     if p:
         t[0].vega_lite_chart(frame.util_trend, charts.trend_spec("GPU utilization", frame.util_labels, y_title="%",
-                                                                 y_range=(0, 105), hlines=GPU_TREND_HLINES),
+                                                                 y_range=(0, 105), hlines=frame.util_hlines),
                              key="t_util", width="stretch")
     else:
         t[0].vega_lite_chart(frame.util_trend, charts.trend_spec("Host CPU", frame.util_labels, y_title="%",

@@ -15,7 +15,7 @@ import pandas as pd
 
 from core.monitor import charts
 from core.fmt import GIB, fmt_field as fmt
-from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
+from core.telemetry.base import GPU_IDLE_UTIL_PCT, bandwidth_thresholds
 from core.telemetry.nvml import GpuInfo
 from core.telemetry.sampler import Sampler, Snapshot
 
@@ -24,9 +24,13 @@ TREND_POINTS = 300  # per line: one per second over the default 5-minute window,
 
 GPU_TREND = {"util_pct": "GPU util (NVML)", "dram_bw_util_pct": "DRAM BW util (GPM)",
              "sm_util_pct": "SM util (GPM)", "mem_busy_pct": "memory busy (NVML, not BW)"}
-GPU_TREND_HLINES = ((GPU_IDLE_UTIL_PCT, f"GPU idle < {GPU_IDLE_UTIL_PCT:.0f}%"),
-                    (BW_LIKELY_PCT, f"BW likely bound > {BW_LIKELY_PCT:.0f}%"),
-                    (BW_BOUND_PCT, f"BW bound > {BW_BOUND_PCT:.0f}%"))
+
+
+def gpu_trend_hlines(gpu_name: str) -> tuple[tuple[float, str], ...]:
+    """The checklist's thresholds as lines on the GPU utilization trend (bandwidth ones are per GPU model)."""
+    likely, bound = bandwidth_thresholds(gpu_name)
+    return ((GPU_IDLE_UTIL_PCT, f"GPU idle < {GPU_IDLE_UTIL_PCT:.0f}%"),
+            (likely, f"BW likely bound > {likely:.0f}%"), (bound, f"BW bound > {bound:.0f}%"))
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Frame:
     gauges_html: str
     util_trend: pd.DataFrame  # GPU utilization lines, or host CPU without a GPU
     util_labels: tuple[str, ...]
+    util_hlines: tuple[tuple[float, str], ...]  # threshold lines for util_trend
     mem_trend: pd.DataFrame  # GiB
     mem_labels: tuple[str, ...]
     # With more than one GPU: every GPU in a row, and one line per GPU for util and DRAM bandwidth util.
@@ -126,13 +131,14 @@ def _build(sampler: Sampler, gpu_index: int | None, window_s: float,
     gauges = [charts.gauge(None if avail is None else avail / GIB, "Host MemAvailable", source="psutil /proc/meminfo",
                            max_value=(total or GIB) / GIB, suffix=" GiB",
                            na_reason=snap.reason("host.mem_available_bytes"))]
+    name = next((g.name for g in sampler.source("nvml").gpus if g.index == gpu_index), "") if p else ""
     if p:
         used, total = v.get(p + "mem_used_bytes"), v.get(p + "mem_total_bytes")
         gauges[:0] = [
             charts.gauge(v.get(p + "util_pct"), "GPU util", source="NVML utilization.gpu",
                          bands=charts.util_bands(GPU_IDLE_UTIL_PCT), na_reason=snap.reason(p + "util_pct")),
             charts.gauge(v.get(p + "dram_bw_util_pct"), "DRAM BW util", source="NVML GPM DRAM_BW_UTIL",
-                         bands=charts.bandwidth_bands(BW_LIKELY_PCT, BW_BOUND_PCT),
+                         bands=charts.bandwidth_bands(*bandwidth_thresholds(name)),
                          na_reason=snap.reason(p + "dram_bw_util_pct")),
             charts.gauge(None if used is None else used / GIB, "GPU memory used", source="NVML",
                          max_value=(total or GIB) / GIB, suffix=" GiB", na_reason=snap.reason(p + "mem_used_bytes"))]
@@ -158,7 +164,7 @@ def _build(sampler: Sampler, gpu_index: int | None, window_s: float,
     frame = Frame(
         snapshot=snap, gauges_html=charts.gauge_row(gauges),
         util_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in util_keys.items()}),
-        util_labels=tuple(util_keys.values()),
+        util_labels=tuple(util_keys.values()), util_hlines=gpu_trend_hlines(name) if p else (),
         mem_trend=charts.trend_frame(s["t"], {label: s[k] for k, label in mem_keys.items()}, scale=GIB),
         mem_labels=tuple(mem_keys.values()), **extra)
     return snap.t, frame

@@ -5,7 +5,7 @@ import bisect
 from dataclasses import dataclass
 
 from core.stats import mean, percentile
-from core.telemetry.base import BW_BOUND_PCT, BW_LIKELY_PCT, GPU_IDLE_UTIL_PCT
+from core.telemetry.base import BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT, achievable_dram_bw
 from diagnostics.context import CheckContext, GpuWindow, Series
 from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -111,33 +111,43 @@ def decide_bandwidth(ctx: CheckContext) -> Outcome:
     if not per_gpu:
         return skip("DRAM bandwidth utilization (NVML GPM, Hopper and newer; DCGM DCGM_FI_PROF_DRAM_ACTIVE on older "
                     "GPUs): " + "; ".join(reasons) + ". NVML's memory util is busy time, not bandwidth")
-    evidence = {f"{label} mean_dram_bw_util_pct": round(mean(v), 1) for label, v in per_gpu.items()}
-    evidence.update({f"{label} max_dram_bw_util_pct": round(max(v), 1) for label, v in per_gpu.items()})
+    names = {g.label: g.name for g in ctx.gpus}
+    peaks = {label: achievable_dram_bw(names[label]) for label in per_gpu}
+    evidence: dict = {}
+    for label, v in per_gpu.items():
+        evidence[f"{label} mean_dram_bw_util_pct"] = round(mean(v), 1)
+        evidence[f"{label} max_dram_bw_util_pct"] = round(max(v), 1)
+        evidence[f"{label} achievable_dram_bw_util_pct"] = peaks[label][0]
+        evidence[f"{label} achievable_from"] = peaks[label][1]
+        evidence[f"{label} share_of_achievable_pct"] = round(100 * mean(v) / peaks[label][0], 1)
     evidence["load_known"] = load_known
-    label, top = max(((label, mean(v)) for label, v in per_gpu.items()), key=lambda x: x[1])
+    label, share = max(((label, mean(v) / peaks[label][0]) for label, v in per_gpu.items()), key=lambda x: x[1])
+    top, peak = mean(per_gpu[label]), peaks[label][0]
+    said = (f"{label} used {top:.0f}% of its DRAM bandwidth (NVML GPM) on average, {100 * share:.0f}% of the "
+            f"{peak:.0f}% that a pure copy reaches ({peaks[label][1]})")
     charts = (Chart("DRAM bandwidth utilization (NVML GPM)",
                     tuple(g.dram_bw_util_pct for g in ctx.gpus if g.dram_bw_util_pct), "% of peak",
-                    ((BW_BOUND_PCT, f"{BW_BOUND_PCT:.0f}% bound"), (BW_LIKELY_PCT, f"{BW_LIKELY_PCT:.0f}% likely")),
-                    PCT_RANGE),)
+                    ((peak, f"{peak:.0f}% a pure copy reaches"),
+                     (BW_BOUND_SHARE * peak, f"{BW_BOUND_SHARE * peak:.0f}% bound"),
+                     (BW_LIKELY_SHARE * peak, f"{BW_LIKELY_SHARE * peak:.0f}% likely")), PCT_RANGE),)
     remedy = ("Every decode step reads the weights and KV cache from HBM, so fewer bytes per token is the lever: "
               "FP8 weights (--quantization fp8, or an FP8 checkpoint) halve weight bytes, --kv-cache-dtype fp8 "
               "halves KV bytes, a larger batch (more concurrent requests, --max-num-seqs) shares each weight read "
               "across more tokens, and --enable-chunked-prefill mixes compute-bound prefill into decode steps. "
               "block_size and NVLink do not change this.")
-    if top > BW_BOUND_PCT:
-        return fail(f"{label} used {top:.0f}% of its DRAM bandwidth on average: memory-bandwidth bound.", remedy,
-                    evidence=evidence, charts=charts)
-    if top > BW_LIKELY_PCT:
-        return warn(f"{label} used {top:.0f}% of its DRAM bandwidth on average: likely memory-bandwidth bound.",
-                    remedy, evidence=evidence, charts=charts)
-    return passed(f"{label} used {top:.0f}% of its DRAM bandwidth on average (bound above {BW_BOUND_PCT:.0f}%, "
-                  f"likely above {BW_LIKELY_PCT:.0f}%).", evidence=evidence, charts=charts)
+    if share > BW_BOUND_SHARE:
+        return fail(f"{said}: memory-bandwidth bound.", remedy, evidence=evidence, charts=charts)
+    if share > BW_LIKELY_SHARE:
+        return warn(f"{said}: likely memory-bandwidth bound.", remedy, evidence=evidence, charts=charts)
+    return passed(f"{said} (bound above {BW_BOUND_SHARE:.0%} of it, likely above {BW_LIKELY_SHARE:.0%}).",
+                  evidence=evidence, charts=charts)
 
 
 CHECKS = (
     Check("gpu.idle", "GPU idle while requests run", Severity.HIGH,
           f"NVML GPU util below {GPU_IDLE_UTIL_PCT:.0f}% over the window while vLLM has requests running", decide_idle),
     Check("gpu.bandwidth_bound", "GPU memory-bandwidth bound", Severity.MEDIUM,
-          f"NVML GPM DRAM bandwidth util above {BW_BOUND_PCT:.0f}% (likely above {BW_LIKELY_PCT:.0f}%)",
+          f"NVML GPM DRAM bandwidth util above {BW_BOUND_SHARE:.0%} of what a pure copy reaches on that GPU (likely "
+          f"above {BW_LIKELY_SHARE:.0%})",
           decide_bandwidth),
 )
