@@ -86,7 +86,8 @@ def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float, all_gpu
     """The frame to draw now for this GPU (None: host only) over the last `window_s` seconds; `all_gpus` (the
     indices of every GPU) adds the all-GPU table and per-GPU lines when there is more than one."""
     newest = sampler.latest().t
-    return _CACHE.get((id(sampler), gpu_index, window_s, all_gpus), newest,
+    # The sampler itself, not id(sampler), is in the key: an id can be reused by a new sampler (tests make many).
+    return _CACHE.get((sampler, gpu_index, window_s, all_gpus), newest,
                       lambda: _build(sampler, gpu_index, window_s, all_gpus))
 
 
