@@ -84,9 +84,9 @@ def gauge(value: float | None, title: str, *, source: str = "", max_value: float
                  f'font-size="11" fill="gray">{max_value:.0f}</text>')
     svg = (f'<svg viewBox="0 0 200 120" width="100%" style="max-width:260px;display:block;margin:auto" role="img" '
            f'aria-label="{html.escape(title)}: {html.escape(text)}">{"".join(parts)}</svg>')
-    head = (f'<div style="text-align:center;font-size:15px">{html.escape(title)}</div>'
-            f'<div style="text-align:center;font-size:11px;color:gray">{html.escape(source)}</div>' if source else
-            f'<div style="text-align:center;font-size:15px">{html.escape(title)}</div>')
+    head = f'<div style="text-align:center;font-size:15px">{html.escape(title)}</div>'
+    if source:
+        head += f'<div style="text-align:center;font-size:11px;color:gray">{html.escape(source)}</div>'
     return f'<div data-gauge="{html.escape(title)}" style="flex:1;min-width:150px">{head}{svg}</div>'
 
 
