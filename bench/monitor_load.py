@@ -1,6 +1,6 @@
 """What the Live monitor costs the server per viewer: N real Chromium sessions on the monitor page at once.
 
-    python -m bench.monitor_load [--viewers 1,4,8] [--seconds 30] [--root DIR] [--refresh 1]
+    python -m bench.monitor_load [--viewers 1,4,8] [--seconds 30] [--warmup 8] [--root DIR] [--label TEXT]
 
 For each N, the app (started here from --root, default this checkout, on a free loopback port) serves N browser
 sessions on the Live monitor. After a warm-up, for --seconds it counts every refresh each session really finished
@@ -13,20 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 from playwright.sync_api import sync_playwright
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+from tests.e2e.helpers import CHROMIUM, CHROMIUM_ARGS, AppServer
 
 
 def cpu_model() -> str:
@@ -34,29 +29,6 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
     return platform.processor()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_app(root: Path, port: int, db: Path, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, TRIAGE_DB=str(db), PYTHONUNBUFFERED="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
-           "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none"]
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    for _ in range(240):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
-                if r.read() == b"ok":
-                    return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the app did not start; see {log}")
 
 
 def cpu_s(procs: list[psutil.Process]) -> float:
@@ -74,7 +46,8 @@ def chromium_procs(browser_pid_parent: psutil.Process) -> list[psutil.Process]:
     return [c for c in browser_pid_parent.children(recursive=True) if "chrom" in c.name().lower()]
 
 
-def measure(browser, url: str, server: psutil.Process, n: int, seconds: float, warmup_s: float) -> dict:
+def measure(browser, server: AppServer, n: int, seconds: float, warmup_s: float) -> dict:
+    url = server.url
     finished = [0] * n
 
     def count(i):
@@ -98,9 +71,9 @@ def measure(browser, url: str, server: psutil.Process, n: int, seconds: float, w
     me = psutil.Process()
     pages = [p for _, p in contexts]
     pages[0].wait_for_timeout(warmup_s * 1000)
-    f0, s0, c0, t0 = list(finished), cpu_s([server]), cpu_s(chromium_procs(me)), time.monotonic()
+    f0, s0, c0, t0 = list(finished), server.cpu_seconds(), cpu_s(chromium_procs(me)), time.monotonic()
     pages[0].wait_for_timeout(seconds * 1000)
-    f1, s1, c1, t1 = list(finished), cpu_s([server]), cpu_s(chromium_procs(me)), time.monotonic()
+    f1, s1, c1, t1 = list(finished), server.cpu_seconds(), cpu_s(chromium_procs(me)), time.monotonic()
     # A user navigating while the viewers stay live: a new session opens History.
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     probe = ctx.new_page()
@@ -129,22 +102,19 @@ def main() -> None:
     ap.add_argument("--label", default="")
     args = ap.parse_args()
 
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = start_app(args.root.resolve(), port, Path(tmp) / "h.sqlite", Path(tmp) / "app.log")
-        server = psutil.Process(proc.pid)
+        server = AppServer("app.py", Path(tmp) / "h.sqlite", Path(tmp) / "app.log", root=args.root.resolve()).start()
         rows = []
         try:
             with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-                measure(browser, f"http://127.0.0.1:{port}", server, 1, 3.0, 3.0)  # first load compiles the pages
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                measure(browser, server, 1, 3.0, 3.0)  # first load compiles the pages
                 for n in (int(v) for v in args.viewers.split(",")):
-                    rows.append(measure(browser, f"http://127.0.0.1:{port}", server, n, args.seconds, args.warmup))
+                    rows.append(measure(browser, server, n, args.seconds, args.warmup))
                     time.sleep(3)
                 browser.close()
         finally:
-            os.killpg(proc.pid, 15)
-            proc.wait(30)
+            server.stop()
     print(f"\nLive monitor load {args.label} ({cpu_model()}, {time.strftime('%Y-%m-%d')}, "
           f"{args.seconds:.0f} s per row, refresh as the page defaults)")
     print("| viewers | refreshes/s per viewer (min) | server CPU, % of a core | server CPU per refresh "

@@ -116,6 +116,7 @@ class AppServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)  # added to the server's environment
+    root: Path = ROOT  # the checkout whose app is served (a benchmark may serve an older one)
 
     @property
     def url(self) -> str:
@@ -129,7 +130,7 @@ class AppServer:
         cmd = [sys.executable, "-m", "streamlit", "run", self.app, "--server.port", str(self.port),
                "--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none",
                "--server.runOnSave", "false", "--browser.gatherUsageStats", "false"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
         out.close()
         deadline = time.monotonic() + START_TIMEOUT_S
