@@ -77,14 +77,14 @@ class Pacer:
         if not runs:
             return Pace(asked_s, asked_s, 0, 0.0, 0.0, 0.0)
         viewers = len({r[1] for r in runs})
-        cpu = sum(r[2] for r in runs) / len(runs)
+        cpu_total = sum(r[2] for r in runs)
+        cpu = cpu_total / len(runs)
         wall = sum(r[3] for r in runs) / len(runs)
         for_budget = math.ceil(viewers * cpu / self._budget - 1e-9)
         for_wall = math.ceil(BEHIND_FACTOR * wall - 1e-9)
         interval = max(asked_s, min(MAX_INTERVAL_S, max(for_budget, for_wall)))
         reason = "" if interval == asked_s else "budget" if for_budget >= for_wall else "behind"
-        return Pace(interval, asked_s, viewers, 1000 * cpu, 1000 * wall, sum(r[2] for r in runs) / self._window,
-                    reason)
+        return Pace(interval, asked_s, viewers, 1000 * cpu, 1000 * wall, cpu_total / self._window, reason)
 
 
 _PACER = Pacer()
