@@ -213,13 +213,14 @@ def trust_remote_code() -> bool:
 
 
 def count_parameters(config) -> dict[str, int]:
-    """Parameter counts split into what FP8 quantizes (Linear layers but lm_head) and what it leaves alone."""
+    """Parameter counts split into what FP8 quantizes (Linear layers but lm_head) and what it leaves alone, and the
+    largest such Linear (quantizing it is the moment a load peaks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    linear = other = 0
+    linear = other = largest = 0
     seen = set()
     for name, mod in model.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
@@ -228,6 +229,7 @@ def count_parameters(config) -> dict[str, int]:
             seen.add(id(p))
             if isinstance(mod, torch.nn.Linear) and "lm_head" not in name and pname == "weight":
                 linear += p.numel()
+                largest = max(largest, p.numel())
             else:
                 other += p.numel()
-    return {"quantizable": linear, "other": other}
+    return {"quantizable": linear, "other": other, "largest_linear": largest}

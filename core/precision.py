@@ -95,10 +95,16 @@ def unsupported_reasons(precision: Precision, kv: KVDtype, device: Device, engin
                 "_C::static_scaled_fp8_quant). Use the torch engine for FP8 weights, or BF16 with an FP8 KV cache."
             )
     elif engine == "vllm":
-        if precision is Precision.FP8 and device.capability is not None and device.capability < (8, 9):
+        cc = device.capability
+        if precision is Precision.FP8 and cc is not None and cc < (8, 9):
             reasons.append(
                 f"vLLM runs FP8 W8A8 only on compute capability >= 8.9; on {device.cc_text} ({device.name}) it "
                 "falls back to weight-only FP8 (Marlin, W8A16). Choose FP8 weight-only to say what will run."
+            )
+        if precision is Precision.FP8_WEIGHT_ONLY and cc is not None and cc < (7, 5):
+            reasons.append(
+                f"vLLM runs weight-only FP8 with its Marlin kernels, which need compute capability >= 7.5; found "
+                f"{device.cc_text} ({device.name}). Use BF16 or FP16."
             )
     return reasons
 

@@ -36,7 +36,8 @@ ENV_PYTHON = "TRIAGE_VLLM_PYTHON"  # a Python that can import vllm; set it empty
 # instead.
 FICTIONS: dict[str, tuple[str, str]] = {
     "--fp8-w8a16": ("--quantization", "vLLM has no such flag: `--quantization fp8` runs weight-only FP8 (W8A16, "
-                    "Marlin kernels) by itself on compute capability < 8.9, and W8A8 on 8.9 and newer."),
+                    "Marlin kernels) by itself on compute capability < 8.9, and W8A8 on 8.9 and newer; add "
+                    "`--linear-backend marlin` to run weight-only there too."),
     "--fp8-padding-threshold": ("--quantization", "vLLM has no FP8 padding threshold to tune: turn FP8 on with "
                                 "`--quantization fp8` (online, per-tensor scales) or serve an FP8 checkpoint, and "
                                 "vLLM picks its kernels."),

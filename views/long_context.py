@@ -52,8 +52,8 @@ if engine is None:
         st.stop()
     model_label = text_model.label
 else:
-    model_label = setup.label
-    st.caption(f"Model: {setup.label}; {engine.max_positions or 'unknown'} positions.")
+    model_label = setup.ran_label(engine)
+    st.caption(f"Model: {model_label}; {engine.max_positions or 'unknown'} positions.")
 
 
 def set_sample():
@@ -141,7 +141,7 @@ doc = {"new_tokens": new_tokens, "document_chars": s.chars, "document_tokens": s
 tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"], key="lc_tabs")
 with tabs[0]:
     if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary", key="lc_go_single"):
-        ui.run("single", setup.label, {**doc, "prompt_tokens": n_prompt}, lambda p, keep: keep(
+        ui.run("single", model_label, {**doc, "prompt_tokens": n_prompt}, lambda p, keep: keep(
             longrun.run_once(engine, longrun.exact_prompt(engine, filler, n_prompt), new_tokens, progress=p)))
     for r1 in ui.results("single", stopped):
         ui.metrics(longrun.headline(r1))
@@ -152,7 +152,7 @@ with tabs[1]:
     lengths = st.multiselect("Prompt lengths (tokens)", steps, steps[:3],
                              help="Cut from this document at exact lengths, repeated if it is shorter")
     if st.button("Run the ramp", type="primary", disabled=not lengths, key="lc_go_ramp"):
-        ui.run("ramp", setup.label, {**doc, "lengths": lengths},
+        ui.run("ramp", model_label, {**doc, "lengths": lengths},
                lambda p, keep: longrun.ramp(engine, filler, lengths, new_tokens, p, on_result=keep))
     ui.results("ramp", stopped, lc.ramp_chart, longrun.table_row)
 with tabs[2]:
@@ -161,13 +161,13 @@ with tabs[2]:
                                 help=f"At most {cap:,}: the answer is scored after the prompt, within the positions"))
     st.caption(longrun.NEEDLE_NOTE)
     if st.button("Run the needle test", type="primary", key="lc_go_needle"):
-        ui.run("needle", setup.label, {**doc, "prompt_tokens": total}, lambda p, keep: longrun.needle_test(
+        ui.run("needle", model_label, {**doc, "prompt_tokens": total}, lambda p, keep: longrun.needle_test(
             engine, filler, total, progress=p, on_result=keep, max_length=max_len))
     ui.results("needle", stopped, lc.needle_chart, longrun.needle_row)
 with tabs[3]:
     bt = int(st.number_input("Prompt tokens per sequence", 16, lim, min(256, lim)))
     if st.button("Run batch 1, 4 and 8", type="primary", key="lc_go_batch"):
-        ui.run("batch", setup.label, {**doc, "prompt_tokens": bt, "batches": [1, 4, 8]}, lambda p, keep:
+        ui.run("batch", model_label, {**doc, "prompt_tokens": bt, "batches": [1, 4, 8]}, lambda p, keep:
                longrun.batch_sweep(engine, filler, bt, new_tokens, progress=p, on_result=keep))
     ui.results("batch", stopped, lc.batch_chart, longrun.table_row)
 

@@ -45,8 +45,8 @@ if submitted or st.session_state.get("setup") is None:
             setup = DEFAULT_SETUP
         with st.status(f"Loading {setup.label}", expanded=True) as status:
             bar = st.progress(0.0)
-            session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
-            status.update(label=f"Loaded {setup.label}", state="complete", expanded=False)
+            loaded = session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
+            status.update(label=f"Loaded {setup.ran_label(loaded)}", state="complete", expanded=False)
     except Exception as exc:  # noqa: BLE001 - every load failure is shown to the user, the app keeps running
         st.error(f"Could not load: {exc}")
         prev = st.session_state.get("setup")
@@ -56,6 +56,7 @@ if submitted or st.session_state.get("setup") is None:
 setup, engine = session.current()
 if engine is None:
     st.stop()
+st.caption(f"Runs on: {engine.ran}")
 
 st.subheader("Memory")
 memory_box = st.container()  # filled at the end of the script, so it includes a generation made on this run
@@ -71,7 +72,7 @@ def show_memory() -> None:
     cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
     cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "
                    "end of the last generation on this model.")
-    cols[2].metric("Peak", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
+    cols[2].metric("Peak (last run)", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
     cols[3].metric("Device", mem.device)
     memory_box.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)}
                           for k, v in sorted(mem.weights_by_dtype.items())], hide_index=True)
@@ -113,7 +114,7 @@ def run_prompt() -> None:
     if (warning := session.non_finite_warning(gen, setup)) is not None:
         st.warning(warning)
     t = gen.timing_summary()
-    if session.record_generation(setup, prompt, int(max_new), float(temperature), gen) is None:
+    if session.record_generation(setup, engine, prompt, int(max_new), float(temperature), gen) is None:
         st.caption("This run could not be saved to History (see the server log).")
     cols = st.columns(4)
     cols[0].metric("TTFT", fmt_s(t["ttft_s"]), help="Request start to first token, measured here (prefill).")

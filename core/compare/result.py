@@ -23,21 +23,22 @@ class Side:
     engine: str = "torch"
     url: str = ""
     api_key: str | None = field(default=None, repr=False, compare=False)
+    ran: str = field(default="", compare=False)  # what really executed (the engine's `ran`), filled in once loaded
 
     @property
     def label(self) -> str:
         kv = ", FP8 KV cache" if self.kv_dtype is KVDtype.FP8 else ""
-        where = {"torch": "torch", "vllm": "local vLLM"}.get(self.engine, f"server {self.url}")
+        where = self.ran or {"torch": "torch", "vllm": "local vLLM"}.get(self.engine, f"server {self.url}")
         return f"{self.precision.label}{kv} ({where})"
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "model": self.model, "precision": self.precision.value,
-                "kv_dtype": self.kv_dtype.value, "url": self.url or None, "label": self.label}
+                "kv_dtype": self.kv_dtype.value, "url": self.url or None, "ran": self.ran or None, "label": self.label}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Side":
         return cls(Precision(d["precision"]), KVDtype(d["kv_dtype"]), d.get("model") or "", d.get("engine", "torch"),
-                   d.get("url") or "")
+                   d.get("url") or "", ran=d.get("ran") or "")
 
 
 # ---- results ----

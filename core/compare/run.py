@@ -13,6 +13,8 @@ lazily, inside the torch-only helpers, so pages can import this module.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import math
 import time
@@ -36,8 +38,21 @@ BATCH_PAD_RATIO = 1.3
 ProgressFn = Callable[[float, str], None]
 
 
-def load_engine(side: Side, progress: ProgressFn | None = None):
-    """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user."""
+# Two local vLLM servers of a comparison share one GPU: each takes this much of its memory instead of vLLM's default
+# 0.9, which would leave the second server no room to start.
+VLLM_SHARED_GPU_FRACTION = 0.45
+
+
+def vllm_gpu_share(reference: Side, candidate: Side) -> float | None:
+    """The GPU memory fraction for each local vLLM server when a comparison starts two (None: one server or none,
+    which keeps vLLM's default). On a CPU host the fraction is not passed on (see server_command)."""
+    two_servers = reference.engine == candidate.engine == "vllm" and reference != candidate
+    return VLLM_SHARED_GPU_FRACTION if two_servers else None
+
+
+def load_engine(side: Side, progress: ProgressFn | None = None, gpu_share: float | None = None):
+    """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user.
+    `gpu_share`: the GPU memory fraction a local vLLM server may take (None: vLLM's default)."""
     if side.engine == "torch":
         from core.engines.factory import build_engine  # the CUDA-graph engine where it runs, else TorchEngine
         from core.models import parse_model
@@ -49,7 +64,7 @@ def load_engine(side: Side, progress: ProgressFn | None = None):
         from core.engines.vllm_engine import VllmEngine
 
         model_dir = None if side.model in ("", "embedded") else str(Path(side.model).expanduser())
-        return VllmEngine(model_dir, side.precision, side.kv_dtype).load(progress)
+        return VllmEngine(model_dir, side.precision, side.kv_dtype, gpu_memory_utilization=gpu_share).load(progress)
     if side.engine == "remote":
         from core.engines.remote import RemoteEngine
 
@@ -251,6 +266,8 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
     for side in (reference, candidate):  # a mistyped URL is reported before minutes of loading the other side
         if side.engine == "remote":
             normalize_base_url(side.url)
+    if loader is load_engine and (share := vllm_gpu_share(reference, candidate)) is not None:
+        loader = functools.partial(load_engine, gpu_share=share)
     t0 = time.perf_counter()
     started = []
     try:
@@ -260,6 +277,9 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
                                                          lambda f, m: progress(0.1 + 0.1 * f, f"Candidate: {m}"))
         started.append((candidate, cand))
         load_s = time.perf_counter() - t0
+        # Say what really ran beside what was asked: the eager or the CUDA-graph torch engine, vLLM's kernels.
+        reference, candidate = (dataclasses.replace(side, ran=getattr(eng, "ran", ""))
+                                for side, eng in ((reference, ref), (candidate, cand)))
         result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
                          candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),
                          should_stop=should_stop)

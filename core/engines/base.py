@@ -160,7 +160,7 @@ class MemoryReport:
     weights_by_dtype: dict[str, int]  # dtype name -> bytes
     kv_cache_bytes: int
     peak_bytes: int | None
-    peak_source: str  # "CUDA allocator (max_memory_allocated)", "process RSS high-water mark", ...
+    peak_source: str  # how peak_bytes was measured: "CUDA allocator (max_memory_allocated)", sampled RSS, ...
     device: str
 
     @property
@@ -169,7 +169,8 @@ class MemoryReport:
 
 
 class Engine(Protocol):
-    name: str
+    name: str  # a short key: "torch", "torch-fast", "vllm-cpu", "vllm", "remote"
+    ran: str  # what really executes, for labels, History and JSON: "torch eager on CPU", "vllm 0.32.0 on ..."
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]: ...
 

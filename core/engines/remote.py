@@ -113,6 +113,12 @@ class RemoteEngine:
     def models(self) -> list[str]:
         return self.connect().models
 
+    @property
+    def ran(self) -> str:
+        info = self._info
+        kind = f"vLLM {info.version or ''}".rstrip() if info and info.is_vllm else "OpenAI-compatible"
+        return f"{kind} server at {self.base_url}"
+
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         """A running server's precision is fixed by its launch flags; only its KV dtype can be read (/metrics)."""
         if kv_dtype is KVDtype.AUTO:

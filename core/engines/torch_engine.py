@@ -5,7 +5,7 @@ cancellation and an FP8 KV cache, and skips `generate`'s per-step bookkeeping.
 """
 from __future__ import annotations
 
-import resource
+import contextlib
 import threading
 import time
 from collections import defaultdict
@@ -34,6 +34,8 @@ from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, 
 from core.errors import InputError
 from core.fmt import GIB
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
+from core.telemetry import run_peak
+from core.telemetry.run_peak import RunPeakRss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,6 +64,36 @@ def count_weight_bytes(config, precision: Precision) -> int:
     base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
     per_linear = 1 if precision.is_fp8 else base
     return counts["quantizable"] * per_linear + counts["other"] * base
+
+
+# Quantizing one Linear holds, beside its base-dtype weight: a float32 copy, the scaled float32 values and the E4M3
+# result (fp8.quantize_rows), 4 + 4 + 1 bytes a parameter.
+_QUANTIZE_TEMP_BYTES_PER_PARAM = 9
+
+
+def load_peak_bytes(config, precision: Precision) -> int:
+    """The most memory loading the weights at `precision` takes. Quantized weights are read at the base dtype and
+    quantized afterwards, Linear by Linear, so the peak is the whole model at the base dtype plus one Linear's
+    temporaries, about twice the FP8 size that stays once loading is done."""
+    if not precision.is_fp8:
+        return count_weight_bytes(config, precision)
+    counts = count_parameters(config)
+    base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
+    return (counts["quantizable"] + counts["other"]) * base + _QUANTIZE_TEMP_BYTES_PER_PARAM * counts["largest_linear"]
+
+
+def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, free: int) -> str | None:
+    """Why the weights would not fit in `free` bytes while loading or after, or None. Keeps 15% for activations."""
+    settled, peak = count_weight_bytes(config, precision), load_peak_bytes(config, precision)
+    if peak <= 0.85 * free:
+        return None
+    if settled <= 0.85 * free:
+        return (f"{spec.label} at {precision.label} keeps about {settled / GIB:.1f} GiB of weights once loaded, but "
+                f"its weights load at {precision.base_dtype} and are quantized afterwards, so loading peaks at about "
+                f"{peak / GIB:.1f} GiB; only {free / GIB:.1f} GiB is free on {device.name}. Free some memory "
+                "(unload other models) or pick a smaller model.")
+    return (f"{spec.label} at {precision.label} needs about {settled / GIB:.1f} GiB for its weights; only "
+            f"{free / GIB:.1f} GiB is free on {device.name}. Pick a smaller model or a lower precision.")
 
 
 def score_from_logprobs(lp, continuation_ids: list[int], top_k: int, full: bool) -> Score:
@@ -143,6 +175,7 @@ class TorchEngine:
         self.dtype = DTYPES[precision.base_dtype]
         self.lock = threading.Lock()  # one generation at a time per loaded model; sessions queue here
         self.last_kv_bytes = 0
+        self.last_run_peak_bytes: int | None = None  # CPU only: the last generation's or scoring's own peak
         progress = progress or (lambda f, m: None)
 
         reasons = self.unsupported_reasons(precision, kv_dtype)
@@ -151,13 +184,9 @@ class TorchEngine:
         progress(0.0, f"Preparing {spec.label}")
         model_dir = embedded_model_dir(lambda f, m: progress(0.6 * f, m)) if spec.kind == "embedded" else None
         config = synthetic_config(spec.path) if spec.kind == "synthetic" else load_config(spec)
-        need = count_weight_bytes(config, precision)
-        free = available_bytes(self.device)
-        if need > 0.85 * free:
-            raise EngineError(
-                f"{spec.label} at {precision.label} needs about {need / GIB:.1f} GiB for its weights; only "
-                f"{free / GIB:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision."
-            )
+        problem = fit_problem(spec, config, precision, self.device, available_bytes(self.device))
+        if problem:
+            raise EngineError(problem)
         progress(0.65, f"Loading weights at {precision.label}")
         if self.device.kind == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -171,6 +200,10 @@ class TorchEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.max_positions = getattr(self.config, "max_position_embeddings", None)
         progress(1.0, "Loaded")
+
+    @property
+    def ran(self) -> str:
+        return f"torch eager on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
@@ -255,7 +288,7 @@ class TorchEngine:
     def _decode(self, ids: list[list[int]], params: GenerationParams, gens: list[Generation],
                 should_stop) -> Iterator[StreamEvent]:
         self._check_lengths(ids, params)
-        with self.lock:
+        with self.lock, self._run_peak():
             self._ensure_loaded()
             dev = self.device.kind
             batch = len(ids)
@@ -311,7 +344,7 @@ class TorchEngine:
         """One forward pass over prompt + continuation; position i scores continuation_ids[i]."""
         if not prompt_ids or not continuation_ids:
             raise InputError("Scoring needs a non-empty prompt and continuation.")
-        with self.lock:
+        with self.lock, self._run_peak():
             self._ensure_loaded()
             ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], device=self.device.kind)
             cache = make_cache(self.config, self.kv_dtype)
@@ -323,6 +356,17 @@ class TorchEngine:
             return score_from_logprobs(lp, continuation_ids, top_k, full)
 
     # ---- memory ----
+    @contextlib.contextmanager
+    def _run_peak(self):
+        """Record this run's own peak memory: on CUDA the allocator's peak, reset here; on the CPU sampled RSS."""
+        if self.device.kind == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            yield
+            return
+        with RunPeakRss() as peak:
+            yield
+        self.last_run_peak_bytes = peak.bytes
+
     def memory_report(self) -> MemoryReport:
         self._ensure_loaded()
         by_dtype: dict[str, int] = defaultdict(int)
@@ -334,8 +378,10 @@ class TorchEngine:
             by_dtype[str(t.dtype).replace("torch.", "")] += t.numel() * t.element_size()
         if self.device.kind == "cuda":
             peak, source = torch.cuda.max_memory_allocated(), "CUDA allocator (torch.cuda.max_memory_allocated)"
+        elif self.last_run_peak_bytes is None:
+            peak, source = None, "no generation on this model yet"
         else:
-            peak, source = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process peak RSS (getrusage)"
+            peak, source = self.last_run_peak_bytes, run_peak.SOURCE
         return MemoryReport(dict(by_dtype), self.last_kv_bytes, peak, source, self.device.name)
 
     def _ensure_loaded(self) -> None:

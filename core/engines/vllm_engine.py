@@ -11,6 +11,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,7 +87,7 @@ def free_port() -> int:
 
 def server_command(python: str, model_dir: str, port: int, precision: Precision, kv_dtype: KVDtype, *,
                    served_name: str, max_model_len: int, cpu: bool, kv_cache_bytes: int | None,
-                   extra_args: list[str] = ()) -> list[str]:
+                   gpu_memory_utilization: float | None = None, extra_args: list[str] = ()) -> list[str]:
     """The launch command; only flags that exist in vLLM's own parser."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
@@ -94,6 +95,12 @@ def server_command(python: str, model_dir: str, port: int, precision: Precision,
            "--max-model-len", str(max_model_len), "--max-logprobs", "20"]
     if precision.is_fp8:
         cmd += ["--quantization", "fp8"]
+    if precision is Precision.FP8_WEIGHT_ONLY:
+        # vLLM picks W8A8 kernels on compute capability >= 8.9 and Marlin (W8A16) below; the Marlin backend is the
+        # only way to ask for weight-only FP8 on every GPU (refused below 7.5 in core.precision).
+        cmd += ["--linear-backend", "marlin"]
+    if gpu_memory_utilization is not None and not cpu:
+        cmd += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     if cpu:
         # On the CPU build "GPU memory" means host memory; size the KV cache explicitly instead of by fraction,
         # and skip graph capture/compilation, which only costs start time there.
@@ -157,14 +164,17 @@ class VllmServer:
         self.start_s = time.monotonic() - t0
         return self
 
-    def log_tail(self, lines: int = 25) -> str:
+    def log_text(self) -> str:
         try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+            return Path(self.log_path).read_text(errors="replace")
         except OSError:
             return ""
 
+    def log_tail(self, lines: int = 25) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
     def _failure(self, what: str) -> str:
-        full = Path(self.log_path).read_text(errors="replace") if Path(self.log_path).exists() else ""
+        full = self.log_text()
         hint = _explain_failure(full)
         return f"{what} {hint + ' ' if hint else ''}Log: {self.log_path}. Last lines:\n{self.log_tail()}"
 
@@ -213,26 +223,80 @@ def _stop_all() -> None:
         server.stop(grace_s=5.0)
 
 
+def cuda_device(nvml=None) -> Device:
+    """The GPU a CUDA vLLM server will use (the first visible one), read through NVML, which needs no CUDA context.
+    Without NVML the device is still CUDA, with an unknown capability: the precision rules then cannot refuse
+    ahead, and the kernels vLLM logs are checked after start instead."""
+    from core.telemetry.nvml import NvmlSource
+
+    source = NvmlSource(nvml)
+    gpus = source.gpus if source.probe().ok else []
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    pick = next((g for g in gpus if first and (str(g.index) == first or g.uuid == first)), gpus[0] if gpus else None)
+    source.close()
+    if pick is None or not pick.compute_capability:
+        return Device("cuda", pick.name if pick else "CUDA GPU (NVML unavailable)", None, None)
+    major, minor = (int(x) for x in pick.compute_capability.split("."))
+    return Device("cuda", pick.name, (major, minor), None)
+
+
+_SELECTED = re.compile(r"Selected (\w+) for (\w+)")
+_W8A16_KERNELS = ("Marlin",)  # vLLM's FP8 kernels that keep activations at 16 bits
+
+
+def linear_kernels(log: str) -> dict[str, str]:
+    """{layer method: kernel class} from vLLM's "Selected <kernel> for <method>" start-up lines."""
+    return {method: kernel for kernel, method in _SELECTED.findall(log)}
+
+
+def kernel_mismatch(precision: Precision, kernels: dict[str, str]) -> str | None:
+    """Why the kernels vLLM chose do not run `precision`, or None. Only FP8 has a silent fallback to catch."""
+    fp8 = kernels.get("Fp8LinearMethod")
+    if fp8 is None or not precision.is_fp8:
+        return None
+    w8a16 = fp8.startswith(_W8A16_KERNELS)
+    if precision is Precision.FP8 and w8a16:
+        return (f"vLLM chose {fp8} for the FP8 linears: weights in FP8, activations in 16 bits (W8A16), not the W8A8 "
+                "asked for. This GPU has no FP8 tensor cores (compute capability < 8.9); choose FP8 weight-only.")
+    if precision is Precision.FP8_WEIGHT_ONLY and not w8a16:
+        return (f"vLLM chose {fp8} for the FP8 linears, which quantizes activations too (W8A8), not the weight-only "
+                "FP8 asked for.")
+    return None
+
+
 class VllmEngine:
     """The Engine protocol over a local vLLM server started on demand (`load`) with the chosen precision."""
 
     def __init__(self, model_dir: str | Path | None = None, precision: Precision = Precision.BF16,
                  kv_dtype: KVDtype = KVDtype.AUTO, *, max_model_len: int = 2048, kv_cache_gib: float = 1.0,
                  device: Device | None = None, start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 extra_args: list[str] = (), python: str | Path | None = None):
+                 extra_args: list[str] = (), python: str | Path | None = None,
+                 gpu_memory_utilization: float | None = None):
         self.model_dir = str(model_dir) if model_dir else None  # None: the embedded model, converted on load
         self.precision, self.kv_dtype = precision, kv_dtype
         self.max_model_len, self.kv_cache_gib = max_model_len, kv_cache_gib
-        self.device = device or Device()
         self.start_timeout_s = start_timeout_s
         self.extra_args = list(extra_args)
         self.python = str(python or vllm_python())
+        # vLLM's CUDA build takes this share of the GPU's memory (its default 0.9 when None); two servers on one GPU
+        # need a share each.
+        self.gpu_memory_utilization = gpu_memory_utilization
+        # The rules for a precision depend on the GPU vLLM will run on: its compute capability decides W8A8 or not.
+        self.device = device or (cuda_device() if self.name == "vllm" else Device())
         self.server: VllmServer | None = None
         self.remote: RemoteEngine | None = None
+        self.kernels: dict[str, str] = {}  # what vLLM logged choosing for each linear method, after start
 
     @property
     def name(self) -> str:
         return vllm_flavor(self.python)[0] or "vllm"
+
+    @property
+    def ran(self) -> str:
+        version = vllm_flavor(self.python)[1] if vllm_flavor(self.python)[0] else ""
+        fp8 = self.kernels.get("Fp8LinearMethod")
+        kernel = f", FP8 linears: {fp8}" if fp8 else ""
+        return f"{self.name} {version} server on {self.device.name}{kernel}".replace("  ", " ")
 
     def unsupported_reasons(self, precision: Precision | None = None, kv_dtype: KVDtype | None = None) -> list[str]:
         precision = precision or self.precision
@@ -275,11 +339,16 @@ class VllmEngine:
         cmd = server_command(self.python, model_dir, port, self.precision, self.kv_dtype, served_name=served,
                              max_model_len=self.max_model_len, cpu=cpu,
                              kv_cache_bytes=int(self.kv_cache_gib * GIB) if cpu else None,
-                             extra_args=self.extra_args)
+                             gpu_memory_utilization=self.gpu_memory_utilization, extra_args=self.extra_args)
         # Local model, no network: never reach for the Hub or send usage stats.
         env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         self.server = VllmServer(cmd, port, env)  # kept on failure too: its log says why
         self.server.start(self.start_timeout_s, progress, should_stop)
+        self.kernels = linear_kernels(self.server.log_text())
+        wrong = kernel_mismatch(self.precision, self.kernels)
+        if wrong:
+            self.server.stop()
+            raise EngineError(wrong)
         self.remote = RemoteEngine(self.server.base_url, model=served, timeout_s=120.0)
         self.remote.connect()
         return self

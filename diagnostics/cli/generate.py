@@ -44,7 +44,7 @@ def run(args) -> int:
     gen = engine.generate([args.prompt], params, on_step=on_step if stream else None)[0]
     if args.json:
         out = {"model": engine.spec.label, "precision": engine.precision.value, "kv_dtype": engine.kv_dtype.value,
-               "device": engine.device.name, **gen.to_dict(),
+               "device": engine.device.name, "engine": engine.ran, **gen.to_dict(),
                "token_texts": engine.token_texts(gen.token_ids)}
         print(json.dumps(out))
     else:
@@ -52,6 +52,6 @@ def run(args) -> int:
             print(gen.text, end="")
         t = gen.timing_summary()
         tok_s = f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "n/a"
-        print(f"\n[{engine.precision.label}, {t['new_tokens']} tokens, TTFT {t['ttft_s'] * 1000:.0f} ms, "
+        print(f"\n[{engine.precision.label} on {engine.ran}, {t['new_tokens']} tokens, TTFT {t['ttft_s'] * 1000:.0f} ms, "
               f"decode {tok_s}]", file=sys.stderr)
     return 0

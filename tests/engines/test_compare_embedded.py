@@ -101,6 +101,8 @@ def test_cli_compare_json_fp8_kv_cache(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     d = json.loads(out.stdout)
     assert d["reference"]["precision"] == "fp32" and d["candidate"]["kv_dtype"] == "fp8"
+    # What ran, not only what was asked: the eager torch engine on this CPU (the CUDA-graph path says so instead).
+    assert d["reference"]["ran"] == "torch eager on CPU" and "torch eager on CPU" in d["candidate"]["label"]
     assert d["top_k"] == 5 and len(d["prompts"]) == 1
     s = d["summary"]
     assert s["kl_source"] == "full" and s["mean_kld"] >= 0.0 and s["same_top"] >= 0.8
@@ -111,6 +113,7 @@ def test_cli_compare_json_fp8_kv_cache(tmp_path):
     runs = store.list_runs()
     assert [r.kind for r in runs] == ["compare"]
     hs = runs[0].summary
+    assert "torch eager on CPU" in hs["candidate"] and "torch eager on CPU" in runs[0].title
     assert hs["candidate_kv_dtype"] == "fp8" and hs["mean_kld_nats"] == s["mean_kld"] and hs["top_k"] == 5
     assert store.get_run(runs[0].id).payload["prompts"][0]["ref_ids"] == d["prompts"][0]["ref_ids"]
     store.close()

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -176,3 +177,49 @@ def test_the_pool_never_unloads_a_generating_engine_and_an_unloaded_one_says_so(
         with pytest.raises(EngineUnloaded) as err:
             call()
         assert isinstance(err.value, TriageError) and "unloaded" in str(err.value) and "Load it again" in str(err.value)
+
+
+def test_fp8_fit_check_counts_the_bf16_load_peak(monkeypatch):
+    """FP8 weights load at BF16 and are quantized afterwards: a GPU or host with room for the FP8 weights but not for
+    the BF16 load is refused before loading, with both numbers. The free-memory reading is the one injected value: no
+    machine here has a size between the two."""
+    from core.engines import torch_engine as te
+    from core.models import synthetic_config
+
+    config = synthetic_config("llama-3-8b")
+    settled, peak = te.count_weight_bytes(config, Precision.FP8), te.load_peak_bytes(config, Precision.FP8)
+    assert peak >= te.count_weight_bytes(config, Precision.BF16) > 1.7 * settled  # about twice, not the FP8 size
+    between = int((settled + peak) / 2 / 0.85)
+    monkeypatch.setattr(te, "available_bytes", lambda device: between)
+    with pytest.raises(te.EngineError, match="loading peaks at about") as exc:
+        TorchEngine(ModelSpec("synthetic", "llama-3-8b"), Precision.FP8, KVDtype.AUTO, device="cpu")
+    assert f"{settled / 2**30:.1f} GiB" in str(exc.value) and f"{peak / 2**30:.1f} GiB" in str(exc.value)
+    assert te.fit_problem(ModelSpec("synthetic", "llama-3-8b"), config, Precision.FP8, te.current_device("cpu"),
+                          int(peak / 0.85) + 1) is None
+
+
+def test_peak_memory_is_the_runs_own_not_the_processes_high_water_mark(engine_cache):
+    """On the CPU the reported peak is this run's, sampled: a short run after a long one reports less, and memory
+    the process held before the run (another session's model) is not in it."""
+    e = engine_cache("bf16")
+    params = GenerationParams(max_new_tokens=2, top_logprobs=0)
+    e.generate([[5] * 3000], params)
+    long_peak = e.memory_report()
+    held = torch.ones(256 * 2**20 // 4)  # 256 MiB held across the next run, as another model would be
+    e.generate([PROMPTS[0]], params)
+    short_peak = e.memory_report()
+    del held
+    assert "sampled" in long_peak.peak_source and long_peak.peak_bytes > 0
+    assert short_peak.peak_bytes < long_peak.peak_bytes and short_peak.peak_bytes < 256 * 2**20
+
+
+def test_run_peak_counts_what_the_run_allocates():
+    from core.telemetry.run_peak import RunPeakRss
+
+    before = b"\x01" * (128 * 2**20)  # held before: not the run's
+    with RunPeakRss() as peak:
+        during = b"\x02" * (96 * 2**20)
+        time.sleep(0.05)  # a run lasts longer than the sampling period; this one held the GIL while it allocated
+        del during
+    assert 80 * 2**20 <= peak.bytes < 128 * 2**20 + 96 * 2**20
+    del before

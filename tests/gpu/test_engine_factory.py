@@ -13,10 +13,41 @@ pytestmark = pytest.mark.gpu
 def test_synthetic_llama_gets_the_fast_engine(precision):
     engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
     try:
-        assert engine.name == "torch-fast"
+        assert engine.name == "torch-fast" and engine.ran.startswith("torch fast path (CUDA graphs")
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s and g.ttft_s > 0
         print(f"{precision.value}: decode {g.decode_tok_s:.1f} tok/s, TTFT {g.ttft_s * 1000:.1f} ms")
         assert engine.memory_report().weights_bytes > 0
     finally:
         engine.unload()
+
+
+
+def test_the_eager_engine_names_itself_and_its_gpu():
+    from core.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine(ModelSpec("synthetic", "llama-3-8b"), Precision.BF16, KVDtype.AUTO)
+    try:
+        assert engine.ran == f"torch eager on {engine.device.name}" and "NVIDIA" in engine.ran
+        engine.generate(["hello"], GenerationParams(max_new_tokens=4, stop_at_eos=False))
+        report = engine.memory_report()
+        assert report.peak_bytes >= report.weights_bytes and "CUDA" in report.peak_source
+    finally:
+        engine.unload()
+
+
+def test_vllm_would_see_this_gpus_real_capability():
+    """CUDA vLLM is not installed on the GPU machine: check the device the vLLM engine would read (real NVML) and
+    the command line and rules it would get there."""
+    from core.engines.vllm_engine import cuda_device, server_command
+    from core.precision import unsupported_reasons
+
+    device = cuda_device()
+    assert device.kind == "cuda" and device.capability is not None and "NVIDIA" in device.name
+    print(f"vLLM would run on {device.name}, compute capability {device.cc_text}")
+    w8a8_ok = device.capability >= (8, 9)
+    assert (not unsupported_reasons(Precision.FP8, KVDtype.AUTO, device, engine="vllm")) == w8a8_ok
+    assert not unsupported_reasons(Precision.FP8_WEIGHT_ONLY, KVDtype.AUTO, device, engine="vllm")
+    cmd = server_command("python", "/m", 8000, Precision.FP8_WEIGHT_ONLY, KVDtype.AUTO, served_name="m",
+                         max_model_len=4096, cpu=False, kv_cache_bytes=None, gpu_memory_utilization=0.45)
+    assert cmd[cmd.index("--linear-backend") + 1] == "marlin" and "0.45" in cmd

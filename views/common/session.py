@@ -48,7 +48,9 @@ def current():
 def sidebar_status(box) -> None:
     """The loaded model's line in the sidebar placeholder `box`."""
     setup = st.session_state.get("setup")
-    box.caption(f"Loaded: {setup.label}" if setup else "No model loaded yet: open the Model page.")
+    engine = _pool().get(setup) if setup else None
+    label = setup.ran_label(engine) if engine is not None else setup.label if setup else None
+    box.caption(f"Loaded: {label}" if label else "No model loaded yet: open the Model page.")
 
 
 @st.cache_resource(show_spinner=False)
@@ -98,14 +100,15 @@ def non_finite_warning(gen, setup: Setup) -> str | None:
             f"overflowed at {setup.precision.label}, so this output means nothing. {why}. Use BF16 or FP32.")
 
 
-def record_generation(setup: Setup, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
+def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
     """Save one Model page generation to history; None when history could not be written (the user keeps the
     result)."""
     from core import store
 
     timing = gen.timing_summary()
-    payload = {"setup": setup.label, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
+    payload = {"setup": setup.ran_label(engine), "engine": engine.ran, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
                "text": gen.text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
                "token_times_s": gen.token_times, "timing": timing}
-    summary = {"setup": setup.label, "precision": setup.precision.value, "kv_dtype": setup.kv_dtype.value, **timing}
+    summary = {"setup": setup.ran_label(engine), "engine": engine.ran, "precision": setup.precision.value,
+               "kv_dtype": setup.kv_dtype.value, **timing}
     return store.record("generate", prompt, payload, summary)

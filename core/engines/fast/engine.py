@@ -112,6 +112,10 @@ class FastLlamaEngine:
         del hf
         return weights, tokenizer, set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
+    @property
+    def ran(self) -> str:
+        return f"torch fast path (CUDA graphs, Triton kernels) on {self.device.name}"
+
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
 
