@@ -293,10 +293,11 @@ class VllmEngine:
 
     @property
     def ran(self) -> str:
-        version = vllm_flavor(self.python)[1] if vllm_flavor(self.python)[0] else ""
+        flavor, version = vllm_flavor(self.python)
+        what = f"{flavor} {version}" if flavor else self.name
         fp8 = self.kernels.get("Fp8LinearMethod")
         kernel = f", FP8 linears: {fp8}" if fp8 else ""
-        return f"{self.name} {version} server on {self.device.name}{kernel}".replace("  ", " ")
+        return f"{what} server on {self.device.name}{kernel}"
 
     def unsupported_reasons(self, precision: Precision | None = None, kv_dtype: KVDtype | None = None) -> list[str]:
         precision = precision or self.precision

@@ -52,6 +52,7 @@ def run(args) -> int:
             print(gen.text, end="")
         t = gen.timing_summary()
         tok_s = f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "n/a"
-        print(f"\n[{engine.precision.label} on {engine.ran}, {t['new_tokens']} tokens, TTFT {t['ttft_s'] * 1000:.0f} ms, "
+        print(f"\n[{engine.precision.label} on {engine.ran}, {t['new_tokens']} tokens, "
+              f"TTFT {t['ttft_s'] * 1000:.0f} ms, "
               f"decode {tok_s}]", file=sys.stderr)
     return 0

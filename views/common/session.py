@@ -106,7 +106,8 @@ def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, te
     from core import store
 
     timing = gen.timing_summary()
-    payload = {"setup": setup.ran_label(engine), "engine": engine.ran, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
+    payload = {"setup": setup.ran_label(engine), "engine": engine.ran, "prompt": prompt,
+               "max_new_tokens": max_new_tokens, "temperature": temperature,
                "text": gen.text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
                "token_times_s": gen.token_times, "timing": timing}
     summary = {"setup": setup.ran_label(engine), "engine": engine.ran, "precision": setup.precision.value,
