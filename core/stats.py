@@ -71,6 +71,6 @@ def mad(values: list[float]) -> float | None:
 def robust_z(value: float, med: float, spread: float | None) -> float | None:
     """How many MADs (scaled by 1.4826, so a normal sample's MAD-z matches its z-score) `value` lies from the median.
     None where the spread is 0: half the values are equal and any other one would be 'infinitely' far."""
-    if not spread:
+    if not spread or spread <= 1e-9 * abs(med):  # float noise around identical values is no spread
         return None
     return (value - med) / (1.4826 * spread)

@@ -1,7 +1,7 @@
 """The fleet table as rows of text, shared by the page and the CLI: one row per replica, worst first.
 
 A cell is "N/A" where the column's series is absent (no GPU exporter, no histogram observations in the window); an
-outlier's cell is marked with "▲" and its robust z (median/MAD).
+outlier's cell (median/MAD, see core/fleet/fleet.py) is marked "▲" with its ratio to the fleet median.
 """
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, st
                "last scrape": "N/A" if r.last_scrape_age_s is None else f"{r.last_scrape_age_s:.0f} s ago"}
         for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
             cell = fmt(r.value(key))
-            if key in r.outliers:
-                z = r.outliers[key]
-                cell += f" ▲{z:g}" if z != float("inf") else " ▲"
+            med, v = snap.fleet_median.get(key), r.value(key)
+            if key in r.outliers and med and v is not None:
+                cell += f" ▲{v / med:.1f}x"  # the ratio to the median reads better than a z-score
             row[header] = cell
         out.append(row)
     return out
