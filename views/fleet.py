@@ -26,7 +26,7 @@ st.title("Fleet")
 st.caption("Every vLLM replica your Prometheus (or Thanos, Mimir, VictoriaMetrics) already scrapes: which one is "
            "slow, and why. The console only queries Prometheus; it never scrapes the fleet itself.")
 with st.form("fleet_connect"):
-    c = st.columns([4, 3, 2, 1, 1], vertical_alignment="bottom")
+    c = st.columns([4, 3, 2, 1.2, 1.4], vertical_alignment="bottom")
     url = c[0].text_input("Prometheus URL", ss.get("fleet_url", os.environ.get("TRIAGE_PROMETHEUS_URL", "")),
                           placeholder="http://prometheus:9090")
     selector = c[1].text_input("Label selector (optional)", ss.get("fleet_sel", ""), placeholder='{namespace="prod"}',

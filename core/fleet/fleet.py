@@ -6,12 +6,12 @@ CLI and History all read.
 """
 from __future__ import annotations
 
+import datetime as dt
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.errors import InputError
 from core.fleet.prom import Cost, PromError, Prometheus
 from core.fleet.promql import HOST, Builder, Names, REPLICA_LABELS, discovery_query, host_of, parse_window
 from core.fleet.selector import check_label_name, parse_selector, render
@@ -174,8 +174,6 @@ def _health(r: Replica, by_instance: dict, now: float) -> None:
 
 
 def _iso_to_unix(text: str) -> float:
-    import datetime as dt
-
     # Prometheus writes RFC 3339 with nanoseconds ("2026-12-01T17:05:01.123456789Z"); Python reads microseconds.
     head, _, frac = text.rstrip("Z").partition(".")
     tz = ""
@@ -202,8 +200,3 @@ def _gpu_source(prom: Prometheus, results: dict, now: float) -> str:
     names = {s.labels.get("__name__") for s in found}
     return "dcgm-exporter" if "DCGM_FI_DEV_GPU_UTIL" in names else "triage exporter" if names else ""
 
-
-def check_replica_label(text: str) -> str:
-    if not text:
-        raise InputError("No replica label given; use instance (the default), pod, model_name or engine.")
-    return check_label_name(text, "replica label")
