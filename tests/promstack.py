@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tests.e2e.helpers import _die_with_parent, free_port
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+PROMETHEUS = os.environ.get("TRIAGE_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "fixtures" / "vllm-0.32-cpu-metrics-after-3-requests.txt"
 COUNTER_LINE = re.compile(r"^(vllm:[a-z_]+(?:_total|_count|_sum|_bucket))(\{[^}]*\})? ([0-9.eE+-]+)$")
@@ -31,7 +31,8 @@ COUNTER_LINE = re.compile(r"^(vllm:[a-z_]+(?:_total|_count|_sum|_bucket))(\{[^}]
 def missing_reason() -> str | None:
     """Why Prometheus cannot run here, or None. scripts/setup.sh --dev installs it."""
     if not Path(PROMETHEUS).exists():
-        return "the prometheus binary is not installed (scripts/setup.sh --dev runs apt-get install prometheus)"
+        return (f"no prometheus binary at {PROMETHEUS} (scripts/setup.sh --dev runs apt-get install prometheus; "
+                "TRIAGE_PROMETHEUS names another)")
     return None
 
 

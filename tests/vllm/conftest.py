@@ -134,7 +134,7 @@ def web_server():
 
 # --- one real Prometheus for the fleet tests ---------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def prom_stack(vllm_servers, tmp_path_factory):
+def prom_stack(request):
     """Prometheus (1 s scrapes) over the two real vLLM servers, a one-replica replay the tests may stop (job vllm),
     ten replayed replicas with one slow (job replay), and the console's own exporter (job exporter).
 
@@ -153,7 +153,7 @@ def prom_stack(vllm_servers, tmp_path_factory):
             pytest.skip(f"{why}; skipped on purpose (TRIAGE_TESTS_WITHOUT_PROMETHEUS=1)")
         pytest.fail(f"The fleet tests need Prometheus: {why}. Set TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 to skip them.",
                     pytrace=False)
-    main, second = vllm_servers
+    main, second = request.getfixturevalue("vllm_servers")  # after the check: a missing binary fails at once
     doomed = promstack.ReplayServer(1)
     replay = promstack.ReplayServer(10, slow={3})
     exporter_port = free_port()
