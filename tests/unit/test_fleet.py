@@ -146,3 +146,14 @@ def test_exporter_text_over_the_fake_nvml():
         assert f"\n{name}" in text, name
     assert 'gpu="1"' in text
     assert reasons_to_mask(decode_throttle(0x44)) == 0x44
+
+
+def test_the_exporter_command_imports_no_streamlit_torch_or_requests():
+    import subprocess
+    import sys
+
+    code = ("import sys; from diagnostics.__main__ import COMMAND_MODULES; from core.telemetry import exporter; "
+            "exporter.registry(exporter.TelemetryCollector()); "
+            "print(sorted(m for m in ('streamlit', 'torch', 'pandas', 'requests', 'plotly') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
