@@ -36,7 +36,8 @@ class Replica:
     last_error: str = ""
     values: dict[str, float | None] = field(default_factory=dict)  # the replica columns (running, ttft_p99_s, ...)
     gpu: dict[str, float | None] = field(default_factory=dict)  # the GPU columns of its host or pod
-    outliers: dict[str, float] = field(default_factory=dict)  # column -> robust z, for the columns it stands out in
+    # column -> robust z for the columns it stands out in; None where the others agree exactly (MAD 0)
+    outliers: dict[str, float | None] = field(default_factory=dict)
 
     def value(self, col: str) -> float | None:
         return self.values.get(col, self.gpu.get(col))
@@ -105,7 +106,7 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
     if any(not r.instances for r in replicas):
         notes.append(f"Some series have no {label!r} label; they are grouped under an empty name.")
     snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
-                         {k: v for k, v in queries.items()}, dict(names.by_column), gpu_source,
+                         dict(queries), dict(names.by_column), gpu_source,
                          _no_stats(targets, replicas), med, version, Cost(), 0.0, notes)
     snap.cost = prom.cost.minus(cost0)
     snap.elapsed_s = time.perf_counter() - t0
@@ -127,7 +128,7 @@ def rank(replicas: list[Replica]) -> dict[str, float | None]:
                 continue
             z = robust_z(v, m, spread)
             if z is None or z >= OUTLIER_Z:  # MAD 0: most replicas agree exactly, so this one stands out
-                r.outliers[col] = round(z, 1) if z is not None else float("inf")
+                r.outliers[col] = round(z, 1) if z is not None else None
     return med
 
 

@@ -51,7 +51,7 @@ def state(r: Replica) -> str:
 def worst_first(snap: FleetSnapshot) -> list[Replica]:
     """Down first, then outliers (highest z first), then by p99 TTFT."""
     def key(r: Replica):
-        z = max(r.outliers.values(), default=0.0)
+        z = max((float("inf") if z is None else z for z in r.outliers.values()), default=0.0)
         return (r.up is not False, -z, -(r.values.get("ttft_p99_s") or 0.0), r.name)
     return sorted(snap.replicas, key=key)
 

@@ -134,9 +134,12 @@ def decide_slow(snap: FleetSnapshot) -> Outcome:
     if len(rows) < 3:
         return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in the last "
                     f"{snap.window}; comparing against a median needs 3")
-    slow = [r for r in rows if any(c in r.outliers and (r.values.get(c) or 0) >= SLOW_RATIO * (snap.fleet_median.get(c)
-                                                                                             or float("inf"))
-                                   for c in cols)]
+
+    def much_slower(r: Replica, col: str) -> bool:
+        med = snap.fleet_median.get(col)
+        return col in r.outliers and bool(med) and (r.values.get(col) or 0) >= SLOW_RATIO * med
+
+    slow = [r for r in rows if any(much_slower(r, c) for c in cols)]
     ev = _evidence(snap, slow, cols)
     ev.update({f"fleet median {c}": snap.fleet_median.get(c) for c in cols})
     if slow:
