@@ -4,6 +4,7 @@ Widgets -> diagnostics.fleet.run (one refresh, saved to History) -> render. Cred
 come from the console's environment (TRIAGE_PROM_TOKEN, or TRIAGE_PROM_USER/TRIAGE_PROM_PASSWORD). Label values and
 other server text are escaped before Streamlit renders them as Markdown.
 """
+import datetime as dt
 import os
 
 import pandas as pd
@@ -16,6 +17,9 @@ from core.fleet.prom import Prometheus
 from core.fleet.promql import REPLICA_LABELS
 from core.fmt import fmt_s, markdown_literal
 from diagnostics import fleet
+from diagnostics.charts import figure
+from diagnostics.context import Series
+from diagnostics.findings import Chart
 from diagnostics.report import summary_line
 from views.common.findings import card
 
@@ -76,15 +80,18 @@ for finding in run.result.findings:
     card(finding, key_prefix="fleet")
 
 
-def draw(chart: fs.Chart) -> None:
+def draw(chart: fs.Chart, key: str) -> None:
     if not chart.lines:
         st.info(f"No {chart.title} series over that range.")
         return
-    frames = [pd.Series([v for _, v in pts], index=pd.to_datetime([t for t, _ in pts], unit="s", utc=True), name=name)
-              for name, pts in chart.lines.items()]
-    st.line_chart(pd.concat(frames, axis=1), y_label=f"{chart.title} ({chart.unit})")
-    st.caption(markdown_literal(f"{len(chart.lines)} of {chart.replicas_total} replicas, step {chart.step_s:g} s: "
-                                f"{chart.promql}"))
+    start = min(t for pts in chart.lines.values() for t, _ in pts)
+    lines = tuple(Series(name, chart.unit, "Prometheus", tuple(t - start for t, _ in pts), tuple(v for _, v in pts))
+                  for name, pts in chart.lines.items())
+    st.plotly_chart(figure(Chart(chart.title, lines, f"{chart.title} ({chart.unit})")), key=key,
+                    config={"displayModeBar": False})
+    st.caption(markdown_literal(f"{len(chart.lines)} of {chart.replicas_total} replicas (highest mean first), from "
+                                f"{dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}, step "
+                                f"{chart.step_s:g} s: {chart.promql}"))
 
 
 st.subheader("Over time")
@@ -93,7 +100,7 @@ col = c[0].selectbox("Metric", list(fs.CHARTABLE), format_func=lambda k: fs.CHAR
 rng = c[1].selectbox("Range", list(fs.RANGES), index=2)
 worst = c[2].slider("Worst replicas drawn", 1, 20, 5)
 try:
-    draw(fs.history(Prometheus(snap.prometheus_url), snap, col, rng, worst))
+    draw(fs.history(Prometheus(snap.prometheus_url), snap, col, rng, worst), "fleet-over-time")
 except TriageError as exc:
     st.warning(markdown_literal(exc))
 
@@ -110,6 +117,6 @@ if r is not None:
     for i, key in enumerate(("ttft_p99_s", "running")):
         with cc[i]:
             try:
-                draw(fs.history(Prometheus(snap.prometheus_url), snap, key, rng, 1, replica=r.name))
+                draw(fs.history(Prometheus(snap.prometheus_url), snap, key, rng, 1, replica=r.name), f"fleet-one-{key}")
             except TriageError as exc:
                 st.warning(markdown_literal(exc))

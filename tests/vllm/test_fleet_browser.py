@@ -21,6 +21,7 @@ def test_fleet_page_in_the_browser(prom_stack, app_server, page, history_db):
     page.get_by_text("Replicas, worst first").wait_for(timeout=60_000)
     page.get_by_text("Fleet checklist").wait_for(timeout=60_000)
     wait_idle(page, 120)
+    page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)  # the over-time chart (query_range) drew
     assert int(metric_value(page, "Replicas")) >= 11
     body = page.inner_text("body")
     assert "fleet.slow_replica" in body and "replica-0003" in body and "vllm.metrics_off" in body
