@@ -95,13 +95,22 @@ class PrometheusServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# dcgm-exporter's text for one H200 (its names, labels and units: FB in MiB, DRAM_ACTIVE a 0-1 fraction). Made up, not
+# recorded: no dcgm-exporter runs here. It lets the tests follow GPU series through a real Prometheus to the replicas.
+DCGM_PAGE = "\n".join(
+    f'{name}{{gpu="0",UUID="GPU-0f0e",device="nvidia0",modelName="NVIDIA H200",Hostname="gpu-host"}} {value}'
+    for name, value in (("DCGM_FI_DEV_GPU_UTIL", 20), ("DCGM_FI_PROF_DRAM_ACTIVE", 0.5), ("DCGM_FI_DEV_FB_USED", 1000),
+                        ("DCGM_FI_DEV_FB_FREE", 139000), ("DCGM_FI_DEV_XID_ERRORS", 0),
+                        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 4))) + "\n"
+
+
 class ReplayServer:
     """Serves the recorded page at /r/<i> for replicas 0..n-1; `slow` replicas get 10x time-to-first-token."""
 
     def __init__(self, n: int, slow: set[int] = frozenset(), page: str | None = None):
         text = page if page is not None else RECORDED.read_text()
-        self.lines = [ln for ln in text.splitlines() if ln.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))
-                      and "_created" not in ln]
+        keep = ("vllm:", "# HELP vllm:", "# TYPE vllm:") if page is None else ("",)  # a given page is served whole
+        self.lines = [ln for ln in text.splitlines() if ln.startswith(keep) and "_created" not in ln]
         self.n, self.slow, self.t0 = n, set(slow), time.time()
         replay = self
 

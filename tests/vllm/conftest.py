@@ -136,7 +136,8 @@ def web_server():
 @pytest.fixture(scope="session")
 def prom_stack(request):
     """Prometheus (1 s scrapes) over the two real vLLM servers, a one-replica replay the tests may stop (job vllm),
-    ten replayed replicas with one slow (job replay), and the console's own exporter (job exporter).
+    ten replayed replicas with one slow (job replay), the console's own exporter (job exporter) and a dcgm-exporter
+    page for the host the real servers run on (job dcgm).
 
     A missing prometheus binary fails the tests, unless TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 says to skip them."""
     import subprocess
@@ -156,6 +157,7 @@ def prom_stack(request):
     main, second = request.getfixturevalue("vllm_servers")  # after the check: a missing binary fails at once
     doomed = promstack.ReplayServer(1)
     replay = promstack.ReplayServer(10, slow={3})
+    dcgm = promstack.ReplayServer(1, page=promstack.DCGM_PAGE)  # on 127.0.0.1, the real servers' host
     exporter_port = free_port()
     exporter = subprocess.Popen([sys.executable, "-m", "diagnostics", "exporter", "--port", str(exporter_port)],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -164,7 +166,8 @@ def prom_stack(request):
     doomed_labels[0].pop("instance")  # keeps the address as instance, like the real servers of its job
     jobs = [promstack.scrape_job("vllm", addr + doomed_target, 1.0, [{}, {}] + doomed_labels),
             promstack.scrape_job("replay", *replay.targets()[:1], 1.0, replay.targets()[1]),
-            promstack.scrape_job("exporter", [f"127.0.0.1:{exporter_port}"], 1.0)]
+            promstack.scrape_job("exporter", [f"127.0.0.1:{exporter_port}"], 1.0),
+            promstack.scrape_job("dcgm", dcgm.targets()[0], 1.0, [{"__metrics_path__": "/r/0"}])]
     prom = promstack.PrometheusServer(jobs, REPO / "artifacts" / "prometheus.log")
     try:
         prom.start()
@@ -179,6 +182,7 @@ def prom_stack(request):
         exporter.wait(10)
         replay.stop()
         doomed.stop()
+        dcgm.stop()
 
 
 def _wait_for_samples(url: str, promql: str, at_least: int, timeout_s: float) -> None:

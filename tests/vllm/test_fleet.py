@@ -68,6 +68,18 @@ def test_fleet_checklist_flags_metrics_off_and_the_slow_replica(prom_stack, tmp_
     assert host and host[0].value > 0
 
 
+def test_gpu_series_from_dcgm_exporter_reach_the_replicas_on_their_host(prom_stack):
+    run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
+    snap = run.snapshot
+    gpu = snap.replica(prom_stack.instances["main"]).gpu
+    assert snap.gpu_source == "dcgm-exporter"
+    assert gpu["gpu_util_pct"] == 20 and gpu["dram_bw_pct"] == 50 and gpu["xid"] == 0
+    assert gpu["fb_used_bytes"] == 1000 * 2**20 and gpu["clock_events"] == 4
+    found = by_id(run)
+    assert found["gpu.bandwidth_bound"].status.value == "PASS" and found["fleet.xid"].status.value == "PASS"
+    assert "DCGM_FI_PROF_DRAM_ACTIVE" in found["gpu.bandwidth_bound"].evidence["promql"]
+
+
 def test_queries_per_refresh_do_not_grow_with_replicas(prom_stack):
     prom = Prometheus(prom_stack.url)
     one = collect(prom, f'{{instance="{prom_stack.instances["main"]}"}}', window="1m")
