@@ -163,4 +163,4 @@ def _by(*labels: str) -> str:
 
 
 def _scaled(expr: str, scale: float) -> str:
-    return expr if scale == 1.0 else f"({expr}) * {scale:g}"
+    return expr if scale == 1.0 else f"({expr}) * {scale!r}"  # repr: exact (:g would round 1048576 to 1.04858e+06)
