@@ -68,7 +68,7 @@ def test_queries_are_one_per_column_aggregated_by_the_replica_label():
     assert 'namespace="a\\"b"' in discovery_query(b.matchers)
     gpu = b.gpu_columns("host")
     assert "DCGM_FI_PROF_DRAM_ACTIVE" in gpu["dram_bw_pct"] and "triage_gpu_dram_bw_util_percent" in gpu["dram_bw_pct"]
-    assert ") * 1048576.0 or " in gpu["fb_used_bytes"]  # MiB to bytes, exactly
+    assert ") * 1048576.0) or " in gpu["fb_used_bytes"]  # MiB to bytes, exactly
 
 
 def _snap(replicas, **kw) -> FleetSnapshot:
