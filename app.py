@@ -15,6 +15,7 @@ PAGES = [
     ("views/compare.py", "Precision compare", ":material/compare:"),
     ("views/long_context.py", "Long context", ":material/article:"),
     ("views/deployment.py", "vLLM deployment", ":material/dns:"),
+    ("views/fleet.py", "Fleet", ":material/lan:"),
     ("views/history.py", "History", ":material/history:"),
 ]
 

@@ -77,7 +77,9 @@ def http_get(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None
 
 
 def request(method: str, url: str, timeout_s: float, api_key: str | None, session: requests.Session | None,
-             **kw) -> requests.Response:
+            *, unauthorized: str = "the server wants an API key (vLLM --api-key). Give the same key here.",
+            **kw) -> requests.Response:
+    """`unauthorized` finishes the sentence a 401/403 gets: what the server wants, and where to give it."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         resp = (session or new_session()).request(method, url, headers=headers, allow_redirects=False,
@@ -90,22 +92,21 @@ def request(method: str, url: str, timeout_s: float, api_key: str | None, sessio
                           "does not follow redirects. Enter the server's own URL.")
     if resp.status_code in (401, 403):
         resp.close()
-        raise RemoteError(f"{url} answered HTTP {resp.status_code}: the server wants an API key (vLLM --api-key). "
-                          "Give the same key here.")
+        raise RemoteError(f"{url} answered HTTP {resp.status_code}: {unauthorized}")
     return resp
 
 
-def json_body(resp: requests.Response, url: str) -> dict:
+def json_body(resp: requests.Response, url: str, expected: str = "a vLLM OpenAI API") -> dict:
     ctype = resp.headers.get("content-type", "")
     body = resp.text
     if "html" in ctype or body.lstrip().startswith("<"):
         raise RemoteError(f"{url} answered HTTP {resp.status_code} with an HTML page, not JSON: this is a web server "
-                          "or proxy, not a vLLM OpenAI API. Enter the vLLM server's base URL.")
+                          f"or proxy, not {expected}. Enter the base URL of {expected}.")
     try:
         return resp.json()
     except ValueError:
         raise RemoteError(f"{url} answered HTTP {resp.status_code} with something that is not JSON "
-                          f"({body[:120]!r}); expected a vLLM OpenAI API.") from None
+                          f"({body[:120]!r}); expected {expected}.") from None
 
 
 def api_error(resp: requests.Response, url: str) -> RemoteError:

@@ -56,3 +56,21 @@ def nearest_rank_percentiles(values: list[float]) -> dict[str, float | None]:
     v = sorted(values)
     pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def median(values: list[float]) -> float | None:
+    return percentile(values, 0.5)
+
+
+def mad(values: list[float]) -> float | None:
+    """Median absolute deviation from the median: a spread that one wild value cannot drag (unlike the std dev)."""
+    m = median(values)
+    return None if m is None else median([abs(v - m) for v in values])
+
+
+def robust_z(value: float, med: float, spread: float | None) -> float | None:
+    """How many MADs (scaled by 1.4826, so a normal sample's MAD-z matches its z-score) `value` lies from the median.
+    None where the spread is 0: half the values are equal and any other one would be 'infinitely' far."""
+    if not spread or spread <= 1e-9 * abs(med):  # float noise around identical values is no spread
+        return None
+    return (value - med) / (1.4826 * spread)

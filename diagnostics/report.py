@@ -76,6 +76,16 @@ def history_summary(result: RunResult) -> dict:
             "summary": summary_line(result)}
 
 
+def to_text(result: RunResult) -> str:
+    """The terminal report: the summary line, then a line per finding with its remedy under the ones to act on."""
+    lines = [summary_line(result)]
+    for f in result.findings:
+        lines.append(f"{f.status.value:5} {f.check_id:20} {f.verdict}")
+        if f.remedy and f.status in (Status.FAIL, Status.WARN, Status.ERROR):
+            lines.append(f"{'':26} -> {f.remedy}")
+    return "\n".join(lines)
+
+
 # --- JSON ---------------------------------------------------------------------------------------------------------
 
 def to_json(result: RunResult) -> str:

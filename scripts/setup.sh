@@ -2,7 +2,7 @@
 # Sets up the console on a fresh machine: .venv with the console's packages and the embedded model converted once.
 #   bash scripts/setup.sh          the app
 #   bash scripts/setup.sh --dev    the app plus what the tests need: pytest, Playwright with Debian's Chromium,
-#                                  and vLLM's CPU build in its own environment (.venv-vllm)
+#                                  Debian's prometheus, and vLLM's CPU build in its own environment (.venv-vllm)
 # Safe to run again: finished steps are skipped quickly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,13 @@ if [ "$DEV" = 1 ]; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -q >/dev/null
     $SUDO apt-get install -y -q chromium chromium-driver >/dev/null
+  fi
+  if [ ! -x /usr/bin/prometheus ]; then
+    # The fleet tests start their own Prometheus (temporary config and TSDB, loopback); the system service is not used.
+    echo "== Debian's prometheus for the fleet tests"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q >/dev/null
+    $SUDO apt-get install -y -q prometheus >/dev/null
   fi
   bash scripts/setup_vllm.sh
 fi

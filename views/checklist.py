@@ -7,14 +7,11 @@ import streamlit as st
 
 from core.errors import TriageError
 from diagnostics import job as jobs
-from diagnostics.charts import figure
-from diagnostics.findings import Status
 from diagnostics.registry import all_checks
-from diagnostics.report import STATUS_ICONS, evidence_rows, markdown_safe, remedy_markdown, summary_line
+from diagnostics.report import markdown_safe, summary_line
 from diagnostics.runner import DEFAULT_S, MAX_S
+from views.common.findings import card
 
-BADGE_COLOURS = {Status.FAIL: "red", Status.ERROR: "violet", Status.WARN: "orange", Status.PASS: "green",
-                 Status.SKIP: "gray"}
 POLL_S = 0.5
 
 st.session_state.setdefault("diag_job", None)
@@ -55,25 +52,6 @@ def progress_panel():
     st.progress(min(max(j.fraction, 0.0), 1.0), text=j.message)
     if st.button("Cancel", icon=":material/stop:", help="End the window now; the checks run on what was sampled."):
         j.cancel.set()
-
-
-def card(f):
-    with st.container(border=True):
-        head = st.columns([5, 1])
-        head[0].markdown(f"**{markdown_safe(f.title)}** · `{f.check_id}`")
-        head[1].badge(f"{STATUS_ICONS[f.status]} {f.status.value}", color=BADGE_COLOURS[f.status])
-        st.markdown(markdown_safe(f.verdict))
-        if f.remedy:
-            st.markdown(remedy_markdown(f.remedy))
-        if f.status is Status.SKIP:
-            return
-        for i, chart in enumerate(f.charts):
-            st.plotly_chart(figure(chart), key=f"chart-{f.check_id}-{i}", config={"displayModeBar": False})
-        rows = evidence_rows(f)
-        if rows:
-            with st.expander(f"Evidence ({len(rows)})"):
-                st.dataframe({"what": [k for k, _ in rows], "value": [v for _, v in rows]}, hide_index=True)
-        st.caption(f"Looks at: {markdown_safe(f.hint)} · severity {f.severity.label}")
 
 
 if running:

@@ -7,7 +7,7 @@ import sys
 import threading
 
 from core.precision import Precision
-from diagnostics.findings import Status
+from diagnostics.cli.fleet import add_prometheus_args, print_run
 from diagnostics.runner import DEFAULT_S, MAX_S
 
 
@@ -24,24 +24,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=[x.value for x in Precision],
                    help="the precision you asked for, when the launch command does not say")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    add_prometheus_args(p, required=False)  # given: the fleet checklist from Prometheus instead of this host
     p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D "
                    "(HTML needs plotly; without it the other two are written and the run still exits 0)")
     p.set_defaults(func=main)
 
 
-def _print_text(result) -> None:
-    from diagnostics.report import summary_line
-
-    print(summary_line(result))
-    for f in result.findings:
-        print(f"{f.status.value:5} {f.check_id:20} {f.verdict}")
-        if f.remedy and f.status in (Status.FAIL, Status.WARN, Status.ERROR):
-            print(f"{'':26} -> {f.remedy}")
-
-
 def main(args: argparse.Namespace) -> int:
     from core import store
     from diagnostics import report, runner
+
+    if args.prometheus_url:
+        from core.fleet.prom import Prometheus
+        from diagnostics import fleet
+
+        print_run(fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window),
+                  args.json)
+        return 0
 
     cancel = threading.Event()
     # First Ctrl-C ends the window early (the checks still run); a second one stops the program.
@@ -77,5 +76,5 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json(result))
     else:
-        _print_text(result)
+        print(report.to_text(result))
     return 0

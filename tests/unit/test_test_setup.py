@@ -26,3 +26,15 @@ def test_browser_tests_fail_without_chromium_unless_skipped_on_purpose():
     for path in ("tests/e2e/test_pages.py", "tests/vllm/test_deployment_browser.py"):
         on_purpose = collect(path, TRIAGE_TESTS_WITHOUT_BROWSER="1")
         assert on_purpose.returncode in (0, 5), on_purpose.stdout + on_purpose.stderr  # 5: all skipped
+
+
+def test_fleet_tests_fail_without_prometheus_unless_skipped_on_purpose():
+    test = "tests/vllm/test_fleet.py::test_queries_per_refresh_do_not_grow_with_replicas"
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    env = {**os.environ, "TRIAGE_PROMETHEUS": "/nonexistent/prometheus"}
+    broken = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert broken.returncode != 0 and "no prometheus binary at /nonexistent/prometheus" in broken.stdout
+    assert "TRIAGE_TESTS_WITHOUT_PROMETHEUS=1" in broken.stdout
+    skipped = subprocess.run(run + ["-rs"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**env, "TRIAGE_TESTS_WITHOUT_PROMETHEUS": "1"})
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout

@@ -130,3 +130,70 @@ def web_server():
     for s in servers:
         s.shutdown()
         s.server_close()
+
+
+# --- one real Prometheus for the fleet tests ---------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def prom_stack(request):
+    """Prometheus (1 s scrapes) over the two real vLLM servers, a one-replica replay the tests may stop (job vllm),
+    ten replayed replicas with one slow (job replay), the console's own exporter (job exporter) and a dcgm-exporter
+    page for the host the real servers run on (job dcgm).
+
+    A missing prometheus binary fails the tests, unless TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 says to skip them."""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from tests import promstack
+    from tests.e2e.helpers import free_port
+
+    why = promstack.missing_reason()
+    if why:
+        if os.environ.get("TRIAGE_TESTS_WITHOUT_PROMETHEUS") == "1":
+            pytest.skip(f"{why}; skipped on purpose (TRIAGE_TESTS_WITHOUT_PROMETHEUS=1)")
+        pytest.fail(f"The fleet tests need Prometheus: {why}. Set TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 to skip them.",
+                    pytrace=False)
+    main, second = request.getfixturevalue("vllm_servers")  # after the check: a missing binary fails at once
+    doomed = promstack.ReplayServer(1)
+    replay = promstack.ReplayServer(10, slow={3})
+    dcgm = promstack.ReplayServer(1, page=promstack.DCGM_PAGE)  # on 127.0.0.1, the real servers' host
+    exporter_port = free_port()
+    exporter = subprocess.Popen([sys.executable, "-m", "diagnostics", "exporter", "--port", str(exporter_port)],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    addr = [u.split("//", 1)[1] for u in (main.base_url, second.base_url)]
+    doomed_target, doomed_labels = doomed.targets()
+    doomed_labels[0].pop("instance")  # keeps the address as instance, like the real servers of its job
+    jobs = [promstack.scrape_job("vllm", addr + doomed_target, 1.0, [{}, {}] + doomed_labels),
+            promstack.scrape_job("replay", *replay.targets()[:1], 1.0, replay.targets()[1]),
+            promstack.scrape_job("exporter", [f"127.0.0.1:{exporter_port}"], 1.0),
+            promstack.scrape_job("dcgm", dcgm.targets()[0], 1.0, [{"__metrics_path__": "/r/0"}])]
+    prom = promstack.PrometheusServer(jobs, REPO / "artifacts" / "prometheus.log")
+    try:
+        prom.start()
+        stack = SimpleNamespace(prom=prom, url=prom.url, main=main, second=second, doomed=doomed, replay=replay,
+                                instances={"main": addr[0], "second": addr[1], "doomed": doomed_target[0]},
+                                exporter_port=exporter_port)
+        _wait_for_samples(prom.url, 'count_over_time(vllm:num_requests_running{job="replay"}[1m])', 3, 60)
+        yield stack
+    finally:
+        prom.stop()
+        exporter.terminate()
+        exporter.wait(10)
+        replay.stop()
+        doomed.stop()
+        dcgm.stop()
+
+
+def _wait_for_samples(url: str, promql: str, at_least: int, timeout_s: float) -> None:
+    """Prometheus starts scraping ~5 s after start (its discovery batches updates): wait for a few samples."""
+    import time
+
+    from core.fleet.prom import Prometheus
+
+    prom, deadline = Prometheus(url), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any((s.value or 0) >= at_least for s in prom.query(promql)):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus at {url} has fewer than {at_least} samples of {promql} after {timeout_s:g} s")

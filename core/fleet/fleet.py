@@ -1,0 +1,203 @@
+"""One refresh of the fleet view: discover the replicas, run every column's query once, join and rank them.
+
+A refresh sends a fixed number of requests whatever the fleet's size (about 25: discovery, one per column, the
+targets list); they run in parallel. The result is plain data (FleetSnapshot) that the fleet checks, the page, the
+CLI and History all read.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.fleet.prom import Cost, PromError, Prometheus
+from core.fleet.promql import HOST, Builder, Names, REPLICA_LABELS, discovery_query, host_of, parse_window
+from core.fleet.selector import check_label_name, parse_selector, render
+from core.stats import mad, median, robust_z
+
+OUTLIER_Z = 3.5  # robust z beyond which a replica is marked (Iglewicz and Hoaglin's usual cut-off)
+OUTLIER_MIN_RATIO = 1.5  # ...and at least this far from the median as a ratio, so a tight fleet flags no one
+RANKED = ("ttft_p99_s", "itl_p99_s", "ttft_p50_s", "itl_p50_s")  # higher is worse
+PARALLEL = 8
+
+
+class NoVllmSeries(PromError):
+    """The selector matches no vLLM series in this Prometheus."""
+
+
+@dataclass
+class Replica:
+    name: str  # the replica label's value
+    instances: list[str]
+    up: bool | None  # None: none of its targets is in /api/v1/targets (federated or remote-written data)
+    last_scrape_age_s: float | None = None
+    last_error: str = ""
+    values: dict[str, float | None] = field(default_factory=dict)  # the replica columns (running, ttft_p99_s, ...)
+    gpu: dict[str, float | None] = field(default_factory=dict)  # the GPU columns of its host or pod
+    # column -> robust z for the columns it stands out in; None where the others agree exactly (MAD 0)
+    outliers: dict[str, float | None] = field(default_factory=dict)
+
+    def value(self, col: str) -> float | None:
+        return self.values.get(col, self.gpu.get(col))
+
+
+@dataclass
+class FleetSnapshot:
+    prometheus_url: str
+    selector: str
+    replica_label: str
+    window: str
+    window_s: int
+    t: float  # unix seconds of the evaluation
+    replicas: list[Replica]
+    promql: dict[str, str]  # column -> the query it came from
+    names: dict[str, str]  # column -> the vLLM metric name found
+    gpu_source: str  # "dcgm-exporter", "triage exporter", "" (no GPU series)
+    no_stats_targets: list[dict[str, str]]  # up targets of the vLLM jobs that export no vllm series
+    fleet_median: dict[str, float | None]
+    prometheus_version: str
+    cost: Cost
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For History and --json; holds no credentials (the client never puts them in the snapshot)."""
+        d = asdict(self)
+        d["schema"] = "triage-console/fleet/1"
+        return d
+
+    def replica(self, name: str) -> Replica | None:
+        return next((r for r in self.replicas if r.name == name), None)
+
+
+def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m") -> FleetSnapshot:
+    """One refresh. Raises TriageError subclasses for what a user must fix (URL, auth, selector, nothing found)."""
+    matchers = parse_selector(selector)
+    label = check_label_name(replica_label, "replica label")
+    window, window_s = parse_window(window)
+    t0, cost0, now = time.perf_counter(), Cost(**asdict(prom.cost)), time.time()
+    present = {s.labels.get("__name__", ""): s.value for s in prom.query(discovery_query(matchers), now)}
+    names = Names.resolve(set(present))
+    if not names.get("running"):
+        where = f" under {{{render(matchers)}}}" if matchers else ""
+        raise NoVllmSeries(f"Prometheus at {prom.base_url} has no vLLM series{where} (looked for vllm:*, vllm_* and "
+                           "ray_vllm_* names of num_requests_running). Check the selector, and that Prometheus "
+                           "scrapes the vLLM servers' /metrics (Status > Targets in its UI).")
+    b = Builder(matchers, label, window, names)
+    queries = b.replica_columns()
+    gpu_key = "pod" if label == "pod" else HOST
+    queries.update({f"gpu:{k}": v for k, v in b.gpu_columns(gpu_key).items()})
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {col: pool.submit(prom.query, q, now) for col, q in queries.items()}
+        targets_f = pool.submit(prom.targets)
+        build_f = pool.submit(_version, prom)
+        results = {col: f.result() for col, f in futures.items()}
+        targets = targets_f.result()
+        version = build_f.result()
+    replicas = _join(results, label, gpu_key, targets, now)
+    gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
+                                                                                         "dram_bw_pct")) else ""
+    med = rank(replicas)
+    notes = []
+    if label not in REPLICA_LABELS:
+        notes.append(f"Replica label {label!r} is not one of the usual {', '.join(REPLICA_LABELS)}.")
+    if any(not r.instances for r in replicas):
+        notes.append(f"Some series have no {label!r} label; they are grouped under an empty name.")
+    snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
+                         dict(queries), dict(names.by_column), gpu_source,
+                         _no_stats(targets, replicas), med, version, Cost(), 0.0, notes)
+    snap.cost = prom.cost.minus(cost0)
+    snap.elapsed_s = time.perf_counter() - t0
+    return snap
+
+
+def rank(replicas: list[Replica]) -> dict[str, float | None]:
+    """Mark each replica's columns that stand far above the fleet's median (median and MAD, not mean and sd)."""
+    med = {}
+    for col in RANKED:
+        vals = [v for r in replicas if (v := r.values.get(col)) is not None]
+        m, spread = median(vals), mad(vals)
+        med[col] = m
+        if m is None or len(vals) < 3:
+            continue
+        for r in replicas:
+            v = r.values.get(col)
+            if v is None or m <= 0 or v < OUTLIER_MIN_RATIO * m:
+                continue
+            z = robust_z(v, m, spread)
+            if z is None or z >= OUTLIER_Z:  # MAD 0: most replicas agree exactly, so this one stands out
+                r.outliers[col] = round(z, 1) if z is not None else None
+    return med
+
+
+def _version(prom: Prometheus) -> str:
+    try:
+        return str(prom.buildinfo().get("version", "unknown"))
+    except PromError:  # Thanos and some proxies do not serve buildinfo; the rest works without it
+        return "unknown"
+
+
+def _join(results: dict, label: str, gpu_key: str, targets: list[dict], now: float) -> list[Replica]:
+    by_instance = {t.get("labels", {}).get("instance"): t for t in targets}
+    rows: dict[str, Replica] = {}
+    for s in results.get("members", []):
+        name = s.labels.get(label, "")
+        r = rows.setdefault(name, Replica(name, [], None))
+        if "instance" in s.labels and s.labels["instance"] not in r.instances:
+            r.instances.append(s.labels["instance"])
+    for col, samples in results.items():
+        if col == "members" or col.startswith("gpu:"):
+            continue
+        for s in samples:
+            if (r := rows.get(s.labels.get(label, ""))) is not None:
+                r.values[col] = s.value
+    gpu = {col[4:]: {s.labels.get(gpu_key, ""): s.value for s in samples}
+           for col, samples in results.items() if col.startswith("gpu:")}
+    for r in rows.values():
+        _health(r, by_instance, now)
+        keys = [r.name] if gpu_key == "pod" else sorted({host_of(i) for i in r.instances})
+        for col, per_key in gpu.items():
+            vals = [per_key[k] for k in keys if per_key.get(k) is not None]
+            r.gpu[col] = (max(vals) if col in ("xid", "dram_bw_pct") else sum(vals) / len(vals)) if vals else None
+    return sorted(rows.values(), key=lambda r: r.name)
+
+
+def _health(r: Replica, by_instance: dict, now: float) -> None:
+    found = [by_instance[i] for i in r.instances if i in by_instance]
+    if not found:
+        return
+    r.up = all(t.get("health") == "up" for t in found)
+    r.last_error = "; ".join(t.get("lastError", "") for t in found if t.get("lastError"))
+    ages = [now - _iso_to_unix(t["lastScrape"]) for t in found if t.get("lastScrape")]
+    r.last_scrape_age_s = max(0.0, max(ages)) if ages else None
+
+
+def _iso_to_unix(text: str) -> float:
+    # Prometheus writes RFC 3339 with nanoseconds ("2026-12-01T17:05:01.123456789Z"); Python reads microseconds.
+    head, _, frac = text.rstrip("Z").partition(".")
+    tz = ""
+    for sign in "+-":
+        if sign in frac:
+            frac, tz = frac.split(sign, 1)[0], sign + frac.split(sign, 1)[1]
+    stamp = dt.datetime.fromisoformat(head + (tz or "+00:00"))
+    return stamp.timestamp() + (float("0." + frac) if frac.isdigit() else 0.0)
+
+
+def _no_stats(targets: list[dict], replicas: list[Replica]) -> list[dict[str, str]]:
+    """Healthy targets in the same scrape jobs as the replicas that export no vLLM series: --disable-log-stats."""
+    seen = {i for r in replicas for i in r.instances}
+    by_instance = {t.get("labels", {}).get("instance"): t for t in targets}
+    jobs = {by_instance[i].get("labels", {}).get("job") for i in seen if i in by_instance}
+    return [{"instance": lab.get("instance", ""), "job": lab.get("job", ""), "url": t.get("scrapeUrl", "")}
+            for t in targets if (lab := t.get("labels", {})).get("job") in jobs and t.get("health") == "up"
+            and lab.get("instance") not in seen]
+
+
+def _gpu_source(prom: Prometheus, results: dict, now: float) -> str:
+    # The `or` in each GPU query hides which exporter answered; the metric name is not in the result, so ask once.
+    found = prom.query('count({__name__=~"DCGM_FI_DEV_GPU_UTIL|triage_gpu_util_percent"}) by (__name__)', now)
+    names = {s.labels.get("__name__") for s in found}
+    return "dcgm-exporter" if "DCGM_FI_DEV_GPU_UTIL" in names else "triage exporter" if names else ""
+

@@ -1,0 +1,166 @@
+"""The PromQL the fleet view sends: one aggregated query per column for the whole fleet, never one per replica.
+
+vLLM's series come in three name forms (`vllm:` native, `vllm_` after relabelling, `ray_vllm_` from Ray Serve LLM)
+and old and new names (kv_cache_usage_perc was gpu_cache_usage_perc). One discovery query finds which names this
+Prometheus holds; every column then uses the first candidate found. GPU series (dcgm-exporter's, or the console's
+own exporter's) are grouped by host, the address part of `instance`, since the GPU exporter listens on another port
+of the same host; on Kubernetes, where both carry `pod`, by pod.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from core.errors import InputError
+from core.fleet.selector import Matcher, quote, render
+
+PREFIXES = ("vllm:", "vllm_", "ray_vllm_", "ray_vllm:")
+# column -> candidate base names (newest first); histograms are named without _bucket
+GAUGES = {"running": ("num_requests_running",), "waiting": ("num_requests_waiting",),
+          "kv": ("kv_cache_usage_perc", "gpu_cache_usage_perc")}
+COUNTERS = {"preemptions": ("num_preemptions_total",), "prompt_tokens": ("prompt_tokens_total",),
+            "generation_tokens": ("generation_tokens_total",),
+            "prefix_queries": ("prefix_cache_queries_total", "gpu_prefix_cache_queries_total"),
+            "prefix_hits": ("prefix_cache_hits_total", "gpu_prefix_cache_hits_total")}
+HISTOGRAMS = {"ttft": ("time_to_first_token_seconds",),
+              "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds")}
+REPLICA_LABELS = ("instance", "pod", "model_name", "engine")
+HOST = "host"  # the label the GPU queries group by: instance without its port
+
+# GPU columns: (dcgm-exporter name and scale to our unit, the console exporter's name). DCGM FB is MiB,
+# DRAM_ACTIVE a 0-1 fraction.
+GPU_METRICS = {
+    "gpu_util_pct": (("DCGM_FI_DEV_GPU_UTIL", 1.0), "triage_gpu_util_percent", "avg", "avg_over_time"),
+    "dram_bw_pct": (("DCGM_FI_PROF_DRAM_ACTIVE", 100.0), "triage_gpu_dram_bw_util_percent", "max", "avg_over_time"),
+    "fb_used_bytes": (("DCGM_FI_DEV_FB_USED", 2.0**20), "triage_gpu_memory_used_bytes", "sum", "last_over_time"),
+    "fb_free_bytes": (("DCGM_FI_DEV_FB_FREE", 2.0**20), "triage_gpu_memory_free_bytes", "sum", "last_over_time"),
+    "xid": (("DCGM_FI_DEV_XID_ERRORS", 1.0), None, "max", "max_over_time"),
+    "clock_events": (("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0), "triage_gpu_clock_event_reasons", "max",
+                     "last_over_time"),
+}
+CLOCK_EVENTS_OLD = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+
+_WINDOW = re.compile(r"(\d+)([smh])\Z")
+MIN_WINDOW_S, MAX_WINDOW_S = 10, 24 * 3600
+
+
+def parse_window(text: str) -> tuple[str, int]:
+    """'5m' -> ('5m', 300). Whole seconds, minutes or hours, 10 s to 24 h."""
+    m = _WINDOW.match((text or "").strip())
+    if not m:
+        raise InputError(f"The window {text!r} is not a duration: give a number and s, m or h, e.g. 30s, 5m or 1h.")
+    seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
+        raise InputError(f"The window {text!r} must be 10s to 24h: rates need two scrapes inside it.")
+    return f"{m.group(1)}{m.group(2)}", seconds
+
+
+def discovery_query(matchers: tuple[Matcher, ...]) -> str:
+    """One query: which of the candidate names exist under the selector, with how many series each."""
+    bases = [n for names in (*GAUGES.values(), *COUNTERS.values()) for n in names]
+    bases += [n + "_count" for names in HISTOGRAMS.values() for n in names]
+    prefixes = "|".join(re.escape(p) for p in PREFIXES)
+    name_re = f"({prefixes})({'|'.join(bases)})"
+    return f"count by (__name__) ({{{render((Matcher('__name__', '=~', name_re),) + tuple(matchers))}}})"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The metric name each column reads, as found in this Prometheus; a column without one is absent."""
+
+    by_column: dict[str, str]
+
+    @classmethod
+    def resolve(cls, present: set[str]) -> "Names":
+        found = {}
+        for col, bases in (*GAUGES.items(), *COUNTERS.items(), *HISTOGRAMS.items()):
+            suffix = "_count" if col in HISTOGRAMS else ""
+            for base in bases:
+                name = next((p + base for p in PREFIXES if p + base + suffix in present), None)
+                if name:
+                    found[col] = name
+                    break
+        return cls(found)
+
+    def get(self, col: str) -> str | None:
+        return self.by_column.get(col)
+
+
+class Builder:
+    """PromQL for one fleet view: the user's matchers (escaped), the replica label, the window."""
+
+    def __init__(self, matchers: tuple[Matcher, ...], replica_label: str, window: str, names: Names):
+        self.matchers, self.label, self.window, self.names = tuple(matchers), replica_label, window, names
+
+    def sel(self, name: str, *extra: Matcher) -> str:
+        return f"{{{render((Matcher('__name__', '=', name),) + self.matchers + extra)}}}"
+
+    def replica_columns(self) -> dict[str, str]:
+        """column -> PromQL, one per column, each aggregated `by (replica label)`."""
+        L, W, n = self.label, self.window, self.names
+        q: dict[str, str] = {}
+        if n.get("running"):
+            # members: replicas seen in the window (a stopped one too, until the window passes) and their targets
+            q["members"] = f"count by ({_by(L, 'instance')}) (last_over_time({self.sel(n.get('running'))}[{W}]))"
+            q["running"] = f"sum by ({L}) ({self.sel(n.get('running'))})"
+            q["running_avg"] = f"sum by ({L}) (avg_over_time({self.sel(n.get('running'))}[{W}]))"
+        if n.get("waiting"):
+            q["waiting"] = f"sum by ({L}) ({self.sel(n.get('waiting'))})"
+        if n.get("kv"):
+            q["kv"] = f"max by ({L}) ({self.sel(n.get('kv'))})"
+            q["kv_peak"] = f"max by ({L}) (max_over_time({self.sel(n.get('kv'))}[{W}]))"
+        for col, out in (("preemptions", "preemptions_s"), ("prompt_tokens", "prompt_tok_s"),
+                         ("generation_tokens", "generation_tok_s")):
+            if n.get(col):
+                q[out] = self.rate(n.get(col))
+        if n.get("prefix_hits") and n.get("prefix_queries"):
+            q["prefix_hit_rate"] = f"{self.rate(n.get('prefix_hits'))} / {self.rate(n.get('prefix_queries'))}"
+        for col in HISTOGRAMS:
+            if n.get(col):
+                for qn in (0.5, 0.99):
+                    q[f"{col}_p{round(qn * 100)}_s"] = self.quantile(n.get(col), qn)
+        return q
+
+    def rate(self, name: str) -> str:
+        return f"sum by ({self.label}) (rate({self.sel(name)}[{self.window}]))"
+
+    def quantile(self, name: str, q: float, label: str | None = None) -> str:
+        by = _by("le", label or self.label)
+        return f"histogram_quantile({q:g}, sum by ({by}) (rate({self.sel(name + '_bucket')}[{self.window}])))"
+
+    def gpu_columns(self, key: str) -> dict[str, str]:
+        """column -> PromQL over every GPU series (not narrowed by the selector: GPU exporters carry other job and
+        namespace labels), grouped by `key`: HOST, or pod."""
+        q = {}
+        for col, ((dcgm, scale), own, agg, over) in GPU_METRICS.items():
+            names = [(dcgm, scale)] + ([(own, 1.0)] if own else [])
+            if col == "clock_events":
+                names.insert(1, (CLOCK_EVENTS_OLD, 1.0))
+            parts = [f"{agg} by ({key}) ({_scaled(self._keyed(f'{over}({{__name__={quote(name)}}}[{self.window}])', key), scale)})"
+                     for name, scale in names]
+            q[col] = " or ".join(parts)
+        return q
+
+    @staticmethod
+    def _keyed(expr: str, key: str) -> str:
+        if key != HOST:
+            return expr
+        return f'label_replace({expr}, "{HOST}", "$1", "instance", "(.*):[0-9]+")'
+
+    def for_replica(self, value: str) -> "Builder":
+        """The same queries narrowed to one replica (its label value escaped like any user text)."""
+        return Builder(self.matchers + (Matcher(self.label, "=", value),), self.label, self.window, self.names)
+
+
+def host_of(instance: str) -> str:
+    """'10.0.0.5:8000' -> '10.0.0.5'; '[::1]:8000' -> '[::1]' (what label_replace above does to GPU series)."""
+    m = re.match(r"(.*):[0-9]+\Z", instance)
+    return m.group(1) if m else instance
+
+
+def _by(*labels: str) -> str:
+    return ", ".join(dict.fromkeys(labels))
+
+
+def _scaled(expr: str, scale: float) -> str:
+    return expr if scale == 1.0 else f"({expr}) * {scale!r}"  # repr: exact (:g would round 1048576 to 1.04858e+06)

@@ -1,0 +1,93 @@
+"""The fleet table as rows of text, shared by the page and the CLI: one row per replica, worst first.
+
+A cell is "N/A" where the column's series is absent (no GPU exporter, no histogram observations in the window); an
+outlier's cell (median/MAD, see core/fleet/fleet.py) is marked "▲" with its ratio to the fleet median.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from core.fleet.fleet import FleetSnapshot, Replica
+from core.fmt import fmt_bytes, fmt_s
+from core.telemetry.nvml import decode_throttle
+
+
+def _pct(v: float | None) -> str:
+    return "N/A" if v is None else f"{100 * v:.0f}%"
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return "N/A" if v is None else f"{v:,.{digits}f}"
+
+
+# (key, header, format); keys are Replica.value() columns
+COLUMNS = (
+    ("running", "running", lambda v: _num(v, 0)),
+    ("waiting", "waiting", lambda v: _num(v, 0)),
+    ("kv", "KV cache", _pct),
+    ("preemptions_s", "preempt/s", lambda v: _num(v, 2)),
+    ("ttft_p50_s", "TTFT p50", fmt_s),
+    ("ttft_p99_s", "TTFT p99", fmt_s),
+    ("itl_p50_s", "ITL p50", fmt_s),
+    ("itl_p99_s", "ITL p99", fmt_s),
+    ("prompt_tok_s", "prompt tok/s", _num),
+    ("generation_tok_s", "gen tok/s", _num),
+    ("prefix_hit_rate", "prefix hit", _pct),
+)
+GPU_COLUMNS = (
+    ("gpu_util_pct", "GPU util", lambda v: "N/A" if v is None else f"{v:.0f}%"),
+    ("dram_bw_pct", "DRAM BW", lambda v: "N/A" if v is None else f"{v:.0f}%"),
+    ("fb_used_bytes", "GPU mem used", fmt_bytes),
+    ("fb_free_bytes", "GPU mem free", fmt_bytes),
+    ("xid", "XID", lambda v: "N/A" if v is None else f"{v:.0f}"),
+    ("clock_events", "clock events", lambda v: "N/A" if v is None else decode_throttle(int(v)) or "none"),
+)
+
+
+def state(r: Replica) -> str:
+    return {True: "up", False: "DOWN", None: "?"}[r.up]
+
+
+def worst_first(snap: FleetSnapshot) -> list[Replica]:
+    """Down first, then outliers (highest z first), then by p99 TTFT."""
+    def key(r: Replica):
+        z = max((float("inf") if z is None else z for z in r.outliers.values()), default=0.0)
+        return (r.up is not False, -z, -(r.values.get("ttft_p99_s") or 0.0), r.name)
+    return sorted(snap.replicas, key=key)
+
+
+def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, str]]:
+    gpu = any(r.gpu.get("gpu_util_pct") is not None or r.gpu.get("dram_bw_pct") is not None
+              for r in snap.replicas) if with_gpu is None else with_gpu
+    out = []
+    for r in worst_first(snap):
+        row = {snap.replica_label: r.name, "state": state(r),
+               "last scrape": "N/A" if r.last_scrape_age_s is None else f"{r.last_scrape_age_s:.0f} s ago"}
+        for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
+            cell = fmt(r.value(key))
+            med, v = snap.fleet_median.get(key), r.value(key)
+            if key in r.outliers and med and v is not None:
+                cell += f" ▲{v / med:.1f}x"  # the ratio to the median reads better than a z-score
+            row[header] = cell
+        out.append(row)
+    return out
+
+
+def as_text(snap: FleetSnapshot, limit: int = 50) -> str:
+    """A fixed-width table for the terminal: the worst `limit` replicas."""
+    table = rows(snap)[:limit]
+    if not table:
+        return "(no replicas)"
+    headers = list(table[0])
+    widths = {h: max(len(h), *(len(r[h]) for r in table)) for h in headers}
+    lines = ["  ".join(h.ljust(widths[h]) for h in headers)]
+    lines += ["  ".join(r[h].ljust(widths[h]) for h in headers) for r in table]
+    more = len(snap.replicas) - len(table)
+    return "\n".join(lines) + (f"\n... and {more} more replicas (use --json for all)" if more > 0 else "")
+
+
+def header_line(snap: FleetSnapshot) -> str:
+    when = dt.datetime.fromtimestamp(snap.t).astimezone().isoformat(timespec="seconds")
+    down = sum(r.up is False for r in snap.replicas)
+    return (f"{len(snap.replicas)} replicas ({down} down) by {snap.replica_label} at {snap.prometheus_url}, "
+            f"window {snap.window}, {when}; {snap.cost.requests} requests to Prometheus in {snap.elapsed_s:.2f} s")

@@ -1,0 +1,207 @@
+"""The checklist over a fleet, from Prometheus: the single-server checks' ids, decided per replica from PromQL over
+the window, plus what only a fleet shows (a replica down, one much slower than its peers, load unevenly spread, XID
+errors). Each check decides on a FleetSnapshot (core/fleet) and names the replicas it flags; its evidence carries
+the PromQL its numbers came from, so a user can paste it into their own Prometheus or Grafana.
+"""
+from __future__ import annotations
+
+from core.fleet.fleet import FleetSnapshot, Replica
+from core.stats import median
+from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
+from diagnostics.checks.vllm import KV_FULL, KV_HIGH
+from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
+
+SLOW_RATIO = 2.0  # p99 latency at least this many times the fleet median, and a robust outlier: "much slower"
+IMBALANCE_RATIO = 3.0  # a replica with this many times (or 1/this) the median token rate: badly balanced
+SHOW = 10  # replicas named in a verdict; the evidence lists them all
+
+
+def _names(rows: list[Replica]) -> str:
+    names = ", ".join(r.name or "(no label)" for r in rows[:SHOW])
+    return names + (f" and {len(rows) - SHOW} more" if len(rows) > SHOW else "")
+
+
+def _promql(snap: FleetSnapshot, *cols: str) -> str:
+    return "\n".join(snap.promql[c] for c in cols if c in snap.promql)
+
+
+def _evidence(snap: FleetSnapshot, rows: list[Replica], cols: tuple[str, ...], *promql_cols: str) -> dict:
+    ev = {"replicas_checked": len(snap.replicas), "window": snap.window,
+          "promql": _promql(snap, *(promql_cols or cols))}
+    for r in rows[:50]:
+        for c in cols:
+            v = r.value(c)
+            ev[f"{r.name} {c}"] = None if v is None else round(v, 4)
+    return ev
+
+
+def decide_down(snap: FleetSnapshot) -> Outcome:
+    known = [r for r in snap.replicas if r.up is not None]
+    if not known:
+        return skip("scrape health: none of the replicas' targets is in /api/v1/targets (data federated or "
+                    "remote-written into this Prometheus)")
+    down = [r for r in known if not r.up]
+    ev = {"replicas_checked": len(known), "down": [r.name for r in down],
+          "last_errors": {r.name: r.last_error for r in down if r.last_error}, "source": "/api/v1/targets"}
+    if down:
+        return fail(f"{len(down)} of {len(known)} replicas are down (their last scrape failed): {_names(down)}.",
+                    "Look at the last scrape error of each (Prometheus Status > Targets): refused means the server "
+                    "is not running; a timeout means it is hung or overloaded. Restart it or take it out of the "
+                    "load balancer.", evidence=ev)
+    return passed(f"All {len(known)} replicas answered their last scrape.", evidence=ev)
+
+
+def decide_metrics_off(snap: FleetSnapshot) -> Outcome:
+    off = snap.no_stats_targets
+    ev = {"targets_without_vllm_series": off, "promql": snap.promql.get("members", "")}
+    if off:
+        names = ", ".join(t["instance"] for t in off[:SHOW])
+        return fail(f"{len(off)} healthy target(s) in the vLLM scrape jobs export no vllm:* series: {names}. They "
+                    "were started with --disable-log-stats, so the fleet view cannot see them.",
+                    "Restart them without --disable-log-stats (the stats cost next to nothing; vllm#11987).",
+                    evidence=ev)
+    return passed("Every healthy target of the vLLM scrape jobs exports vllm:* series.", evidence=ev)
+
+
+def decide_kv_pressure(snap: FleetSnapshot) -> Outcome:
+    rows = [r for r in snap.replicas if r.values.get("kv_peak") is not None]
+    if not rows:
+        return skip("KV cache usage: no vllm:kv_cache_usage_perc (or gpu_cache_usage_perc) series")
+    window = snap.window_s
+    pre = {r.name: (r.values.get("preemptions_s") or 0.0) * window for r in rows}
+    full = [r for r in rows if r.values["kv_peak"] >= KV_FULL and pre[r.name] > 0]
+    preempting = [r for r in rows if pre[r.name] > 0 and r not in full]
+    high = [r for r in rows if r.values["kv_peak"] >= KV_HIGH and r not in full and r not in preempting]
+    ev = _evidence(snap, full + preempting + high, ("kv_peak", "preemptions_s"))
+    remedy = ("Give the KV cache more room or ask less of it on those replicas: --kv-cache-dtype fp8, a higher "
+              "--gpu-memory-utilization, a lower --max-num-seqs or --max-model-len, or more GPUs; preempted requests "
+              "are recomputed, which shows up as TTFT and inter-token latency spikes.")
+    if full:
+        return fail(f"KV cache at {100 * KV_FULL:.0f}%+ with preemptions during the last {snap.window}: "
+                    f"{_names(full)}.", remedy, evidence=ev)
+    if preempting:
+        return warn(f"Preemptions during the last {snap.window}: {_names(preempting)}.", remedy, evidence=ev)
+    if high:
+        return warn(f"KV cache usage peaked at {100 * KV_HIGH:.0f}%+ without preemptions: {_names(high)}.", remedy,
+                    evidence=ev)
+    peak = max(r.values["kv_peak"] for r in rows)
+    return passed(f"KV cache usage peaked at {100 * peak:.0f}% on the fullest of {len(rows)} replicas, with no "
+                  f"preemptions in the last {snap.window}.", evidence=ev)
+
+
+def decide_gpu_idle(snap: FleetSnapshot) -> Outcome:
+    rows = [r for r in snap.replicas if r.gpu.get("gpu_util_pct") is not None]
+    if not rows:
+        return skip("GPU utilization: no DCGM_FI_DEV_GPU_UTIL or triage_gpu_util_percent series on the replicas' "
+                    "hosts (run dcgm-exporter, or `python -m diagnostics exporter`, and let Prometheus scrape it)")
+    busy = [r for r in rows if (r.values.get("running_avg") or 0) > 0]
+    if not busy:
+        return skip(f"load: no replica with GPU series had requests running in the last {snap.window}")
+    idle = [r for r in busy if r.gpu["gpu_util_pct"] < GPU_IDLE_UTIL_PCT]
+    ev = _evidence(snap, idle or busy, ("gpu_util_pct", "running_avg"), "gpu:gpu_util_pct", "running_avg")
+    if idle:
+        return fail(f"GPU util below {GPU_IDLE_UTIL_PCT:.0f}% while requests ran: {_names(idle)}.",
+                    "Those GPUs wait on the host: the server's CPU (tokenizer, sampling, one core at 100%), the "
+                    "network between client and server, or too little batching.", evidence=ev)
+    return passed(f"GPU util at or above {GPU_IDLE_UTIL_PCT:.0f}% on all {len(busy)} replicas with requests running.",
+                  evidence=ev)
+
+
+def decide_bandwidth(snap: FleetSnapshot) -> Outcome:
+    rows = [r for r in snap.replicas if r.gpu.get("dram_bw_pct") is not None]
+    if not rows:
+        return skip("DRAM bandwidth: no DCGM_FI_PROF_DRAM_ACTIVE or triage_gpu_dram_bw_util_percent series on the "
+                    "replicas' hosts (dcgm-exporter with profiling metrics, or the console's exporter on Hopper+)")
+    peak = ASSUMED_ACHIEVABLE_DRAM_BW_PCT  # GPU models are not known from these series; the H200's pure copy
+    bound = [r for r in rows if r.gpu["dram_bw_pct"] > BW_BOUND_SHARE * peak]
+    likely = [r for r in rows if BW_LIKELY_SHARE * peak < r.gpu["dram_bw_pct"] <= BW_BOUND_SHARE * peak]
+    ev = _evidence(snap, bound + likely, ("dram_bw_pct",), "gpu:dram_bw_pct")
+    ev["achievable_dram_bw_pct"] = peak
+    remedy = ("Fewer bytes per token: FP8 weights (--quantization fp8), --kv-cache-dtype fp8, and a larger batch so "
+              "each weight read serves more tokens.")
+    if bound:
+        return fail(f"DRAM bandwidth above {BW_BOUND_SHARE:.0%} of the achievable {peak:.0f}%: {_names(bound)}.",
+                    remedy, evidence=ev)
+    if likely:
+        return warn(f"DRAM bandwidth above {BW_LIKELY_SHARE:.0%} of the achievable {peak:.0f}%: {_names(likely)}.",
+                    remedy, evidence=ev)
+    return passed(f"No replica's GPUs above {BW_LIKELY_SHARE:.0%} of the achievable DRAM bandwidth.", evidence=ev)
+
+
+def decide_slow(snap: FleetSnapshot) -> Outcome:
+    cols = ("ttft_p99_s", "itl_p99_s")
+    rows = [r for r in snap.replicas if any(r.values.get(c) is not None for c in cols)]
+    if len(rows) < 3:
+        return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in the last "
+                    f"{snap.window}; comparing against a median needs 3")
+
+    def much_slower(r: Replica, col: str) -> bool:
+        med = snap.fleet_median.get(col)
+        return col in r.outliers and bool(med) and (r.values.get(col) or 0) >= SLOW_RATIO * med
+
+    slow = [r for r in rows if any(much_slower(r, c) for c in cols)]
+    ev = _evidence(snap, slow, cols)
+    ev.update({f"fleet median {c}": snap.fleet_median.get(c) for c in cols})
+    if slow:
+        return fail(f"{_names(slow)} {'is' if len(slow) == 1 else 'are'} much slower than the rest of the fleet "
+                    f"(p99 TTFT or inter-token latency {SLOW_RATIO:g}x+ the fleet median, a robust outlier).",
+                    "Drill into that replica: its KV cache and preemptions, its GPU (util, bandwidth, clock events, "
+                    "XID), and what else runs on its host. Same flags and model everywhere?", evidence=ev)
+    return passed(f"No replica's p99 TTFT or inter-token latency stands out from the fleet median "
+                  f"({len(rows)} replicas).", evidence=ev)
+
+
+def decide_imbalance(snap: FleetSnapshot) -> Outcome:
+    rate = {r.name: (r.values.get("prompt_tok_s") or 0) + (r.values.get("generation_tok_s") or 0)
+            for r in snap.replicas if r.up is not False}
+    if len(rate) < 2:
+        return skip(f"load across replicas: {len(rate)} replica(s) up; balance needs 2")
+    med = median(list(rate.values()))
+    if not med:
+        return skip(f"load: the median replica processed no tokens in the last {snap.window}")
+    odd = [r for r in snap.replicas if r.name in rate and
+           (rate[r.name] > IMBALANCE_RATIO * med or rate[r.name] < med / IMBALANCE_RATIO)]
+    ev = _evidence(snap, odd, ("prompt_tok_s", "generation_tok_s"))
+    ev["fleet median tokens_s"] = round(med, 3)
+    if odd:
+        return warn(f"Load is badly balanced: {_names(odd)} process{'es' if len(odd) == 1 else ''} more than "
+                    f"{IMBALANCE_RATIO:g}x (or under 1/{IMBALANCE_RATIO:g}) the median {med:.1f} tokens/s.",
+                    "Check the load balancer's policy and health checks (a replica kept out, or sticky sessions "
+                    "piling onto one), and whether every replica serves the same models.", evidence=ev)
+    return passed(f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({med:.1f} tokens/s) on all "
+                  f"{len(rate)} replicas up.", evidence=ev)
+
+
+def decide_xid(snap: FleetSnapshot) -> Outcome:
+    if not any("xid" in r.gpu for r in snap.replicas) or all(r.gpu.get("xid") is None for r in snap.replicas):
+        return skip("XID errors: no DCGM_FI_DEV_XID_ERRORS series (dcgm-exporter) on the replicas' hosts")
+    bad = [r for r in snap.replicas if (r.gpu.get("xid") or 0) > 0]
+    ev = _evidence(snap, bad, ("xid",), "gpu:xid")
+    if bad:
+        return fail(f"GPU XID errors in the last {snap.window}: {_names(bad)}.",
+                    "Look the XID up in NVIDIA's XID catalogue (13/31/43: the application; 48/63/64/94/95: memory "
+                    "errors; 79: the GPU fell off the bus) and drain the host if it is hardware.", evidence=ev)
+    return passed(f"No XID errors in the last {snap.window}.", evidence=ev)
+
+
+CHECKS = (
+    Check("fleet.replica_down", "Replica down", Severity.HIGH,
+          "a replica's scrape target is not up (/api/v1/targets)", decide_down),
+    Check("vllm.metrics_off", "vLLM stats logging off", Severity.MEDIUM,
+          "a healthy target of the vLLM jobs exports no vllm:* series (--disable-log-stats)", decide_metrics_off),
+    Check("vllm.kv_pressure", "KV cache full and preempting", Severity.HIGH,
+          f"max_over_time(kv_cache_usage_perc) >= {KV_FULL:.2f} while rate(num_preemptions_total) > 0, per replica",
+          decide_kv_pressure),
+    Check("gpu.idle", "GPU idle while requests run", Severity.HIGH,
+          f"GPU util (DCGM or the console's exporter) below {GPU_IDLE_UTIL_PCT:.0f}% while the replica had requests",
+          decide_gpu_idle),
+    Check("gpu.bandwidth_bound", "GPU memory-bandwidth bound", Severity.MEDIUM,
+          "DCGM_FI_PROF_DRAM_ACTIVE (or the exporter's GPM DRAM BW util) against what a pure copy reaches",
+          decide_bandwidth),
+    Check("fleet.slow_replica", "One replica much slower than the rest", Severity.HIGH,
+          f"p99 TTFT or ITL {SLOW_RATIO:g}x+ the fleet median and a median/MAD outlier", decide_slow),
+    Check("fleet.load_imbalance", "Load badly balanced", Severity.MEDIUM,
+          f"a replica's tokens/s above {IMBALANCE_RATIO:g}x or below 1/{IMBALANCE_RATIO:g} of the median",
+          decide_imbalance),
+    Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
+)

@@ -1,0 +1,50 @@
+"""`python -m diagnostics fleet`: every vLLM replica a Prometheus knows, as a table, with the fleet checklist."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+
+def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--prometheus-url", metavar="URL", required=required,
+                   help="base URL of the Prometheus (or Thanos, Mimir, VictoriaMetrics) that scrapes the vLLM servers; "
+                        "credentials only from $TRIAGE_PROM_TOKEN or $TRIAGE_PROM_USER/$TRIAGE_PROM_PASSWORD")
+    p.add_argument("--selector", default="", metavar="SEL", help='label matchers narrowing the fleet, e.g. '
+                   '\'{namespace="prod"}\'')
+    p.add_argument("--replica-label", default="instance", metavar="LABEL",
+                   help="label that names a replica: instance (default), pod, model_name or engine")
+    p.add_argument("--window", default="5m", help="rate and quantile window, 10s to 24h (default 5m)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fleet", help="table and checklist of every vLLM replica in a Prometheus",
+        description="Reads every vLLM replica's metrics (and GPU metrics from dcgm-exporter or the console's "
+                    "exporter) from a Prometheus, ranks the replicas against the fleet median and runs the fleet "
+                    "checklist. The result is saved to History. Exit 0 whenever it ran.")
+    add_prometheus_args(p, required=True)
+    p.add_argument("--json", action="store_true", help="print the fleet and the findings as JSON")
+    p.set_defaults(func=main)
+
+
+def print_run(fleet_run, as_json: bool) -> None:
+    from core.fleet import table
+    from diagnostics.report import to_text
+
+    if as_json:
+        print(json.dumps(fleet_run.to_dict(), indent=2, default=str))
+        return
+    print(table.header_line(fleet_run.snapshot))
+    print(table.as_text(fleet_run.snapshot))
+    print()
+    print(to_text(fleet_run.result))
+
+
+def main(args: argparse.Namespace) -> int:
+    from core.fleet.prom import Prometheus
+    from diagnostics import fleet
+
+    out = fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window)
+    print_run(out, args.json)
+    return 0

