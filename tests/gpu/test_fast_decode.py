@@ -113,6 +113,21 @@ def test_graph_greedy_matches_torch_path(setup, mode, kv):
     assert (ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item() >= first
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
+def test_fused_prefill_computes_the_torch_op_prefill(setup, mode):
+    """The prompt pass through the fused kernels against the plain torch-op one, every position's logits."""
+    hf, prompt, _, _ = setup
+    fast = FastLlama.from_hf(hf, mode)
+    lps = {}
+    for fused in (False, True):
+        cache = fast.new_cache(prompt.shape[0], prompt.shape[1] + 8, False)
+        lps[fused] = torch.log_softmax(fast.prefill(prompt, cache, all_logits=True, fused=fused).float(), dim=-1)
+    a = C.agreement(lps[False], lps[True])
+    print(f"{mode:6s} prefill fused vs torch ops: {_fmt(a)}")
+    top1, kl, _ = SAME_PATH_BARS[mode]
+    assert a["top1"] >= top1 and a["kl_mean"] < kl
+
+
 def test_engine_synthetic_shape(monkeypatch):
     """FastLlamaEngine on a synthetic config shrunk to test size: token ids, top-k, times, score, memory."""
     from core import models as M

@@ -55,11 +55,11 @@ def eager_greedy(ref, prompt: torch.Tensor, n: int, kv: str) -> torch.Tensor:
 @torch.inference_mode()
 def fast_logprobs(model: FastLlama, prompt: torch.Tensor, cont: torch.Tensor, kv: str, path: str) -> torch.Tensor:
     """The same teacher-forced logprobs from the compact model. path: "ref" (torch ops, any device) or
-    "graph" (Triton kernels in a CUDA graph)."""
+    "graph" (Triton kernels in a CUDA graph, after the fused W8A8 prefill where it applies)."""
     B, T = prompt.shape
     N = cont.shape[1]
     cache = model.new_cache(B, T + N + 8, kv == "fp8")
-    lps = [torch.log_softmax(model.prefill(prompt, cache).float(), dim=-1)]
+    lps = [torch.log_softmax(model.prefill(prompt, cache, fused=path == "graph").float(), dim=-1)]
     pos = torch.full((B,), T, device=prompt.device, dtype=torch.long)
     runner = DecodeGraph(model, cache, use_graph=True) if path == "graph" else None
     for i in range(N - 1):
@@ -76,7 +76,7 @@ def fast_logprobs(model: FastLlama, prompt: torch.Tensor, cont: torch.Tensor, kv
 def fast_greedy(model: FastLlama, prompt: torch.Tensor, n: int, kv: str, path: str) -> torch.Tensor:
     B, T = prompt.shape
     cache = model.new_cache(B, T + n + 8, kv == "fp8")
-    tok = model.prefill(prompt, cache).argmax(-1)
+    tok = model.prefill(prompt, cache, fused=path == "graph").argmax(-1)
     toks = [tok]
     pos = torch.full((B,), T, device=prompt.device, dtype=torch.long)
     if path == "graph":

@@ -36,7 +36,7 @@ MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps,
                         HAS_DELTA: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * N + offs, mask=mask, other=0.0)
@@ -66,7 +66,7 @@ def _quantize_row(v, s_ptr, q_ptr, row, N, offs, mask):
 
 @triton.jit
 def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < I
     g = tl.load(gu_ptr + row * 2 * I + offs, mask=mask, other=0.0).to(tl.float32)
@@ -79,7 +79,7 @@ def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, B
 
 @triton.jit
 def _row_quant_kernel(x_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     _quantize_row(tl.load(x_ptr + row * N + offs, mask=mask, other=0.0), s_ptr, q_ptr, row, N, offs, mask)

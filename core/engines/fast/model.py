@@ -297,31 +297,87 @@ class FastLlama:
 
     # ---- torch-op forward passes ----
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, cache: StaticKVCache, rows=slice(None), all_logits: bool = False):
+    def prefill(self, tokens: torch.Tensor, cache: StaticKVCache, rows=slice(None), all_logits: bool = False,
+                fused: bool = True):
         """Prompt pass from position 0 for equal-length rows: tokens [b, T] -> logits [b, V] (last position) or
         [b, T, V]. Fills cache rows `rows`; with an FP8 cache, attention reads the quantized K/V back, as the
         eager FP8 cache does."""
+        if fused and tokens.is_cuda:
+            return self._prefill_fused(tokens, cache, rows, all_logits)
         d = self.dims
         b, T = tokens.shape
-        cos, sin = self.rope_tables(T)
-        c, s = cos[:T][None, :, None, :], sin[:T][None, :, None, :]
-        g = d.heads // d.kv_heads
         x = F.embedding(tokens, self.embed)
         for i, L in enumerate(self.layers):
             h = rmsnorm(x, L["ln1"], d.eps)
-            qkv = L["qkv"].ref(h).view(b, T, d.heads + 2 * d.kv_heads, d.head_dim)
-            q, k, v = qkv.split([d.heads, d.kv_heads, d.kv_heads], dim=2)
-            q, k = rope(q, c, s).transpose(1, 2), rope(k, c, s).transpose(1, 2)
-            v = v.transpose(1, 2)
-            cache.write(i, rows, 0, k, v)
-            if cache.fp8:
-                k, v = cache.read(i, rows, T)
-            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + L["o"].ref(a.transpose(1, 2).reshape(b, T, d.heads * d.head_dim))
+            x = x + L["o"].ref(self._prefill_attention(i, L["qkv"].ref(h), cache, rows))
             h = rmsnorm(x, L["ln2"], d.eps)
             gate, up = L["gu"].ref(h).chunk(2, dim=-1)
             x = x + L["down"].ref(F.silu(gate) * up)
+        h = rmsnorm(x if all_logits else x[:, -1], self.norm, d.eps)
+        return self.lm.ref(h)
+
+    def _prefill_attention(self, i: int, qkv: torch.Tensor, cache: StaticKVCache, rows) -> torch.Tensor:
+        """Layer i's causal attention over the prompt from its fused q|k|v projection [b, T, qkv_out]: RoPE, the
+        cache write, SDPA (flash attention on CUDA) -> [b, T, heads * head_dim]."""
+        d = self.dims
+        b, T = qkv.shape[:2]
+        cos, sin = self.rope_tables(T)
+        c, s = cos[:T][None, :, None, :], sin[:T][None, :, None, :]
+        g = d.heads // d.kv_heads
+        q, k, v = qkv.view(b, T, d.heads + 2 * d.kv_heads, d.head_dim).split([d.heads, d.kv_heads, d.kv_heads], 2)
+        q, k = rope(q, c, s).transpose(1, 2), rope(k, c, s).transpose(1, 2)
+        v = v.transpose(1, 2)
+        cache.write(i, rows, 0, k, v)
+        if cache.fp8:
+            k, v = cache.read(i, rows, T)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a.transpose(1, 2).reshape(b, T, d.heads * d.head_dim)
+
+    def _prefill_fused(self, tokens, cache: StaticKVCache, rows, all_logits: bool):
+        """The prompt pass with the decode step's fused kernels: the residual add and RMSNorm in one pass
+        (add_rmsnorm), SiLU(gate) * up in one (silu_mul), and for W8A8 the per-token E4M3 quantization of each
+        linear's input inside the same passes, then torch._scaled_mm on FP8 tensor cores. Same function as the
+        torch-op pass (tests/gpu compare the two), whose float32 elementwise passes cost as much as the FP8 GEMMs
+        saved: FP8 prefill was no faster than BF16 through it."""
+        from core.engines.fast import kernels as K
+
+        d = self.dims
+        b, T = tokens.shape
+        M = b * T
+        w8a8 = self.mode == "fp8"
+        x = F.embedding(tokens, self.embed).reshape(M, d.hidden)
+        h = torch.empty_like(x)
+        scale = torch.empty(M, device=x.device, dtype=torch.float32) if w8a8 else None
+        xq = torch.empty(M, d.hidden, device=x.device, dtype=fp8.E4M3) if w8a8 else None
+
+        def linear(lin: Lin, inp, q, s):
+            if not w8a8:
+                return lin.ref(inp)
+            return torch._scaled_mm(q, lin.w.t(), scale_a=s[:, None], scale_b=lin.scale[None, :], out_dtype=x.dtype)
+
+        def quantized(t):
+            """E4M3 rows and their scales for a W8A8 linear's input; (None, None) otherwise."""
+            if not w8a8:
+                return None, None
+            q, s = torch.empty_like(t, dtype=fp8.E4M3), torch.empty(M, device=x.device, dtype=torch.float32)
+            return q, s
+
+        delta = None  # the previous layer's MLP output, added to the residual by the next add_rmsnorm
+        for i, L in enumerate(self.layers):
+            K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, scale, xq)
+            a = self._prefill_attention(i, linear(L["qkv"], h, xq, scale).view(b, T, -1), cache, rows).reshape(M, -1)
+            aq, a_scale = quantized(a)
+            if w8a8:
+                K.row_quant(a, a_scale, aq)
+            K.add_rmsnorm(x, linear(L["o"], a, aq, a_scale), L["ln2"], d.eps, h, scale, xq)
+            gu = linear(L["gu"], h, xq, scale)
+            act = torch.empty(M, d.inter, device=x.device, dtype=x.dtype)
+            act_q, act_scale = quantized(act)
+            K.silu_mul(gu, act, act_scale, act_q)
+            del gu
+            delta = linear(L["down"], act, act_q, act_scale)
+        x = (x + delta).view(b, T, d.hidden)
         h = rmsnorm(x if all_logits else x[:, -1], self.norm, d.eps)
         return self.lm.ref(h)
 

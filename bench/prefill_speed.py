@@ -1,0 +1,103 @@
+"""Prefill (time to first token) of the fast path per precision, and which attention kernel SDPA runs, on one GPU.
+
+    python -m bench.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
+    python -m bench.prefill_speed --prompts 8192 --json $OUT/prefill.json
+
+For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs) and through
+the plain torch-op pass (`fused=False`, what ran before): one prompt of each length into a fresh cache, timed from the
+first kernel to the logits with a device synchronize, best of --reps after one warm-up at 1K tokens.
+Then, at --attn-len tokens, one layer's causal attention timed under each SDPA backend torch offers on this GPU, so
+the share of attention in the prefill is measured rather than assumed. Weights are random (N(0, 0.02)): speed only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from torch.nn import functional as F
+
+from core.engines.fast.model import Dims, FastLlama
+from core.models import synthetic_config
+
+
+def timed(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool) -> float:
+    ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(prompt))
+    cache = model.new_cache(1, prompt + 8, False)
+    return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
+
+
+def attention_backends(dims: Dims, length: int, reps: int) -> dict[str, float | str]:
+    """One layer's causal attention over `length` tokens (K/V expanded to the query heads, as the prefill does)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, dims.heads, length, dims.head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    out: dict[str, float | str] = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                out[backend.name] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps)
+        except RuntimeError as exc:
+            out[backend.name] = f"unavailable: {str(exc).splitlines()[0][:120]}"
+    out["default"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--prompts", default="8192,32768,125000")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--attn-len", type=int, default=32768)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/prefill_speed.py needs a CUDA GPU.")
+    props = torch.cuda.get_device_properties(0)
+    config = synthetic_config(args.model)
+    dims = Dims.from_config(config)
+    master = FastLlama.random_weights(dims, "cuda", seed=0)
+    models = {mode: FastLlama(dims, master, mode, rotary=config) for mode in ("bf16", "fp8")}
+    paths = [("bf16", "bf16", True), ("fp8", "fp8", True), ("bf16 torch ops", "bf16", False),
+             ("fp8 torch ops", "fp8", False)]
+    for _, mode, fused in paths:  # warm-up: kernels compiled and autotuned before any timing
+        prefill_s(models[mode], 1024, 1, fused)
+    rows = []
+    for prompt in (int(p) for p in args.prompts.split(",")):
+        reps = args.reps if prompt <= 32768 else max(1, args.reps - 1)
+        t = {name: prefill_s(models[mode], prompt, reps, fused) for name, mode, fused in paths}
+        row = {"prompt": prompt, **{f"{k.replace(' ', '_')}_s": v for k, v in t.items()},
+               "fp8_speedup": t["bf16"] / t["fp8"], "fp8_speedup_torch_ops": t["bf16 torch ops"] / t["fp8 torch ops"]}
+        rows.append(row)
+        print(f"prompt {prompt:>7,}: fused BF16 {t['bf16']:.3f} s, FP8 {t['fp8']:.3f} s ({row['fp8_speedup']:.2f}x) | "
+              f"torch ops BF16 {t['bf16 torch ops']:.3f} s, FP8 {t['fp8 torch ops']:.3f} s "
+              f"({row['fp8_speedup_torch_ops']:.2f}x)", flush=True)
+        torch.cuda.empty_cache()
+    attn = attention_backends(dims, args.attn_len, args.reps)
+    print(f"one layer's causal attention at {args.attn_len:,} tokens: " + ", ".join(
+        f"{k} {v * 1000:.1f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in attn.items()))
+    result = {"device": props.name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+              "model": f"{args.model} shape, random weights", "prefill": rows,
+              "attention_one_layer_s": attn, "attention_len": args.attn_len}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
