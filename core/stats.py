@@ -56,3 +56,12 @@ def nearest_rank_percentiles(values: list[float]) -> dict[str, float | None]:
     v = sorted(values)
     pick = (lambda q: v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))])
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a share measured on n positions (stays inside 0-1, sensible at 0 and 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
