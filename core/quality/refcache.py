@@ -2,7 +2,7 @@
 reference precision, document and window settings reuse it instead of running the reference again.
 
 One .npz per key (model, precision, KV dtype, document SHA-256, window, stride, top-k, format version) under
-$TRIAGE_CACHE_DIR/quality-refs (core.models.cache_dir). It holds, per scored position: the target token, its log-prob
+$TRIAGE_QUALITY_CACHE, default quality-refs/ in the console's cache directory (core.models.cache_dir). It holds, per scored position: the target token, its log-prob
 under the reference, the reference's top token, and the reference's top-k log-probs, or the full vocabulary's when
 that fits in FULL_LIMIT_BYTES; plus the reference's row of the table (perplexity, memory, speeds) as JSON.
 A file whose metadata does not match its key, or that cannot be read, is recomputed, never trusted.
@@ -22,9 +22,11 @@ DEFAULT_TOP_K = 256
 
 
 def cache_root() -> Path:
+    """$TRIAGE_QUALITY_CACHE, else quality-refs/ in the console's cache directory."""
     from core.models import cache_dir
 
-    d = cache_dir() / "quality-refs"
+    d = Path(os.environ["TRIAGE_QUALITY_CACHE"]) if os.environ.get("TRIAGE_QUALITY_CACHE") else \
+        cache_dir() / "quality-refs"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -139,10 +139,10 @@ def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, prog
     return {"forward_s": fwd_s, "prefill_tok_s": tokens / fwd_s if fwd_s > 0 else None, "tokens": tokens}
 
 
-def _engine_numbers(engine, doc: list[int]) -> dict:
-    """Weights, peak memory and decode speed of a loaded engine (greedy DECODE_TOKENS after the document's start)."""
+def _engine_numbers(engine, doc: list[int], decode_tokens: int = DECODE_TOKENS) -> dict:
+    """Weights, peak memory and decode speed of a loaded engine (greedy tokens after the document's start)."""
     prompt = _bos(engine.tokenizer) + doc[:64]
-    gen = engine.generate([prompt], GenerationParams(max_new_tokens=DECODE_TOKENS, stop_at_eos=False,
+    gen = engine.generate([prompt], GenerationParams(max_new_tokens=max(2, decode_tokens), stop_at_eos=False,
                                                      top_logprobs=0))[0]
     mem = engine.memory_report()
     from core import quant
@@ -227,13 +227,20 @@ def default_loader(spec, device: str | None = None, calibration: str | None = No
         if variant.static_tokens:
             from core import fp8, quant
 
-            fp8.calibrate_static(eng.model, quant.calibration_ids(eng.tokenizer, calibration, variant.static_tokens))
+            ids = quant.calibration_ids(eng.tokenizer, calibration, variant.static_tokens)
+            have = len(ids) - len(_bos(eng.tokenizer))
+            if have < variant.static_tokens:
+                eng.unload()
+                raise InputError(f"{variant.name} calibrates on {variant.static_tokens:,} tokens; the calibration "
+                                 f"text has {have:,}. Give a longer calibration text or a smaller N.")
+            fp8.calibrate_static(eng.model, ids)
         return eng
     return load
 
 
 def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, window: int = DEFAULT_WINDOW,
         stride: int = DEFAULT_STRIDE, top_k: int = refcache.DEFAULT_TOP_K, device: str | None = None,
+        decode_tokens: int = DECODE_TOKENS,
         calibration: str | None = None, document_name: str = "document", use_cache: bool = True,
         load: Callable | None = None, progress: Progress = _noop, should_stop=None,
         on_result: Callable[[dict], None] = _noop) -> dict:
@@ -291,7 +298,7 @@ def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, w
                                       should_stop)
         ref_row = {"name": reference.name, "label": reference.label, "role": "reference",
                    "perplexity": metrics.perplexity(ref["target_lp"].tolist()), "kld": None, "same_top": None,
-                   "rms_dp": None, **timing, **_engine_numbers(ref_engine, doc)}
+                   "rms_dp": None, **timing, **_engine_numbers(ref_engine, doc, decode_tokens)}
         cache_path = str(refcache.save(meta, ref, ref_row)) if use_cache else None
         ref_row["reused"] = False
     on_result(ref_row)
@@ -312,7 +319,7 @@ def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, w
                    "perplexity": metrics.perplexity(got["target_lp"]),
                    "kld": metrics.kld_summary(got["kl"]), "same_top": metrics.same_top(ref_top1, got["top1"]),
                    "rms_dp": metrics.rms_delta_p(ref_target, got["target_lp"]), **timing,
-                   **_engine_numbers(eng, doc), "kld_values": got["kl"],
+                   **_engine_numbers(eng, doc, decode_tokens), "kld_values": got["kl"],
                    "worst": _worst(eng, doc, positions, got["kl"], ref_top1, got["top1"])}
         finally:
             done_with(eng)
