@@ -275,3 +275,51 @@ def kernels(model: nn.Module) -> list[str]:
         if isinstance(m, (Int8Linear, Int4Linear)) and k not in seen:
             seen.append(k)
     return seen
+
+
+# ---- which layer broke it ----------------------------------------------------------------------------------------
+
+LAYER_QUANTIZERS = ("fp8", "int8", "int8 per-tensor", "int8-wo", "int4", "int4-awq")
+OUTLIER_RATIO = 20.0  # an input channel whose max|x| is this many times the median channel's is an outlier
+
+
+def _rel(yq: torch.Tensor, y: torch.Tensor) -> float:
+    return float((yq - y).norm() / y.norm().clamp(min=_EPS))
+
+
+@torch.inference_mode()
+def layer_errors(model: nn.Module, ids: list[int], bins: int = 40) -> list[dict]:
+    """Per linear (lm_head aside), on the unquantized model's own activations over `ids`: the relative output error
+    ||x W_q^T - x W^T|| / ||x W^T|| of each quantizer in LAYER_QUANTIZERS (W8A8 ones quantize x too: FP8 and INT8 per
+    token with per-channel weights, and INT8 per-tensor for both, the article's baseline), and the activation
+    statistics behind it: max|x|, outlier input channels, a histogram of log10|x|."""
+    from core import fp8
+
+    targets = target_linears(model)
+    acts = capture_inputs(model, [t[2] for t in targets], ids)
+    rows = []
+    for _parent, _attr, name, lin in targets:
+        x, w = acts.pop(name), lin.weight.data.float()
+        y = x @ w.t()
+        errs = {}
+        qw, sw = fp8.quantize_rows(w)
+        qx, sx = fp8.quantize_rows(x)
+        errs["fp8"] = _rel((qx.float() * sx) @ (qw.float() * sw).t(), y)
+        wq, ws = int8_rows(w)
+        xq, xs = int8_rows(x)
+        errs["int8"] = _rel((xq.float() * xs) @ (wq.float() * ws).t(), y)
+        tw, tws = int8_tensor(w)
+        tx, txs = int8_tensor(x)
+        errs["int8 per-tensor"] = _rel((tx.float() * txs) @ (tw.float() * tws).t(), y)
+        errs["int8-wo"] = _rel(x @ (wq.float() * ws).t(), y)
+        errs["int4"] = _rel(x @ int4_roundtrip(w).t(), y)
+        errs["int4-awq"] = _rel(x @ int4_roundtrip(w, awq_search(w, x)["scale"]).t(), y)
+        ch = x.abs().amax(dim=0)
+        med = float(ch.median().clamp(min=_EPS))
+        logs = x.abs().clamp(min=1e-6).log10().flatten()
+        hist = torch.histc(logs, bins=bins, min=-6.0, max=float(logs.max()) + 1e-6)
+        rows.append({"layer": name, "errors": errs, "max_abs": float(ch.max()),
+                     "median_channel_max": med, "outlier_channels": int((ch > OUTLIER_RATIO * med).sum()),
+                     "top_channels": [int(i) for i in ch.topk(min(3, ch.numel())).indices],
+                     "hist_log10_abs": {"min": -6.0, "max": float(logs.max()), "counts": [int(c) for c in hist]}})
+    return rows

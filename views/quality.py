@@ -9,7 +9,7 @@ from core import textfile
 from core.errors import TriageError
 from core.models import ModelSpec
 from core.precision import Precision
-from core.quality import charts, history, render
+from core.quality import charts, history, layers, render
 from core.quality import run as quality
 from core.throttle import throttled
 
@@ -89,17 +89,43 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
 
 if ss.get("q_warning"):
     st.warning(ss.q_warning)
-result = ss.get("q_result")
-if not result:
-    st.info("Choose a document and the precisions, then Run quality. A few hundred tokens with a window of 128 take "
-            "about a minute per precision on 2 CPU cores.")
-    st.stop()
+table_tab, layer_tab = st.tabs(["Quality table", "Which layer broke it"])
+with table_tab:
+    result = ss.get("q_result")
+    if not result:
+        st.info("Choose a document and the precisions, then Run quality. A few hundred tokens with a window of 128 "
+                "take about a minute per precision on 2 CPU cores.")
+    else:
+        st.dataframe(render.table_rows(result), hide_index=True, key="q_table")
+        st.caption(" · ".join(render.notes(result)))
+        st.plotly_chart(charts.kld_distribution(result), key="q_kld_chart", config={"displayModeBar": False})
+        st.subheader("Where the candidates differ most")
+        st.caption("Positions with the largest KLD per candidate: the text before it, the document's token, and each "
+                   "side's top token. Tokens are shown as text (\\n is a newline).")
+        st.dataframe(render.worst_rows(result), hide_index=True, key="q_worst")
 
-st.subheader("Quality table")
-st.dataframe(render.table_rows(result), hide_index=True, key="q_table")
-st.caption(" · ".join(render.notes(result)))
-st.plotly_chart(charts.kld_distribution(result), key="q_kld_chart", config={"displayModeBar": False})
-st.subheader("Where the candidates differ most")
-st.caption("Positions with the largest KLD per candidate: the text before it, the document's token, and each side's "
-           "top token. Tokens are shown as text (\\n is a newline).")
-st.dataframe(render.worst_rows(result), hide_index=True, key="q_worst")
+with layer_tab:
+    st.caption("Each linear layer's relative output error under each quantizer, against the unquantized model on the "
+               "calibration text (256 tokens), with the activation statistics behind it. INT8 per-tensor is the "
+               "baseline that per-channel weights and per-token activations improve on.")
+    if st.button("Measure each layer", key="q_layers_go"):
+        bar = st.progress(0.0, "Loading")
+        base = Precision(reference)
+        base = base if not (base.is_fp8 or base.is_int) else Precision.BF16
+        try:
+            ss.q_layers = layers.analyze(ModelSpec("embedded"), base, calibration,
+                                         progress=lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m))
+        except TriageError as exc:
+            st.error(str(exc))
+        bar.empty()
+    lay = ss.get("q_layers")
+    if lay:
+        summ = layers.summary(lay)
+        st.caption(f"{summ['layers']} layers at {lay['base']} on {lay['tokens']} tokens ({lay['calibration']}). "
+                   "Mean relative error: " + ", ".join(f"{q} {100 * v:.3f}%" for q, v in summ["mean_rel_error"].items())
+                   + f". Per-channel INT8 beat per-tensor on {summ['per_channel_int8_better']} of {summ['layers']} "
+                   f"layers; AWQ no worse than plain INT4 on {summ['awq_not_worse']}.")
+        by = st.selectbox("Rank by", lay["quantizers"], index=lay["quantizers"].index("int4"), key="q_layers_by")
+        st.dataframe(layers.ranked(lay, by, None), hide_index=True, key="q_layers_table")
+        st.plotly_chart(charts.layer_heatmap(lay), key="q_heatmap", config={"displayModeBar": False})
+        st.plotly_chart(charts.activation_histograms(lay, by), key="q_hist", config={"displayModeBar": False})

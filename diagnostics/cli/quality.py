@@ -1,10 +1,11 @@
 """python -m diagnostics quality --model embedded --document FILE --reference bf16 --candidates fp8,int8,int4,int4-awq
-[--window N] [--stride N] [--top-k K] [--calibration FILE] [--no-cache] [--json] [--no-history]
+[--window N] [--stride N] [--top-k K] [--calibration FILE] [--layers] [--no-cache] [--json] [--no-history]
 
 Perplexity of each precision over the document, and against the reference: KLD (mean, median, p99, p99.9, max),
 same top token % with its 95% interval, RMS delta-p; weights and peak memory, prefill and decode tokens/s. The
 reference pass is kept in a cache file and reused by later runs on the same model, document and windows (the output
-says which). --document sample uses the shipped sample prose. Saved to the history as a "quality" run unless
+says which). --layers adds which layer broke it: each linear's relative output error per quantizer on the
+calibration text, ranked, with its activation statistics. --document sample uses the shipped sample prose. Saved to the history as a "quality" run unless
 --no-history.
 
 Exit code 0 when the run finished, 2 on errors (one line, by diagnostics.__main__).
@@ -37,6 +38,9 @@ def add_parser(sub) -> None:
                    help="reference log-probs kept per position when the full vocabulary does not fit the cache")
     p.add_argument("--calibration", help="calibration text file for int4-awq and fp8-static (default: the shipped "
                                          "sample prose)")
+    p.add_argument("--layers", action="store_true",
+                   help="also rank the linear layers by relative output error per quantizer (fp8, int8, int8 "
+                        "per-tensor, int8-wo, int4, int4-awq) on the calibration text")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the kept reference pass")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -93,6 +97,13 @@ def run(args) -> int:
             raise RuntimeError(out.message)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.layers:
+        from core.precision import Precision
+        from core.quality import layers
+
+        base = reference.precision if not (reference.precision.is_fp8 or reference.precision.is_int) \
+            else Precision.BF16
+        result["layers"] = layers.analyze(spec, base, calibration, device=args.device, progress=progress)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -103,6 +114,17 @@ def run(args) -> int:
         print(f"{r['precision']}: {r['runs as']}")
     print()
     print("\n".join(render.notes(result)))
+    if args.layers:
+        from core.quality import layers
+
+        lay = result["layers"]
+        s = layers.summary(lay)
+        print(f"\nlayers: relative output error on {lay['tokens']} calibration tokens at {lay['base']}, worst 15 by "
+              "int4 (all in --json)")
+        print(render.text_table(layers.ranked(lay, "int4", 15)))
+        print("mean relative error: " + ", ".join(f"{q} {100 * v:.3f}%" for q, v in s["mean_rel_error"].items()))
+        print(f"per-channel INT8 beat per-tensor on {s['per_channel_int8_better']} of {s['layers']} layers; "
+              f"AWQ no worse than plain INT4 on {s['awq_not_worse']} of {s['layers']}")
     print(f"time: {result['total_s']:.1f} s")
     if not args.no_history:
         print(f"history: saved as run #{run_id}" if run_id else "history: not saved (see the warning above)")

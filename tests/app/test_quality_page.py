@@ -67,3 +67,21 @@ def test_identity_run_on_a_short_paste(embedded_dir, tmp_path, monkeypatch):
     table = at.dataframe[0].value
     assert list(table["mean KLD"]) == ["n/a", "0.00000"]
     assert table["perplexity"][0] == table["perplexity"][1]
+
+
+def test_stored_layer_analysis_renders_ranked_table_and_heatmap():
+    from core import quant
+
+    errs = {q: 0.01 * (i + 1) for i, q in enumerate(quant.LAYER_QUANTIZERS)}
+    hist = {"min": -6.0, "max": 1.0, "counts": [1, 5, 2]}
+    lay = {"base": "bf16", "tokens": 257, "quantizers": list(quant.LAYER_QUANTIZERS), "calibration": "default",
+           "layers": [{"layer": f"model.layers.{i}.mlp.down_proj", "errors": {q: v * (i + 1) for q, v in errs.items()},
+                       "max_abs": 10.0 * i, "median_channel_max": 1.0, "outlier_channels": i, "top_channels": [3],
+                       "hist_log10_abs": hist} for i in range(3)]}
+    at = AppTest.from_file(PAGE, default_timeout=600)
+    at.session_state["q_layers"] = lay
+    at.run()
+    assert not at.exception, at.exception
+    (table,) = at.dataframe
+    assert list(table.value["layer"])[0] == "model.layers.2.mlp.down_proj"  # worst by int4 first
+    assert any("Per-channel INT8 beat per-tensor on 3 of 3" in c.value for c in at.caption)

@@ -180,3 +180,36 @@ def test_visible_token_and_rendered_rows_keep_html_as_text():
     assert row["context"] == "<script>\\n" and row["candidate top"] == "<i>"
     (t,) = render.table_rows(result)
     assert t["same top %"].startswith("90.00") and t["weights"] == "N/A"
+
+
+def test_layer_errors_rank_quantizers_and_find_outlier_channels():
+    from core.quality import layers
+
+    torch.manual_seed(0)
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 256)
+            self.up = nn.Linear(256, 128)
+            self.down = nn.Linear(128, 256)
+            self.lm_head = nn.Linear(256, 50)
+            with torch.no_grad():
+                self.emb.weight[:, 7] *= 100  # an outlier channel into `up`
+
+        def forward(self, input_ids, use_cache=False):
+            return self.lm_head(self.down(self.up(self.emb(input_ids))))
+
+    rows = quant.layer_errors(Tiny(), list(range(40)))
+    assert [r["layer"] for r in rows] == ["up", "down"]  # lm_head stays out
+    up = rows[0]
+    assert up["outlier_channels"] == 1 and up["top_channels"][0] == 7
+    e = up["errors"]
+    assert e["int8"] < e["int8 per-tensor"] and e["int8-wo"] < e["int4"] and e["int4-awq"] <= e["int4"] * 1.001
+    result = {"quantizers": list(quant.LAYER_QUANTIZERS), "layers": rows}
+    s = layers.summary(result)
+    assert s["layers"] == 2 and s["per_channel_int8_better"] >= 1
+    assert layers.ranked(result, "int4")[0]["layer"] in ("up", "down")
+    from core.quality import charts
+
+    assert len(charts.layer_heatmap(result).data) == 1 and len(charts.activation_histograms(result).data) == 2
