@@ -14,7 +14,7 @@ from core.quality import run as qr
 from core.textfile import DocumentError, source_text
 
 DOC = source_text()[:1000]
-WINDOW, STRIDE = 64, 48
+WINDOW, STRIDE = 64, 64
 
 
 @pytest.fixture(scope="module")
