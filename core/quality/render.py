@@ -14,13 +14,9 @@ def table_rows(result: dict) -> list[dict]:
     out = []
     for r in result["rows"]:
         k, s = r.get("kld") or {}, r.get("same_top")
+        kernels = [x for x in r.get("kernels") or [] if x not in r["label"]]  # only what the label does not say
         out.append({
             "precision": r["name"] + (" (reference)" if r["role"] == "reference" else ""),
-            "runs as": r["label"] + (f" [{', '.join(r['kernels'])}]" if r.get("kernels") else ""),
-            "weights": fmt_bytes(r.get("weights_bytes")),
-            "peak memory": fmt_bytes(r.get("peak_bytes")),
-            "prefill tok/s": _num(r.get("prefill_tok_s"), ",.0f"),
-            "decode tok/s": _num(r.get("decode_tok_s"), ",.1f"),
             "perplexity": _num(r["perplexity"], ".4f"),
             "mean KLD": _num(k.get("mean"), ".5f"),
             "median KLD": _num(k.get("median"), ".5f"),
@@ -30,6 +26,11 @@ def table_rows(result: dict) -> list[dict]:
             "same top %": "n/a" if not s else
             f"{100 * s['share']:.2f} ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})",
             "RMS Δp %": "n/a" if r.get("rms_dp") is None else f"{100 * r['rms_dp']:.3f}",
+            "weights": fmt_bytes(r.get("weights_bytes")),
+            "peak memory": fmt_bytes(r.get("peak_bytes")),
+            "prefill tok/s": _num(r.get("prefill_tok_s"), ",.0f"),
+            "decode tok/s": _num(r.get("decode_tok_s"), ",.1f"),
+            "runs as": r["label"] + (f" [{', '.join(kernels)}]" if kernels else ""),
         })
     return out
 
