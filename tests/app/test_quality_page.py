@@ -1,5 +1,6 @@
-"""The Quality page in Streamlit's AppTest: bad documents refused with a message, a real run (the identity, one
-engine), and a stored result rendered with document text shown as text."""
+"""The Quality page in Streamlit's AppTest: bad documents refused with a message, stored results (the table, the
+worst positions with document text shown as text, the layer analysis) rendered. The real run is the browser test's
+(tests/e2e/test_quality_flow.py) and the engine test's (tests/engines/test_quality_embedded.py)."""
 from streamlit.testing.v1 import AppTest
 
 from tests.conftest import ROOT
@@ -52,21 +53,6 @@ def test_empty_and_binary_documents_get_messages():
     at.text_area(key="q_text").set_value("\x01\x02\x03\x04" * 50).run()
     at.button(key="q_go").click().run()
     assert any("looks binary" in e.value for e in at.error)
-
-
-def test_identity_run_on_a_short_paste(embedded_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIAGE_QUALITY_CACHE", str(tmp_path))
-    at = page()
-    at.text_area(key="q_text").set_value("The capital of France is Paris. " * 12).run()
-    at.number_input(key="q_window").set_value(32).run()
-    at.number_input(key="q_stride").set_value(32).run()
-    at.multiselect(key="q_cands").set_value(["bf16"]).run()
-    at.button(key="q_go").click().run()
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-    table = at.dataframe[0].value
-    assert list(table["mean KLD"]) == ["n/a", "0.00000"]
-    assert table["perplexity"][0] == table["perplexity"][1]
 
 
 def test_stored_layer_analysis_renders_ranked_table_and_heatmap():
