@@ -29,13 +29,18 @@ def read_upload():
     if (f := ss.get("q_file")) is not None:
         try:
             ss.q_text = textfile.decode_bytes(f.getvalue(), f.name)
+            ss.q_doc_name = f.name
         except textfile.DocumentError as exc:
             ss.q_error = str(exc)
 
 
 def use_sample():
     ss.q_text = textfile.source_text()
-    ss.q_error = None
+    ss.q_error, ss.q_doc_name = None, "shipped sample prose"
+
+
+def pasted():
+    ss.q_doc_name = "pasted document"
 
 
 left, right = st.columns([5, 2])
@@ -43,7 +48,7 @@ with right:
     st.file_uploader(f"Upload ({', '.join(textfile.EXTENSIONS)})", type=list(textfile.EXTENSIONS), key="q_file",
                      on_change=read_upload)
     st.button("Use the shipped sample", on_click=use_sample, help="The prose this project ships (~1,170 tokens)")
-text = left.text_area("Document", key="q_text", height=200, placeholder="Paste a document, upload one, or use the "
+text = left.text_area("Document", key="q_text", height=200, on_change=pasted, placeholder="Paste a document, upload one, or use the "
                                                                          "shipped sample")
 if ss.get("q_error"):
     st.error(ss.q_error)
@@ -73,11 +78,12 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
         ref = quality.parse_variant(reference)
         cands = [quality.parse_variant(x) for x in candidates]
         spec = ModelSpec("embedded")
-        params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": "pasted document",
+        name = ss.get("q_doc_name") or "pasted document"
+        params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": name,
                   "window": window, "stride": stride}
         out = history.run_recorded(spec.label, params, lambda keep: quality.run(
             spec, text, ref, cands, window=window, stride=stride, calibration=calibration,
-            document_name="pasted document", progress=progress, on_result=keep))
+            document_name=name, progress=progress, on_result=keep))
     except TriageError as exc:
         out = history.Outcome("failed", None, str(exc), None, None)
     bar.empty()
