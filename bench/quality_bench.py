@@ -68,7 +68,8 @@ def main() -> None:
             return "n/a" if key not in k else format(k[key], spec)
         top = "n/a" if not s else f"{100 * s['share']:.2f} ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})"
         rms = "n/a" if r.get("rms_dp") is None else f"{100 * r['rms_dp']:.3f}"
-        kern = f" [{', '.join(r['kernels'])}]" if r.get("kernels") else ""
+        kernels = [x for x in r.get("kernels") or [] if x not in r["label"]]
+        kern = f" [{', '.join(kernels)}]" if kernels else ""
         print(f"| {r['name']} | {r['label']}{kern} | {fmt_bytes(r['weights_bytes'])} | {r['perplexity']:.4f} | "
               f"{g('mean')} | {g('median')} | {g('p99', '.4f')} | {g('p99_9', '.4f')} | {g('max', '.4f')} | {top} | "
               f"{rms} | {r['prefill_tok_s']:,.0f} | {r['decode_tok_s'] or 0:,.1f} |")
