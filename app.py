@@ -13,6 +13,7 @@ PAGES = [
     ("views/monitor.py", "Live monitor", ":material/monitoring:"),
     ("views/checklist.py", "Diagnostics", ":material/checklist:"),
     ("views/compare.py", "Precision compare", ":material/compare:"),
+    ("views/quality.py", "Quality", ":material/grading:"),
     ("views/long_context.py", "Long context", ":material/article:"),
     ("views/deployment.py", "vLLM deployment", ":material/dns:"),
     ("views/fleet.py", "Fleet", ":material/lan:"),

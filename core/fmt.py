@@ -86,3 +86,21 @@ def markdown_literal(text: Any) -> str:
     """Text shown exactly as written: every Markdown character escaped, backticks too (for text from a server or a
     model, where a code span is no more trusted than a link). `:` too: Streamlit turns :name: into an icon."""
     return _MD_ALL.sub(r"\\\1", str(text))
+
+
+def visible_token(text: Any) -> str:
+    """A token's text with whitespace and control characters made visible (newline as \\n, tab as \\t, others as
+    \\xNN), for tables of tokens in context; it is still plain text, never markup: show it as text."""
+    out = []
+    for ch in str(text):
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -102,3 +102,45 @@ class FP8KV:
     @property
     def nbytes(self) -> int:
         return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
+
+
+class FP8StaticLinear(FP8Linear):
+    """FP8Linear (W8A8) with a static per-tensor activation scale calibrated beforehand (`calibrate_static`) instead
+    of dynamic per-token scales: activations beyond the calibrated max|x| are clipped to E4M3's 448."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq = (x2.float() / self.input_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        out = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=self.input_scale.expand(x2.shape[0], 1).contiguous(),
+                               scale_b=self.weight_scale.t(), out_dtype=self.out_dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, e4m3 W8A8 static per-tensor activation scale"
+
+
+@torch.inference_mode()
+def calibrate_static(model: nn.Module, ids: list[int]) -> int:
+    """Turn every W8A8 FP8Linear into an FP8StaticLinear whose activation scale is max|x| / 448 over one forward pass
+    of `ids` (the calibration tokens); returns how many layers were calibrated."""
+    layers = [m for m in model.modules() if isinstance(m, FP8Linear) and m.w8a8]
+    amax = {id(m): torch.zeros((), dtype=torch.float32) for m in layers}
+
+    def hook(m, args):
+        amax[id(m)] = torch.maximum(amax[id(m)], args[0].detach().abs().amax().float().cpu())
+
+    hooks = [m.register_forward_pre_hook(hook) for m in layers]
+    try:
+        dev = next(model.parameters()).device
+        model(input_ids=torch.tensor([ids], device=dev), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    for m in layers:
+        scale = (amax[id(m)].clamp(min=_EPS) / E4M3_MAX).reshape(1, 1).to(m.weight_scale.device)
+        m.register_buffer("input_scale", scale)
+        m.__class__ = FP8StaticLinear
+    return len(layers)

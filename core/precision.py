@@ -17,6 +17,11 @@ class Precision(str, Enum):
     FP16 = "fp16"
     FP8 = "fp8"  # E4M3 W8A8: per-output-channel weight scales, dynamic per-token activation scales
     FP8_WEIGHT_ONLY = "fp8-wo"  # E4M3 weights, upcast to the base dtype for the matmul (W8A16)
+    # Integer precisions (core/quant.py), torch engine only; lm_head and embeddings stay at the base dtype.
+    INT8 = "int8"  # W8A8: per-output-channel weight scales, dynamic per-token activation scales, torch._int_mm
+    INT8_WEIGHT_ONLY = "int8-wo"  # int8 weights, upcast to the base dtype for each matmul (W8A16)
+    INT4 = "int4"  # weight-only, groups of 128 along the input, asymmetric (zero point), two weights a byte
+    INT4_AWQ = "int4-awq"  # the same storage after activation-aware per-input-channel scaling (AWQ)
 
     @property
     def label(self) -> str:
@@ -25,6 +30,15 @@ class Precision(str, Enum):
     @property
     def is_fp8(self) -> bool:
         return self in (Precision.FP8, Precision.FP8_WEIGHT_ONLY)
+
+    @property
+    def is_int(self) -> bool:
+        """Integer weights (core/quant.py): INT8 W8A8, INT8 weight-only, INT4 and INT4 with AWQ scaling."""
+        return self in (Precision.INT8, Precision.INT8_WEIGHT_ONLY, Precision.INT4, Precision.INT4_AWQ)
+
+    @property
+    def is_int4(self) -> bool:
+        return self in (Precision.INT4, Precision.INT4_AWQ)
 
     @property
     def base_dtype(self) -> str:
@@ -38,6 +52,10 @@ _LABELS = {
     Precision.FP16: "FP16",
     Precision.FP8: "FP8 E4M3 (W8A8)",
     Precision.FP8_WEIGHT_ONLY: "FP8 E4M3 weight-only (W8A16)",
+    Precision.INT8: "INT8 W8A8 (torch._int_mm)",
+    Precision.INT8_WEIGHT_ONLY: "INT8 weight-only (W8A16)",
+    Precision.INT4: "INT4 weight-only, g128 asymmetric",
+    Precision.INT4_AWQ: "INT4 AWQ weight-only, g128 asymmetric",
 }
 
 
@@ -59,6 +77,11 @@ TORCH_CUDA_MIN_CC = {
     Precision.BF16: (8, 0),
     Precision.FP8_WEIGHT_ONLY: (8, 0),
     Precision.FP8: (8, 9),
+    # Activations stay BF16 around the integer weights (torch._int_mm itself runs from Volta on).
+    Precision.INT8: (8, 0),
+    Precision.INT8_WEIGHT_ONLY: (8, 0),
+    Precision.INT4: (8, 0),
+    Precision.INT4_AWQ: (8, 0),
 }
 
 
@@ -83,11 +106,18 @@ def unsupported_reasons(precision: Precision, kv: KVDtype, device: Device, engin
         if device.kind == "cuda" and device.capability is not None:
             need = TORCH_CUDA_MIN_CC[precision]
             if device.capability < need:
-                alt = "FP8 weight-only or BF16" if precision is Precision.FP8 else "FP16 or FP32"
+                alt = ("FP8 weight-only or BF16" if precision is Precision.FP8 else
+                       "the CPU" if precision.is_int else "FP16 or FP32")
                 reasons.append(
                     f"{precision.label} on the torch engine needs compute capability >= {need[0]}.{need[1]}; "
                     f"found {device.cc_text} ({device.name}). Use {alt}."
                 )
+    if engine in ("vllm", "vllm-cpu") and precision.is_int:
+        reasons.append(
+            f"{precision.label} is this console's own online quantization (core/quant.py); vLLM cannot quantize a "
+            "BF16 checkpoint to INT8 or INT4 at load (it runs INT8/INT4 only from pre-quantized checkpoints: "
+            "compressed-tensors, GPTQ, AWQ). Use the torch engine for this precision."
+        )
     elif engine == "vllm-cpu":
         if precision.is_fp8:
             reasons.append(

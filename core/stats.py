@@ -74,3 +74,12 @@ def robust_z(value: float, med: float, spread: float | None) -> float | None:
     if not spread or spread <= 1e-9 * abs(med):  # float noise around identical values is no spread
         return None
     return (value - med) / (1.4826 * spread)
+
+
+def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a share measured on n positions (stays inside 0-1, sensible at 0 and 1)."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

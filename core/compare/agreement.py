@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from core.errors import InputError
+from core.stats import wilson_interval  # noqa: F401 - its home is core/stats.py; kept importable from here
 
 DEFAULT_K = 8  # vLLM's FP8 KV cache test compares top-8 logprobs
 
@@ -350,15 +351,6 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
     s.bands = {"top3_match": band(s.top3_match, "top3_match"), "same_top": band(s.same_top, "same_top")}
     s.status, s.verdict = verdict(s, ref_label, cand_label)
     return s
-
-
-def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a share measured on n positions (stays inside 0-1, sensible at 0 and 1)."""
-    if n <= 0:
-        return 0.0, 1.0
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate") -> tuple[str, str]:

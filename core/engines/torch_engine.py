@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from core import fp8
+from core import fp8, quant
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
@@ -62,6 +62,8 @@ def count_weight_bytes(config, precision: Precision) -> int:
     linears in one byte a parameter); the KV cache calculator's estimate_weight_bytes works from the config alone."""
     counts = count_parameters(config)
     base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
+    if precision.is_int:  # int8: 1 byte a weight; int4: half a byte plus a scale and zero point per group
+        return quant.weight_bytes(counts["quantizable"], precision) + counts["other"] * base
     per_linear = 1 if precision.is_fp8 else base
     return counts["quantizable"] * per_linear + counts["other"] * base
 
@@ -169,7 +171,8 @@ class TorchEngine:
     name = "torch"
 
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
-                 device: str | None = None, progress: Callable[[float, str], None] | None = None):
+                 device: str | None = None, progress: Callable[[float, str], None] | None = None,
+                 calibration: str | None = None):
         self.spec, self.precision, self.kv_dtype = spec, precision, kv_dtype
         self.device = current_device(device)
         self.dtype = DTYPES[precision.base_dtype]
@@ -194,6 +197,10 @@ class TorchEngine:
         if precision.is_fp8:
             progress(0.9, "Quantizing Linear weights to FP8 E4M3")
             self.n_fp8_linears = fp8.quantize_linears(self.model, w8a8=precision is Precision.FP8)
+        elif precision.is_int:  # calibration: AWQ's text (None: the shipped sample prose)
+            progress(0.9, f"Quantizing Linear weights to {precision.label}")
+            self.quant_info = quant.quantize_model(self.model, precision,
+                                                   quant.calibration_ids(self.tokenizer, calibration))
         self.model.eval()
         self.config = self.model.config
         eos = getattr(self.model.generation_config, "eos_token_id", None) if not spec.random_weights else None

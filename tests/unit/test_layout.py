@@ -21,7 +21,8 @@ STREAMLIT_ALLOWED = ("app", "views")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pages", ("app", "views")),
     ("checklist and CLI", ("diagnostics",)),
-    ("core feature packages", ("core.compare", "core.long_context", "core.deployment", "core.monitor", "core.fleet")),
+    ("core feature packages", ("core.compare", "core.long_context", "core.deployment", "core.monitor", "core.fleet",
+                               "core.quality")),
     ("engines and telemetry", ("core.engines", "core.telemetry")),
     ("core basics", ("core",)),
 ]

@@ -31,7 +31,7 @@ def test_vllm_cpu_refuses_fp8_weights_but_not_fp8_kv():
 def test_parse_precision_lists_choices():
     assert parse_precision("FP8") is Precision.FP8
     with pytest.raises(ValueError, match="fp8-wo"):
-        parse_precision("int4")
+        parse_precision("int3")
 
 
 def test_quantize_rows_scales_to_e4m3_max():

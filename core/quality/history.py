@@ -1,0 +1,126 @@
+"""Quality runs saved to the history (core.store, kind "quality") while they run: stored as "running" before the
+reference pass, checkpointed after every precision's row, finished (or failed / cancelled, with what finished) at the
+end. A store failure never stops a run: it becomes one warning line for the page or the CLI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from core import store
+from core.engines.base import Cancelled
+
+KIND = "quality"
+STORE_ERRORS = (store.StoreError, ValueError, TypeError)
+KEEP_KLD_VALUES = 4000  # per precision in the payload: enough for the distribution chart, bounded in size
+
+
+def title(model: str, params: dict) -> str:
+    return (f"Quality: {', '.join(params['candidates'])} vs {params['reference']} on {params['document']} "
+            f"(window {params['window']:,}, stride {params['stride']:,}) · {model}")
+
+
+def slim(row: dict) -> dict:
+    """A row as stored: per-position KL values thinned to KEEP_KLD_VALUES (evenly), rounded."""
+    vals = row.get("kld_values")
+    if not vals:
+        return row
+    step = max(1, -(-len(vals) // KEEP_KLD_VALUES))
+    return {**row, "kld_values": [round(v, 6) for v in vals[::step]]}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Headline numbers for the history list and its numeric comparison of two runs."""
+    out: dict[str, Any] = {"rows": len(rows)}
+    for r in rows:
+        out[f"ppl_{r['name']}"] = r["perplexity"]
+        if r.get("kld"):
+            out[f"kld_mean_{r['name']}"] = r["kld"]["mean"]
+            out[f"same_top_{r['name']}"] = r["same_top"]["share"]
+    return out
+
+
+@dataclass
+class Recorder:
+    model: str
+    params: dict
+    run_id: int | None = None
+    rows: list[dict] = field(default_factory=list)
+    warning: str | None = None
+
+    def _payload(self, **extra) -> dict:
+        return {"model": self.model, "params": self.params, "rows": [slim(r) for r in self.rows], **extra}
+
+    def _try(self, fn: Callable[[], Any], always: bool = False) -> Any:
+        if self.warning and not always:
+            return None
+        try:
+            return fn()
+        except STORE_ERRORS as exc:
+            self.warning = f"This run was not saved to the history: {exc}"
+            return None
+
+    def begin(self) -> None:
+        self.run_id = self._try(lambda: store.begin_run(KIND, title(self.model, self.params), self._payload(),
+                                                        summary([])))
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.run_id is not None:
+            self._try(lambda: store.update_run(self.run_id, self._payload(), summary(self.rows)))
+
+    def finish(self, result: dict | None = None, error: str | None = None, cancelled: bool = False) -> None:
+        if self.run_id is None:
+            return
+        extra = {k: v for k, v in (result or {}).items() if k != "rows"}
+
+        def write() -> bool:
+            store.finish_run(self.run_id, self._payload(cancelled=cancelled, **extra), summary(self.rows),
+                             status="cancelled" if cancelled else "failed" if error else "finished", error=error)
+            return True
+
+        if self._try(write, always=True):
+            self.warning = None
+
+
+@dataclass
+class Outcome:
+    status: str  # "finished", "cancelled" or "failed"
+    result: dict | None
+    message: str | None
+    warning: str | None
+    run_id: int | None
+
+
+def run_recorded(model: str, params: dict, fn: Callable[[Callable[[dict], None]], dict],
+                 on_result: Callable[[dict], None] = lambda r: None, reraise: tuple = ()) -> Outcome:
+    """fn(keep) under a Recorder; every row goes to on_result and to the history at once. A TriageError (refused
+    input, a model that cannot load) is stored as failed with its message; anything in `reraise` is re-raised after
+    it is stored; a stop that is not an error (Streamlit ending the script, Ctrl-C) is stored and re-raised."""
+    from core.errors import TriageError
+
+    rec = Recorder(model, params)
+    rec.begin()
+
+    def keep(row: dict) -> None:
+        on_result(row)
+        rec.add(row)
+
+    try:
+        result = fn(keep)
+    except Cancelled:
+        rec.finish(error=f"Cancelled; {len(rec.rows)} row(s) kept.", cancelled=True)
+        return Outcome("cancelled", None, "Cancelled.", rec.warning, rec.run_id)
+    except TriageError as exc:
+        rec.finish(error=str(exc))
+        if isinstance(exc, reraise):
+            raise
+        return Outcome("failed", None, str(exc), rec.warning, rec.run_id)
+    except Exception as exc:
+        rec.finish(error=f"The run failed: {type(exc).__name__}: {exc}")
+        raise
+    except BaseException:
+        rec.finish(error=f"Stopped before the end; {len(rec.rows)} row(s) kept.", cancelled=True)
+        raise
+    rec.finish(result)
+    return Outcome("finished", result, None, rec.warning, rec.run_id)

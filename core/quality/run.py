@@ -1,0 +1,338 @@
+"""The document quality run: a reference precision and candidates over the same document, in windows of the model's
+context, with llama.cpp's perplexity/KLD numbers for each, beside weights memory, peak memory and prefill/decode speed.
+
+Windows: the document's tokens (no special tokens) are cut into windows of `window` tokens, BOS in front of each,
+starting every `stride` tokens (the last window ends at the document's end). A token is scored once, in the first
+window that reaches it, so with stride < window every scored token after the first window has at least
+window - stride tokens of context. The first token of the document (context: BOS alone) is not scored.
+
+Flow: the reference runs first (or its kept pass is read back, core/quality/refcache.py) and is unloaded; then each
+candidate is loaded, scored window by window against the reference, timed for decode, and unloaded. Progress and
+Cancel are checked between windows; each finished precision row goes to `on_result` at once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from core.engines.base import Cancelled, GenerationParams
+from core.errors import InputError
+from core.precision import Precision, parse_precision
+from core.quality import metrics, refcache
+from core.textfile import DocumentError
+
+Progress = Callable[[float, str], None]
+DEFAULT_WINDOW = 512
+DEFAULT_STRIDE = 256
+DECODE_TOKENS = 16  # greedy tokens timed for the decode speed (short: the table's numbers are about quality)
+WORST_POSITIONS = 8
+CONTEXT_TOKENS = 12  # tokens of context shown before a position where the candidate differs
+
+
+def _noop(*_):
+    return None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of the comparison: a precision, and for FP8 optional static activation scales calibrated on N
+    tokens ("fp8-static:512")."""
+    precision: Precision
+    static_tokens: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"fp8-static:{self.static_tokens}" if self.static_tokens else self.precision.value
+
+    @property
+    def label(self) -> str:
+        if self.static_tokens:
+            return f"FP8 E4M3 W8A8, static activation scales ({self.static_tokens:,} calibration tokens)"
+        return self.precision.label
+
+
+def parse_variant(text: str) -> Variant:
+    text = text.strip().lower()
+    if text.startswith("fp8-static"):
+        _, _, n = text.partition(":")
+        if not n.isdigit() or int(n) < 1:
+            raise InputError(f"{text!r}: write FP8 with static scales as fp8-static:N, N calibration tokens "
+                             "(e.g. fp8-static:512).")
+        return Variant(Precision.FP8, int(n))
+    return Variant(parse_precision(text))
+
+
+def parse_variants(text: str) -> list[Variant]:
+    out = [parse_variant(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise InputError("Name at least one candidate precision, e.g. fp8,int8,int4.")
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # document token offsets [start, end)
+    end: int
+    first_scored: int  # tokens [first_scored, end) are scored in this window
+
+
+def plan_windows(n_tokens: int, window: int, stride: int, max_positions: int | None, special: int = 1) -> list[Window]:
+    if window < 2:
+        raise InputError(f"A window must hold at least 2 tokens; got {window}.")
+    if max_positions and window + special > max_positions:
+        raise InputError(f"A window of {window:,} tokens plus BOS is more than the model's {max_positions:,} "
+                         f"positions; use at most {max_positions - special:,}.")
+    if not 1 <= stride <= window:
+        raise InputError(f"The stride must be between 1 and the window ({window:,}); got {stride:,}.")
+    if n_tokens < window:
+        raise DocumentError(f"The document has {n_tokens:,} tokens, shorter than one window of {window:,}. Use a "
+                            "longer document, or a smaller window (the perplexity needs at least one full window).")
+    out, start, prev_end = [], 0, 1
+    while True:
+        start = min(start, n_tokens - window)
+        end = start + window
+        out.append(Window(start, end, prev_end))
+        if end >= n_tokens:
+            return out
+        prev_end, start = end, start + stride
+
+
+def document_ids(tokenizer, text: str) -> list[int]:
+    if callable(tokenizer):
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer.encode(text))
+
+
+def _bos(tokenizer) -> list[int]:
+    b = getattr(tokenizer, "bos_token_id", None)
+    return [b] if b is not None else []
+
+
+# ---- one pass over the windows --------------------------------------------------------------------------------
+
+def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, progress: Progress, should_stop,
+                  what: str) -> dict:
+    """Forward each window, hand (window, log-probs [n, V] float32, targets) to on_window; returns timing."""
+    import torch
+
+    dev = engine.device.kind
+    bos = _bos(engine.tokenizer)
+    fwd_s, tokens = 0.0, 0
+    for i, w in enumerate(windows):
+        if should_stop and should_stop():
+            raise Cancelled(f"Quality run cancelled while scoring {what}.")
+        progress(i / len(windows), f"{what}: window {i + 1} of {len(windows)}")
+        ids = bos + doc[w.start:w.end]
+        keep = w.end - w.first_scored + 1
+        with torch.inference_mode(), engine.lock:
+            engine._ensure_loaded()
+            t0 = time.perf_counter()
+            logits = engine.model(input_ids=torch.tensor([ids], device=dev), use_cache=False,
+                                  logits_to_keep=keep).logits[0, :-1]
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            fwd_s += time.perf_counter() - t0
+            tokens += len(ids)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            on_window(w, lp, torch.tensor(doc[w.first_scored:w.end], device=dev))
+    return {"forward_s": fwd_s, "prefill_tok_s": tokens / fwd_s if fwd_s > 0 else None, "tokens": tokens}
+
+
+def _engine_numbers(engine, doc: list[int], decode_tokens: int = DECODE_TOKENS) -> dict:
+    """Weights, peak memory and decode speed of a loaded engine (greedy tokens after the document's start)."""
+    prompt = _bos(engine.tokenizer) + doc[:64]
+    gen = engine.generate([prompt], GenerationParams(max_new_tokens=max(2, decode_tokens), stop_at_eos=False,
+                                                     top_logprobs=0))[0]
+    mem = engine.memory_report()
+    from core import quant
+
+    kernels = quant.kernels(engine.model) if getattr(engine, "model", None) is not None else []
+    return {"weights_bytes": mem.weights_bytes, "weights_by_dtype": mem.weights_by_dtype, "peak_bytes": mem.peak_bytes,
+            "peak_source": mem.peak_source, "decode_tok_s": gen.decode_tok_s, "kernels": kernels}
+
+
+def _reference_pass(engine, doc, windows, top_k, full, progress, should_stop) -> tuple[dict, dict]:
+    import numpy as np
+    import torch
+
+    parts = {"targets": [], "target_lp": [], "top1": [], "topk_ids": [], "topk_lp": [], "full": []}
+
+    def on_window(w, lp, targets):
+        parts["targets"].append(targets.cpu())
+        parts["target_lp"].append(lp.gather(1, targets[:, None])[:, 0].cpu())
+        parts["top1"].append(lp.argmax(dim=-1).cpu())
+        if full:
+            parts["full"].append(lp.cpu())
+        else:
+            v, i = lp.topk(top_k, dim=-1)
+            parts["topk_ids"].append(i.to(torch.int32).cpu())
+            parts["topk_lp"].append(v.cpu())
+
+    timing = _windows_pass(engine, doc, windows, on_window, progress, should_stop, "reference")
+    arrays = {k: torch.cat(v).numpy() for k, v in parts.items() if v}
+    arrays["targets"] = arrays["targets"].astype(np.int64)
+    return arrays, timing
+
+
+def _candidate_pass(engine, doc, windows, ref: dict, progress, should_stop, name: str) -> tuple[dict, dict]:
+    import torch
+
+    out = {"kl": [], "top1": [], "target_lp": []}
+    pos = [0]
+
+    def on_window(w, lp, targets):
+        a, b = pos[0], pos[0] + lp.shape[0]
+        pos[0] = b
+        dev = lp.device
+        if "full" in ref:
+            r = {"full": torch.as_tensor(ref["full"][a:b], device=dev)}
+        else:
+            r = {"topk_ids": torch.as_tensor(ref["topk_ids"][a:b], device=dev),
+                 "topk_lp": torch.as_tensor(ref["topk_lp"][a:b], device=dev)}
+        out["kl"] += metrics.kl_rows(r, lp).tolist()
+        out["top1"] += lp.argmax(dim=-1).tolist()
+        out["target_lp"] += lp.gather(1, targets[:, None])[:, 0].tolist()
+
+    timing = _windows_pass(engine, doc, windows, on_window, progress, should_stop, name)
+    return out, timing
+
+
+# ---- the run ----------------------------------------------------------------------------------------------------
+
+def _scored_positions(windows: list[Window]) -> list[int]:
+    return [t for w in windows for t in range(w.first_scored, w.end)]
+
+
+def _worst(engine, doc: list[int], positions: list[int], kl: list[float], ref_top1, cand_top1) -> list[dict]:
+    """The positions where this candidate's distribution moved most from the reference's, with their context."""
+    order = sorted(range(len(kl)), key=lambda i: -kl[i])[:WORST_POSITIONS]
+    rows = []
+    for i in order:
+        t = positions[i]
+        rows.append({"position": t, "kld": kl[i],
+                     "context": engine.decode(doc[max(0, t - CONTEXT_TOKENS):t]),
+                     "token": engine.token_texts([doc[t]])[0],
+                     "reference_top": engine.token_texts([int(ref_top1[i])])[0],
+                     "candidate_top": engine.token_texts([int(cand_top1[i])])[0]})
+    return rows
+
+
+def default_loader(spec, device: str | None = None, calibration: str | None = None):
+    """Loads a fresh TorchEngine per variant (integer precisions and static FP8 need the eager engine)."""
+    def load(variant: Variant, progress: Progress):
+        from core.engines.torch_engine import TorchEngine
+
+        eng = TorchEngine(spec, variant.precision, device=device, progress=progress, calibration=calibration)
+        if variant.static_tokens:
+            from core import fp8, quant
+
+            ids = quant.calibration_ids(eng.tokenizer, calibration, variant.static_tokens)
+            have = len(ids) - len(_bos(eng.tokenizer))
+            if have < variant.static_tokens:
+                eng.unload()
+                raise InputError(f"{variant.name} calibrates on {variant.static_tokens:,} tokens; the calibration "
+                                 f"text has {have:,}. Give a longer calibration text or a smaller N.")
+            fp8.calibrate_static(eng.model, ids)
+        return eng
+    return load
+
+
+def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, window: int = DEFAULT_WINDOW,
+        stride: int = DEFAULT_STRIDE, top_k: int = refcache.DEFAULT_TOP_K, device: str | None = None,
+        decode_tokens: int = DECODE_TOKENS,
+        calibration: str | None = None, document_name: str = "document", use_cache: bool = True,
+        load: Callable | None = None, progress: Progress = _noop, should_stop=None,
+        on_result: Callable[[dict], None] = _noop) -> dict:
+    """The quality table of `candidates` against `reference` over the document. `load(variant, progress)` gives an
+    engine (default: a fresh TorchEngine, unloaded after its pass; a caller's loader keeps its engines)."""
+    from core.engines.torch_engine import current_device
+    from core.textfile import check_text
+
+    check_text(doc_text, document_name)
+    if not candidates:
+        raise InputError("Name at least one candidate precision.")
+    owned = load is None
+    load = load or default_loader(spec, device, calibration)
+    steps = 1 + len(candidates)
+    t_start = time.perf_counter()
+
+    def sub(k: int):
+        return lambda f, m: progress((k + min(max(f, 0.0), 1.0)) / steps, m)
+
+    ref_engine = None
+    engines_seen: list = []
+
+    def get(variant: Variant, k: int):
+        nonlocal ref_engine
+        if variant == reference and ref_engine is not None:
+            return ref_engine
+        sub(k)(0.0, f"Loading {variant.label}")
+        eng = load(variant, lambda f, m: sub(k)(0.3 * f, m))
+        engines_seen.append(eng)
+        return eng
+
+    def done_with(eng):
+        if owned and eng is not ref_engine:
+            eng.unload()
+
+    # Tokenize with the reference's tokenizer (every variant of one model shares it): the engine if loaded now,
+    # else the first loaded below. The cache key needs the ids, so the reference engine is loaded only on a miss.
+    tok_engine = get(reference, 0)
+    ref_engine = tok_engine
+    doc = document_ids(tok_engine.tokenizer, doc_text)
+    windows = plan_windows(len(doc), window, stride, tok_engine.max_positions, len(_bos(tok_engine.tokenizer)))
+    positions = _scored_positions(windows)
+    vocab = tok_engine.model.config.vocab_size
+    full = len(positions) * vocab * 4 <= refcache.FULL_LIMIT_BYTES
+    meta = refcache.key_meta(f"{spec.kind}:{spec.path}:{spec.label}:{current_device(device).kind}", reference.name,
+                             "auto", refcache.document_hash(doc), window, stride, 0 if full else top_k)
+    cached = refcache.load(meta) if use_cache else None
+    if cached is not None:
+        ref_row = dict(cached["row"], reused=True)
+        ref = {k: v for k, v in cached.items() if k not in ("row", "path")}
+        cache_path = cached["path"]
+        sub(0)(1.0, "Reference read from its kept pass")
+    else:
+        ref, timing = _reference_pass(ref_engine, doc, windows, top_k, full, lambda f, m: sub(0)(0.3 + 0.6 * f, m),
+                                      should_stop)
+        ref_row = {"name": reference.name, "label": reference.label, "role": "reference",
+                   "perplexity": metrics.perplexity(ref["target_lp"].tolist()), "kld": None, "same_top": None,
+                   "rms_dp": None, **timing, **_engine_numbers(ref_engine, doc, decode_tokens)}
+        cache_path = str(refcache.save(meta, ref, ref_row)) if use_cache else None
+        ref_row["reused"] = False
+    on_result(ref_row)
+    rows = [ref_row]
+    ref_target = ref["target_lp"].tolist()
+    ref_top1 = ref["top1"].tolist()
+    if not any(c == reference for c in candidates):
+        done_with_ref = ref_engine
+        ref_engine = None
+        if owned:
+            done_with_ref.unload()
+    for k, cand in enumerate(candidates, start=1):
+        eng = get(cand, k)
+        try:
+            got, timing = _candidate_pass(eng, doc, windows, ref, lambda f, m: sub(k)(0.3 + 0.6 * f, m), should_stop,
+                                          cand.name)
+            row = {"name": cand.name, "label": cand.label, "role": "candidate",
+                   "perplexity": metrics.perplexity(got["target_lp"]),
+                   "kld": metrics.kld_summary(got["kl"]), "same_top": metrics.same_top(ref_top1, got["top1"]),
+                   "rms_dp": metrics.rms_delta_p(ref_target, got["target_lp"]), **timing,
+                   **_engine_numbers(eng, doc, decode_tokens), "kld_values": got["kl"],
+                   "worst": _worst(eng, doc, positions, got["kl"], ref_top1, got["top1"])}
+        finally:
+            done_with(eng)
+        on_result(row)
+        rows.append(row)
+    if owned and ref_engine is not None:
+        ref_engine.unload()
+    progress(1.0, "done")
+    return {"model": spec.label, "reference": reference.name, "candidates": [c.name for c in candidates],
+            "document": {"name": document_name, "sha256": meta["document_sha256"], "tokens": len(doc),
+                         "chars": len(doc_text)},
+            "window": window, "stride": stride, "windows": len(windows), "positions": len(positions),
+            "reference_cache": {"path": cache_path, "reused": cached is not None,
+                                "kept": "full vocabulary" if full else f"top-{top_k} log-probs + tail"},
+            "calibration": "shipped sample prose" if calibration is None else f"user text ({len(calibration):,} chars)",
+            "rows": rows, "total_s": time.perf_counter() - t_start}

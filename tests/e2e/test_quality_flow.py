@@ -1,0 +1,48 @@
+"""The Quality page by clicking: a pasted document carrying HTML, windows of 32 tokens, BF16 against INT8 W8A8 on
+the embedded model; the table, the KLD chart and the worst positions appear, the document's HTML stays text."""
+import pytest
+
+from tests.e2e.helpers import LOAD_TIMEOUT_S, errors_on, goto, screenshot, wait_idle
+
+pytestmark = pytest.mark.e2e
+DOC = "<b>bold</b> & the capital of Italy is Rome. The capital of France is Paris. " * 8
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_role("spinbutton", name=label)
+    box.fill(str(value))
+    box.press("Tab")
+    wait_idle(page, 180)
+
+
+def only_candidate(page, name: str) -> None:
+    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Candidates")
+
+    def chosen() -> list[str]:
+        return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
+
+    for _ in range(10):
+        others = [t for t in chosen() if t != name]
+        if not others:
+            break
+        box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
+        wait_idle(page)
+    assert chosen() == [name]
+
+
+def test_quality_run_in_the_browser(app_server, page):
+    goto(page, app_server, "quality", timeout_s=LOAD_TIMEOUT_S)
+    page.get_by_role("textbox", name="Document").fill(DOC)
+    page.get_by_role("textbox", name="Document").press("Control+Enter")
+    wait_idle(page)
+    set_number(page, "Window (tokens)", 32)
+    set_number(page, "Stride (tokens)", 32)
+    only_candidate(page, "int8")
+    page.get_by_role("button", name="Run quality").click()
+    page.get_by_text("Where the candidates differ most").wait_for(timeout=3 * LOAD_TIMEOUT_S * 1000)
+    wait_idle(page, LOAD_TIMEOUT_S)
+    assert not errors_on(page)
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 2
+    assert page.locator(".js-plotly-plot").count() >= 1
+    assert page.locator("main b", has_text="bold").count() == 0  # the document's HTML never becomes markup
+    screenshot(page, "quality-run")

@@ -1,0 +1,137 @@
+"""Quality: did quantizing break it? Perplexity of each precision over a document, and against a reference: KL
+divergence (mean, median, p99, p99.9, max), same top token and RMS delta-p, beside memory and speed; the positions
+where candidates differ most, tokens shown as text. Progress, Cancel (a click reruns this script, which stops the
+running one at its next progress update) and History as on the Long context page.
+"""
+import streamlit as st
+
+from core import textfile
+from core.errors import TriageError
+from core.models import ModelSpec
+from core.precision import Precision
+from core.quality import charts, history, layers, render
+from core.quality import run as quality
+from core.throttle import throttled
+
+ss = st.session_state
+STATIC = [f"fp8-static:{n}" for n in (32, 512, 4096)]
+CHOICES = [p.value for p in Precision] + STATIC
+STOPPED = "The last quality run was stopped (Cancel, or a widget changed while it ran); finished rows are in History."
+
+st.title("Quality")
+st.caption("Perplexity and KL divergence of quantized precisions on your document, as llama.cpp's perplexity tool "
+           "reports them: evaluated in windows of the model's context, against a reference precision. Every "
+           "precision loads the embedded model (Gemma 3 270M) afresh on the torch engine and is unloaded after.")
+
+
+def read_upload():
+    ss.q_error = None
+    if (f := ss.get("q_file")) is not None:
+        try:
+            ss.q_text = textfile.decode_bytes(f.getvalue(), f.name)
+            ss.q_doc_name = f.name
+        except textfile.DocumentError as exc:
+            ss.q_error = str(exc)
+
+
+def use_sample():
+    ss.q_text = textfile.source_text()
+    ss.q_error, ss.q_doc_name = None, "shipped sample prose"
+
+
+def pasted():
+    ss.q_doc_name = "pasted document"
+
+
+left, right = st.columns([5, 2])
+with right:
+    st.file_uploader(f"Upload ({', '.join(textfile.EXTENSIONS)})", type=list(textfile.EXTENSIONS), key="q_file",
+                     on_change=read_upload)
+    st.button("Use the shipped sample", on_click=use_sample, help="The prose this project ships (~1,170 tokens)")
+text = left.text_area("Document", key="q_text", height=200, on_change=pasted, placeholder="Paste a document, upload one, or use the "
+                                                                         "shipped sample")
+if ss.get("q_error"):
+    st.error(ss.q_error)
+
+c = st.columns([1, 3, 1, 1])
+reference = c[0].selectbox("Reference", [p.value for p in Precision], index=1, key="q_ref")
+candidates = c[1].multiselect("Candidates", CHOICES, default=["fp8", "int8", "int4", "int4-awq"], key="q_cands")
+window = int(c[2].number_input("Window (tokens)", 16, 32000, quality.DEFAULT_WINDOW, 16, key="q_window"))
+stride = int(c[3].number_input("Stride (tokens)", 1, 32000, quality.DEFAULT_STRIDE, 16, key="q_stride",
+                               help="Tokens between window starts; every token is scored once, with at least "
+                                    "window - stride tokens of context"))
+with st.expander("Calibration text (INT4 AWQ scales, FP8 static scales)"):
+    calibration = st.text_area("Calibration text", key="q_calib", height=120,
+                               placeholder="Empty: the shipped sample prose") or None
+
+stopped = ss.pop("q_running", None)
+if stopped:
+    st.warning(STOPPED)
+
+if st.button("Run quality", type="primary", disabled=not candidates, key="q_go"):
+    ss.q_result, ss.q_running, ss.q_warning = None, True, None
+    bar, cancel = st.progress(0.0, "Starting"), st.empty()
+    cancel.button("Cancel", key="q_cancel")
+    progress = throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m), is_last=lambda f, m: f >= 1.0)
+    try:
+        textfile.check_text(text)
+        ref = quality.parse_variant(reference)
+        cands = [quality.parse_variant(x) for x in candidates]
+        spec = ModelSpec("embedded")
+        name = ss.get("q_doc_name") or "pasted document"
+        params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": name,
+                  "window": window, "stride": stride}
+        out = history.run_recorded(spec.label, params, lambda keep: quality.run(
+            spec, text, ref, cands, window=window, stride=stride, calibration=calibration,
+            document_name=name, progress=progress, on_result=keep))
+    except TriageError as exc:
+        out = history.Outcome("failed", None, str(exc), None, None)
+    bar.empty()
+    cancel.empty()
+    ss.q_running = None
+    if out.message:
+        (st.warning if out.status == "cancelled" else st.error)(out.message)
+    ss.q_result, ss.q_warning = out.result, out.warning
+
+if ss.get("q_warning"):
+    st.warning(ss.q_warning)
+table_tab, layer_tab = st.tabs(["Quality table", "Which layer broke it"])
+with table_tab:
+    result = ss.get("q_result")
+    if not result:
+        st.info("Choose a document and the precisions, then Run quality. A few hundred tokens with a window of 128 "
+                "take about a minute per precision on 2 CPU cores.")
+    else:
+        st.dataframe(render.table_rows(result), hide_index=True, key="q_table")
+        st.caption(" · ".join(render.notes(result)))
+        st.plotly_chart(charts.kld_distribution(result), key="q_kld_chart", config={"displayModeBar": False})
+        st.subheader("Where the candidates differ most")
+        st.caption("Positions with the largest KLD per candidate: the text before it, the document's token, and each "
+                   "side's top token. Tokens are shown as text (\\n is a newline).")
+        st.dataframe(render.worst_rows(result), hide_index=True, key="q_worst")
+
+with layer_tab:
+    st.caption("Each linear layer's relative output error under each quantizer, against the unquantized model on the "
+               "calibration text (256 tokens), with the activation statistics behind it. INT8 per-tensor is the "
+               "baseline that per-channel weights and per-token activations improve on.")
+    if st.button("Measure each layer", key="q_layers_go"):
+        bar = st.progress(0.0, "Loading")
+        base = Precision(reference)
+        base = base if not (base.is_fp8 or base.is_int) else Precision.BF16
+        try:
+            ss.q_layers = layers.analyze(ModelSpec("embedded"), base, calibration,
+                                         progress=lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m))
+        except TriageError as exc:
+            st.error(str(exc))
+        bar.empty()
+    lay = ss.get("q_layers")
+    if lay:
+        summ = layers.summary(lay)
+        st.caption(f"{summ['layers']} layers at {lay['base']} on {lay['tokens']} tokens ({lay['calibration']}). "
+                   "Mean relative error: " + ", ".join(f"{q} {100 * v:.3f}%" for q, v in summ["mean_rel_error"].items())
+                   + f". Per-channel INT8 beat per-tensor on {summ['per_channel_int8_better']} of {summ['layers']} "
+                   f"layers; AWQ no worse than plain INT4 on {summ['awq_not_worse']}.")
+        by = st.selectbox("Rank by", lay["quantizers"], index=lay["quantizers"].index("int4"), key="q_layers_by")
+        st.dataframe(layers.ranked(lay, by, None), hide_index=True, key="q_layers_table")
+        st.plotly_chart(charts.layer_heatmap(lay), key="q_heatmap", config={"displayModeBar": False})
+        st.plotly_chart(charts.activation_histograms(lay, by), key="q_hist", config={"displayModeBar": False})
