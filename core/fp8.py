@@ -61,10 +61,12 @@ class FP8Linear(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         if self.w8a8:
             xq, xs = quantize_rows(x2)
-            x2 = fp8_cpu.to_bf16(xq)  # the activations' exact E4M3 values; their per-token scale goes on the output
+            x2 = fp8_cpu.to_float(xq.contiguous())  # the activations' exact E4M3 values; their per-token scale goes on the output
         if x2.shape[0] <= CPU_GEMV_MAX_ROWS:  # decode: read each weight byte once, accumulate in float32
             out = fp8_cpu.gemv(x2.float().contiguous(), self.weight_fp8, self.weight_scale)
-        else:  # prefill and scoring: exact bf16 weights for oneDNN's BF16 matmul, then the scale
+        elif self.w8a8:  # prefill and scoring, W8A8: exact products, float32 accumulation, as _scaled_mm promises
+            out = F.linear(x2, fp8_cpu.to_float(self.weight_fp8)) * self.weight_scale.t()
+        else:  # prefill and scoring, weight-only: exact bf16 weights for oneDNN's BF16 matmul, then the scale
             out = F.linear(x2.to(torch.bfloat16), fp8_cpu.to_bf16(self.weight_fp8)).float() * self.weight_scale.t()
         if self.w8a8:
             out = out * xs

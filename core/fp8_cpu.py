@@ -148,6 +148,22 @@ void triage_fp8_gemv(const float* x, int M, int K, const uint8_t* q, int N, cons
     }
 }
 
+/* The exact E4M3 values (no scale) as float32. */
+void triage_fp8_to_f32(const uint8_t* q, int64_t n, float* out) {
+    init_lut();
+    int64_t i = 0;
+#if VW == 32
+    const __m512 s256 = _mm512_set1_ps(256.0f);
+    for (; i + 32 <= n; i += 32) {
+        __m512 lo, hi;
+        cvt32(q + i, &lo, &hi);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(lo, s256));
+        _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(hi, s256));
+    }
+#endif
+    for (; i < n; i++) out[i] = LUT[q[i]] * 256.0f;
+}
+
 /* The exact E4M3 values (no scale) as bf16 bits: every E4M3 value is a bf16 value, so truncation is exact. */
 void triage_fp8_to_bf16(const uint8_t* q, int64_t n, uint16_t* out) {
     init_lut();
@@ -215,6 +231,8 @@ def _build() -> ctypes.CDLL:
     lib.triage_fp8_gemv.restype = None
     lib.triage_fp8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                     ctypes.c_void_p, ctypes.c_void_p]
+    lib.triage_fp8_to_f32.restype = None
+    lib.triage_fp8_to_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.triage_fp8_to_bf16.restype = None
     lib.triage_fp8_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return lib
@@ -289,4 +307,14 @@ def to_bf16(q):
     out = torch.empty(q.shape, dtype=torch.bfloat16)
     with torch.profiler.record_function("fp8_cpu::to_bf16"):
         library().triage_fp8_to_bf16(q.data_ptr(), q.numel(), out.data_ptr())
+    return out
+
+
+def to_float(q):
+    """The exact E4M3 values of `q` (no scale) as a float32 tensor of the same shape."""
+    import torch
+
+    out = torch.empty(q.shape, dtype=torch.float32)
+    with torch.profiler.record_function("fp8_cpu::to_float"):
+        library().triage_fp8_to_f32(q.data_ptr(), q.numel(), out.data_ptr())
     return out
