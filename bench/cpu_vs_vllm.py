@@ -31,7 +31,8 @@ import json, sys, time
 args = json.loads(sys.argv[1])
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
-llm = LLM(model=args["model"], dtype="bfloat16", enforce_eager=True, max_model_len=2048, seed=0)
+llm = LLM(model=args["model"], dtype="bfloat16", enforce_eager=True, max_model_len=2048, seed=0,
+          kv_cache_memory_bytes=1 << 30)  # as the console's server (core/engines/vllm_engine.py) sizes it on a CPU
 def run(batch, n):
     sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     t = time.perf_counter()
@@ -87,7 +88,8 @@ def main() -> int:
         env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
     line = next((ln for ln in child.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if child.returncode != 0 or line is None:
-        print(child.stderr[-3000:], file=sys.stderr)
+        errors = [ln for ln in child.stderr.splitlines() if "Error" in ln or "error" in ln]
+        print("\n".join(errors[-20:]) or child.stderr[-3000:], file=sys.stderr)
         return 1
     theirs = json.loads(line[len("RESULT "):])
 
