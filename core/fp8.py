@@ -9,9 +9,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from core import fp8_cpu
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448.0
 _EPS = 1e-12
+# Up to this many rows (tokens in one forward pass) the CPU kernel multiplies straight from E4M3; more rows go
+# through an exact bf16 copy of the weight and oneDNN's matmul (measured crossover on a 2-core EPYC, 2026-12-01).
+CPU_GEMV_MAX_ROWS = 4
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +49,34 @@ class FP8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and fp8_cpu.available():
+            return self._forward_cpu(x)
+        return self._forward_eager(x)
+
+    def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        """The same E4M3 values and scales through core/fp8_cpu.py: the per-channel weight scale is applied to the
+        output (x @ (q * s)^T == (x @ q^T) * s^T) and E4M3 -> bf16 is exact, so only rounding order differs from
+        `_forward_eager` (tests/engines/test_fp8_cpu.py holds both to the same tokens)."""
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if self.w8a8:
+            xq, xs = quantize_rows(x2)
+            x2 = fp8_cpu.to_float(xq.contiguous())  # the activations' exact E4M3 values; their per-token scale goes on the output
+        if x2.shape[0] <= CPU_GEMV_MAX_ROWS:  # decode: read each weight byte once, accumulate in float32
+            out = fp8_cpu.gemv(x2.float().contiguous(), self.weight_fp8, self.weight_scale)
+        elif self.w8a8:  # prefill and scoring, W8A8: exact products, float32 accumulation, as _scaled_mm promises
+            out = F.linear(x2, fp8_cpu.to_float(self.weight_fp8)) * self.weight_scale.t()
+        else:  # prefill and scoring, weight-only: exact bf16 weights for oneDNN's BF16 matmul, then the scale
+            out = F.linear(x2.to(torch.bfloat16), fp8_cpu.to_bf16(self.weight_fp8)).float() * self.weight_scale.t()
+        if self.w8a8:
+            out = out * xs
+        out = out.to(self.out_dtype if self.w8a8 else x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def _forward_eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference: dequantize the weight (weight-only) or torch._scaled_mm (W8A8)."""
         if not self.w8a8:
             w = dequantize(self.weight_fp8, self.weight_scale, x.dtype)
             return F.linear(x, w, self.bias)

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from core import fp8, quant
+from core import fp8, fp8_cpu, quant
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
@@ -210,7 +210,11 @@ class TorchEngine:
 
     @property
     def ran(self) -> str:
-        return f"torch eager on {self.device.name}"
+        text = f"torch eager on {self.device.name}"
+        if self.precision.is_fp8 and self.device.kind == "cpu":  # which FP8 Linear path executes (core/fp8.py)
+            text += (f", FP8 linears through the C kernel ({fp8_cpu.isa()})" if fp8_cpu.available()
+                     else ", FP8 linears dequantized eagerly")
+        return text
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")

@@ -1,0 +1,320 @@
+"""FP8 E4M3 linears on the CPU: a small C kernel that multiplies with E4M3 weights without materializing them.
+
+torch 2.13 converts float8_e4m3fn to bf16/float on the CPU one element at a time (about 4 ns each here), so
+`(q.float() * scale).to(bf16)` costs ~30x the BF16 matmul it feeds. This kernel reads the weight bytes once:
+
+- E4M3 -> float exactly, in registers: the byte's bits moved into an IEEE half (sign to bit 15, exponent and mantissa
+  to bits 13..7) is the E4M3 value times 2^-8, subnormals included (E4M3 subnormals become half subnormals, which
+  `vcvtph2ps` widens exactly); the 2^8 goes into the per-channel scale, which is applied to the output:
+  x @ (q * s)^T == (x @ q^T) * s^T.
+- decode (few rows: one token per sequence): out[m, n] = sum_k x[m, k] * e4m3(q[n, k]) * s[n], accumulated in float.
+- prefill (many rows): the E4M3 values as exact bf16 (no scale), for a BF16 matmul whose output is scaled.
+
+Built once per machine with the system C compiler (`cc -O3 -march=native`) into the cache folder, keyed by a hash of
+the source and the compiler flags; where there is no compiler or no x86 vector unit it is not used and FP8Linear falls
+back to its eager path (`available()` says why). Single-threaded on purpose: the work is ~1 byte a parameter and one
+core keeps up with it, and a second OpenMP runtime next to torch's would fight it for the same 2 cores.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* E4M3 (fn) value times 2^-8 for every byte; only used for tails and non-vector builds. */
+static float LUT[256];
+static int lut_ready = 0;
+static void init_lut(void) {
+    if (lut_ready) return;
+    for (int i = 0; i < 256; i++) {
+        int s = i >> 7, e = (i >> 3) & 15, m = i & 7;
+        float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+        if (e == 15 && m == 7) v = NAN;
+        LUT[i] = (s ? -v : v) / 256.0f;
+    }
+    lut_ready = 1;
+}
+
+int triage_fp8_isa(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    return 512;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+    return 256;
+#else
+    return 0;
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* 32 E4M3 bytes -> two vectors of 16 floats (value * 2^-8). */
+static inline void cvt32(const uint8_t* p, __m512* lo, __m512* hi) {
+    __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+    __m512i h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x7F)), 7),
+                                _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+#define VW 32
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+static inline void cvt16(const uint8_t* p, __m256* lo, __m256* hi) {
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                                _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+#define VW 16
+#else
+#define VW 0
+#endif
+
+/* Rows n0..n1 of out[M, N] for MB (<= 8) rows of x starting at x. */
+static inline __attribute__((always_inline)) void gemv_block(const float* x, int MB, int K, const uint8_t* q,
+        int n0, int n1, int N, const float* scale, float* out) {
+    for (int n = n0; n < n1; n++) {
+        const uint8_t* w = q + (int64_t)n * K;
+        float tot[8];
+        int k = 0;
+#if VW == 32
+        __m512 acc[8];
+        for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+        for (; k + 32 <= K; k += 32) {
+            __m512 lo, hi;
+            cvt32(w + k, &lo, &hi);
+            for (int m = 0; m < MB; m++) {
+                acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + (int64_t)m * K + k), lo, acc[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + (int64_t)m * K + k + 16), hi, acc[m]);
+            }
+        }
+        for (int m = 0; m < MB; m++) tot[m] = _mm512_reduce_add_ps(acc[m]);
+#elif VW == 16
+        __m256 acc[8];
+        for (int m = 0; m < MB; m++) acc[m] = _mm256_setzero_ps();
+        for (; k + 16 <= K; k += 16) {
+            __m256 lo, hi;
+            cvt16(w + k, &lo, &hi);
+            for (int m = 0; m < MB; m++) {
+                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (int64_t)m * K + k), lo, acc[m]);
+                acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (int64_t)m * K + k + 8), hi, acc[m]);
+            }
+        }
+        for (int m = 0; m < MB; m++) {
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+            s4 = _mm_hadd_ps(s4, s4);
+            s4 = _mm_hadd_ps(s4, s4);
+            tot[m] = _mm_cvtss_f32(s4);
+        }
+#else
+        for (int m = 0; m < MB; m++) tot[m] = 0.0f;
+#endif
+        for (; k < K; k++)
+            for (int m = 0; m < MB; m++) tot[m] += x[(int64_t)m * K + k] * LUT[w[k]];
+        float s = scale[n] * 256.0f;
+        for (int m = 0; m < MB; m++) out[(int64_t)m * N + n] = tot[m] * s;
+    }
+}
+
+/* out[M, N] = (x[M, K] @ e4m3(q[N, K])^T) * scale[N], all float32 but q. */
+void triage_fp8_gemv(const float* x, int M, int K, const uint8_t* q, int N, const float* scale, float* out) {
+    init_lut();
+    for (int m0 = 0; m0 < M; m0 += 8) {
+        int mb = M - m0 < 8 ? M - m0 : 8;
+        const float* xb = x + (int64_t)m0 * K;
+        float* ob = out + (int64_t)m0 * N;
+        switch (mb) {  /* constant row counts let the compiler keep the accumulators in registers */
+            case 1: gemv_block(xb, 1, K, q, 0, N, N, scale, ob); break;
+            case 2: gemv_block(xb, 2, K, q, 0, N, N, scale, ob); break;
+            case 3: gemv_block(xb, 3, K, q, 0, N, N, scale, ob); break;
+            case 4: gemv_block(xb, 4, K, q, 0, N, N, scale, ob); break;
+            case 5: gemv_block(xb, 5, K, q, 0, N, N, scale, ob); break;
+            case 6: gemv_block(xb, 6, K, q, 0, N, N, scale, ob); break;
+            case 7: gemv_block(xb, 7, K, q, 0, N, N, scale, ob); break;
+            default: gemv_block(xb, 8, K, q, 0, N, N, scale, ob); break;
+        }
+    }
+}
+
+/* The exact E4M3 values (no scale) as float32. */
+void triage_fp8_to_f32(const uint8_t* q, int64_t n, float* out) {
+    init_lut();
+    int64_t i = 0;
+#if VW == 32
+    const __m512 s256 = _mm512_set1_ps(256.0f);
+    for (; i + 32 <= n; i += 32) {
+        __m512 lo, hi;
+        cvt32(q + i, &lo, &hi);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(lo, s256));
+        _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(hi, s256));
+    }
+#endif
+    for (; i < n; i++) out[i] = LUT[q[i]] * 256.0f;
+}
+
+/* The exact E4M3 values (no scale) as bf16 bits: every E4M3 value is a bf16 value, so truncation is exact. */
+void triage_fp8_to_bf16(const uint8_t* q, int64_t n, uint16_t* out) {
+    init_lut();
+    int64_t i = 0;
+#if VW == 32
+    const __m512 s256 = _mm512_set1_ps(256.0f);
+    for (; i + 32 <= n; i += 32) {
+        __m512 lo, hi;
+        cvt32(q + i, &lo, &hi);
+        __m512i a = _mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(lo, s256)), 16);
+        __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(hi, s256)), 16);
+        _mm256_storeu_si256((__m256i*)(out + i), _mm512_cvtepi32_epi16(a));
+        _mm256_storeu_si256((__m256i*)(out + i + 16), _mm512_cvtepi32_epi16(b));
+    }
+#endif
+    for (; i < n; i++) {
+        float v = LUT[q[i]] * 256.0f;
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        out[i] = (uint16_t)(bits >> 16);
+    }
+}
+"""
+
+_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-lm"]
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why_not: str | None = None
+
+
+def _cache_dir() -> Path:
+    from core.models import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def _cpu_id() -> str:
+    """The CPU model and flags: -march=native code is only valid on the CPU it was built for."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _build() -> ctypes.CDLL:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler (cc or gcc) on PATH")
+    key = hashlib.sha256("\n".join([_SOURCE, " ".join(_FLAGS), cc, _cpu_id()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"triage_fp8_{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / "fp8.c"
+            src.write_text(_SOURCE)
+            out = Path(tmp) / target.name
+            proc = subprocess.run([cc, *_FLAGS, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                raise OSError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+            os.replace(out, target)  # atomic: a concurrent builder writes the same bytes
+    lib = ctypes.CDLL(str(target))
+    lib.triage_fp8_isa.restype = ctypes.c_int
+    lib.triage_fp8_gemv.restype = None
+    lib.triage_fp8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_void_p, ctypes.c_void_p]
+    lib.triage_fp8_to_f32.restype = None
+    lib.triage_fp8_to_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.triage_fp8_to_bf16.restype = None
+    lib.triage_fp8_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The built kernel library, or None (then `why_not()` says why). Built at most once per process."""
+    global _lib, _why_not
+    if _lib is not None or _why_not is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _why_not is None:
+            if os.environ.get("TRIAGE_FP8_CPU_KERNEL", "1") == "0":
+                _why_not = "turned off by TRIAGE_FP8_CPU_KERNEL=0"
+                return None
+            try:
+                lib = _build()
+            except (OSError, subprocess.SubprocessError) as exc:
+                _why_not = f"the FP8 CPU kernel could not be built ({exc})"
+                return None
+            if lib.triage_fp8_isa() == 0:
+                _why_not = "this CPU has neither AVX-512 nor AVX2 with F16C and FMA"
+                return None
+            _lib = lib
+    return _lib
+
+
+_off = threading.local()
+
+
+@contextlib.contextmanager
+def turned_off():
+    """Within this block (this thread only) FP8Linear takes its eager path: for benchmarks and tests that compare."""
+    _off.on, before = True, getattr(_off, "on", False)
+    try:
+        yield
+    finally:
+        _off.on = before
+
+
+def available() -> bool:
+    return not getattr(_off, "on", False) and library() is not None
+
+
+def why_not() -> str | None:
+    library()
+    return _why_not
+
+
+def isa() -> str:
+    lib = library()
+    return {512: "AVX-512", 256: "AVX2"}.get(lib.triage_fp8_isa(), "scalar") if lib else "none"
+
+
+def gemv(x, q, scale):
+    """float32 out[M, N] = (x[M, K] @ e4m3(q[N, K])^T) * scale[N]; x float32 contiguous, q E4M3 contiguous."""
+    import torch
+
+    lib = library()
+    m, k = x.shape
+    n = q.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    with torch.profiler.record_function("fp8_cpu::gemv"):  # so profiler tables show the kernel's time
+        lib.triage_fp8_gemv(x.data_ptr(), m, k, q.data_ptr(), n, scale.data_ptr(), out.data_ptr())
+    return out
+
+
+def to_bf16(q):
+    """The exact E4M3 values of `q` (no scale) as a bf16 tensor of the same shape."""
+    import torch
+
+    out = torch.empty(q.shape, dtype=torch.bfloat16)
+    with torch.profiler.record_function("fp8_cpu::to_bf16"):
+        library().triage_fp8_to_bf16(q.data_ptr(), q.numel(), out.data_ptr())
+    return out
+
+
+def to_float(q):
+    """The exact E4M3 values of `q` (no scale) as a float32 tensor of the same shape."""
+    import torch
+
+    out = torch.empty(q.shape, dtype=torch.float32)
+    with torch.profiler.record_function("fp8_cpu::to_float"):
+        library().triage_fp8_to_f32(q.data_ptr(), q.numel(), out.data_ptr())
+    return out
