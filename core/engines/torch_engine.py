@@ -68,8 +68,8 @@ def count_weight_bytes(config, precision: Precision) -> int:
     return counts["quantizable"] * per_linear + counts["other"] * base
 
 
-# Quantizing one Linear holds, beside its base-dtype weight: a float32 copy, the scaled float32 values and the E4M3
-# result (fp8.quantize_rows), 4 + 4 + 1 bytes a parameter.
+# Quantizing one Linear holds, beside its base-dtype weight: a float32 copy, the scaled float32 values and the 8-bit
+# result (fp8.quantize_rows; about as much for core/quant.py's integer layers), 4 + 4 + 1 bytes a parameter.
 _QUANTIZE_TEMP_BYTES_PER_PARAM = 9
 
 
@@ -77,7 +77,7 @@ def load_peak_bytes(config, precision: Precision) -> int:
     """The most memory loading the weights at `precision` takes. Quantized weights are read at the base dtype and
     quantized afterwards, Linear by Linear, so the peak is the whole model at the base dtype plus one Linear's
     temporaries, about twice the FP8 size that stays once loading is done."""
-    if not precision.is_fp8:
+    if not (precision.is_fp8 or precision.is_int):
         return count_weight_bytes(config, precision)
     counts = count_parameters(config)
     base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
