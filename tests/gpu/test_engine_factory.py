@@ -51,3 +51,24 @@ def test_vllm_would_see_this_gpus_real_capability():
     cmd = server_command("python", "/m", 8000, Precision.FP8_WEIGHT_ONLY, KVDtype.AUTO, served_name="m",
                          max_model_len=4096, cpu=False, kv_cache_bytes=None, gpu_memory_utilization=0.45)
     assert cmd[cmd.index("--linear-backend") + 1] == "marlin" and "0.45" in cmd
+
+
+@pytest.mark.parametrize("precision", [Precision.INT8, Precision.INT8_WEIGHT_ONLY, Precision.INT4])
+def test_integer_precisions_run_on_cuda_and_say_which_kernel(precision):
+    """The integer layers (core/quant.py) on the GPU through the eager engine (the fast path refuses them): they
+    generate, store int8 / packed uint8, and name the kernel that really ran (torch._int_mm pads decode's one row)."""
+    from core import quant
+    from core.engines.torch_engine import TorchEngine
+
+    engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
+    try:
+        assert isinstance(engine, TorchEngine) and "torch eager on NVIDIA" in engine.ran
+        g = engine.generate(["hello"], GenerationParams(max_new_tokens=4, stop_at_eos=False))[0]
+        assert len(g.token_ids) == 4
+        by_dtype = engine.memory_report().weights_by_dtype
+        assert by_dtype.get("uint8" if precision is Precision.INT4 else "int8", 0) > 4 * 2**30
+        ran = quant.kernels(engine.model)
+        print(f"{precision.value}: kernels {ran}, decode {g.decode_tok_s:.1f} tok/s")
+        assert ran and (precision is not Precision.INT8 or any("_int_mm" in k for k in ran))
+    finally:
+        engine.unload()
