@@ -454,6 +454,7 @@ def export_runs(ids: Iterable[int]) -> str:
     return get_store().export_runs(ids)
 
 
+WRITE_ERRORS = (StoreError, ValueError, TypeError)  # TypeError/ValueError: a payload JSON cannot hold
 _WARNED: set[str] = set()
 
 
@@ -462,7 +463,7 @@ def quietly(call: Callable[..., Any], *args, **kwargs) -> Any:
     instead (and logs the reason once per message) so the user still sees their result."""
     try:
         return call(*args, **kwargs)
-    except (StoreError, ValueError, TypeError) as exc:
+    except WRITE_ERRORS as exc:
         msg = str(exc)
         if msg not in _WARNED:
             _WARNED.add(msg)
@@ -473,6 +474,58 @@ def quietly(call: Callable[..., Any], *args, **kwargs) -> Any:
 def record(kind: str, title: str, payload: Any, summary: dict | None = None) -> int | None:
     """save_run that never raises (see quietly): the run's id, or None."""
     return quietly(save_run, kind, title, payload, summary)
+
+
+class RunRecorder:
+    """A long run written to the history while it runs: stored as "running" by begin(), checkpointed by checkpoint()
+    after every result, finished (or failed / cancelled, with what finished) by finish(). A store failure never stops
+    the run: the first becomes `warning` (one line for the page or the CLI) and later checkpoints are skipped.
+
+    A feature's recorder (core/quality/history.py, core/long_context/history.py) subclasses it with `kind` and
+    _title(), _payload(**extra) and _summary() for what it has kept so far."""
+
+    kind: str
+    run_id: int | None = None
+    warning: str | None = None  # the first store failure
+
+    def _title(self) -> str:
+        raise NotImplementedError
+
+    def _payload(self, **extra) -> dict:
+        raise NotImplementedError
+
+    def _summary(self) -> dict:
+        raise NotImplementedError
+
+    def _try(self, fn: Callable[[], Any], always: bool = False) -> Any:
+        if self.warning and not always:
+            return None
+        try:
+            return fn()
+        except WRITE_ERRORS as exc:
+            self.warning = f"This run was not saved to the history: {exc}"
+            return None
+
+    def begin(self) -> None:
+        self.run_id = self._try(lambda: begin_run(self.kind, self._title(), self._payload(), self._summary()))
+
+    def checkpoint(self) -> None:
+        if self.run_id is not None:
+            self._try(lambda: update_run(self.run_id, self._payload(), self._summary()))
+
+    def finish(self, error: str | None = None, cancelled: bool = False, extra: dict | None = None) -> None:
+        """Stored as cancelled, failed (with `error`) or finished; `extra` goes into the payload."""
+        if self.run_id is None:
+            return
+
+        def write() -> bool:
+            finish_run(self.run_id, self._payload(cancelled=cancelled, **(extra or {})), self._summary(),
+                       status="cancelled" if cancelled else "failed" if error else "finished", error=error)
+            return True
+
+        # Tried even after a failed checkpoint (a locked database passes): it writes every result at once.
+        if self._try(write, always=True):
+            self.warning = None
 
 
 # ---- comparing two runs (pure) -----------------------------------------------------------------------------------

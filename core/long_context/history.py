@@ -15,7 +15,6 @@ from core.engines.base import Cancelled, EngineError
 
 KIND = "longdoc"
 TESTS = {"single": "Single run", "ramp": "Length ramp", "needle": "Needle", "batch": "Batch sweep"}
-STORE_ERRORS = (store.StoreError, ValueError, TypeError)  # TypeError/ValueError: a payload JSON cannot hold
 
 
 def as_dict(result: Any) -> dict:
@@ -60,47 +59,25 @@ def title(test: str, model: str, params: dict) -> str:
 
 
 @dataclass
-class Recorder:
+class Recorder(store.RunRecorder):
     test: str
     model: str
     params: dict
-    run_id: int | None = None
     results: list[dict] = field(default_factory=list)
-    warning: str | None = None  # the first store failure, for the page; later checkpoints are skipped
+    kind = KIND
+
+    def _title(self) -> str:
+        return title(self.test, self.model, self.params)
 
     def _payload(self, **extra) -> dict:
         return {"test": self.test, "model": self.model, "params": self.params, "results": self.results, **extra}
 
-    def _try(self, fn: Callable[[], Any], always: bool = False) -> Any:
-        if self.warning and not always:
-            return None
-        try:
-            return fn()
-        except STORE_ERRORS as exc:
-            self.warning = f"This run was not saved to the history: {exc}"
-            return None
-
-    def begin(self) -> None:
-        self.run_id = self._try(lambda: store.begin_run(KIND, title(self.test, self.model, self.params),
-                                                        self._payload(), summary(self.test, [])))
+    def _summary(self) -> dict:
+        return summary(self.test, self.results)
 
     def add(self, result: dict) -> None:
         self.results.append(result)
-        if self.run_id is not None:
-            self._try(lambda: store.update_run(self.run_id, self._payload(), summary(self.test, self.results)))
-
-    def finish(self, error: str | None = None, cancelled: bool = False) -> None:
-        if self.run_id is None:
-            return
-
-        def write() -> bool:
-            store.finish_run(self.run_id, self._payload(cancelled=cancelled), summary(self.test, self.results),
-                             status="cancelled" if cancelled else "failed" if error else "finished", error=error)
-            return True
-
-        # Tried even after a failed checkpoint (a locked database passes): it writes every result at once.
-        if self._try(write, always=True):
-            self.warning = None
+        self.checkpoint()
 
 
 @dataclass

@@ -11,7 +11,6 @@ from core import store
 from core.engines.base import Cancelled
 
 KIND = "quality"
-STORE_ERRORS = (store.StoreError, ValueError, TypeError)
 KEEP_KLD_VALUES = 4000  # per precision in the payload: enough for the distribution chart, bounded in size
 
 
@@ -41,46 +40,30 @@ def summary(rows: list[dict]) -> dict:
 
 
 @dataclass
-class Recorder:
+class Recorder(store.RunRecorder):
     model: str
     params: dict
-    run_id: int | None = None
     rows: list[dict] = field(default_factory=list)
-    warning: str | None = None
+    kind = KIND
+
+    def _title(self) -> str:
+        return title(self.model, self.params)
 
     def _payload(self, **extra) -> dict:
         return {"model": self.model, "params": self.params, "rows": [slim(r) for r in self.rows], **extra}
 
-    def _try(self, fn: Callable[[], Any], always: bool = False) -> Any:
-        if self.warning and not always:
-            return None
-        try:
-            return fn()
-        except STORE_ERRORS as exc:
-            self.warning = f"This run was not saved to the history: {exc}"
-            return None
-
-    def begin(self) -> None:
-        self.run_id = self._try(lambda: store.begin_run(KIND, title(self.model, self.params), self._payload(),
-                                                        summary([])))
+    def _summary(self) -> dict:
+        return summary(self.rows)
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
-        if self.run_id is not None:
-            self._try(lambda: store.update_run(self.run_id, self._payload(), summary(self.rows)))
+        self.checkpoint()
 
     def finish(self, result: dict | None = None, error: str | None = None, cancelled: bool = False) -> None:
+        """`result` goes into the payload beside the rows kept as they came (its own rows left out)."""
         if self.run_id is None:
             return
-        extra = {k: v for k, v in (result or {}).items() if k != "rows"}
-
-        def write() -> bool:
-            store.finish_run(self.run_id, self._payload(cancelled=cancelled, **extra), summary(self.rows),
-                             status="cancelled" if cancelled else "failed" if error else "finished", error=error)
-            return True
-
-        if self._try(write, always=True):
-            self.warning = None
+        super().finish(error, cancelled, extra={k: v for k, v in (result or {}).items() if k != "rows"})
 
 
 @dataclass
