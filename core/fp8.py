@@ -5,6 +5,8 @@ online FP8 does. torch._scaled_mm runs on CUDA (compute capability >= 8.9) and o
 """
 from __future__ import annotations
 
+from typing import Callable, Hashable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -155,6 +157,20 @@ class FP8StaticLinear(FP8Linear):
         return f"in={self.in_features}, out={self.out_features}, e4m3 W8A8 static per-tensor activation scale"
 
 
+def forward_with_input_hooks(model: nn.Module, ids: list[int], layers: dict[Hashable, nn.Module],
+                             see: Callable[[Hashable, torch.Tensor], None]) -> None:
+    """One forward pass of the token ids `ids` (no KV cache) that calls see(key, x) with the input x of each layer in
+    `layers` ({key: module}) as it runs; the hooks are removed afterwards, also when the pass fails. Calibration reads
+    activations this way: calibrate_static here, AWQ and the per-layer errors in core/quant.py."""
+    hooks = [m.register_forward_pre_hook(lambda _m, args, key=key: see(key, args[0])) for key, m in layers.items()]
+    try:
+        dev = next(model.parameters()).device
+        model(input_ids=torch.tensor([ids], device=dev), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 @torch.inference_mode()
 def calibrate_static(model: nn.Module, ids: list[int]) -> int:
     """Turn every W8A8 FP8Linear into an FP8StaticLinear whose activation scale is max|x| / 448 over one forward pass
@@ -162,16 +178,10 @@ def calibrate_static(model: nn.Module, ids: list[int]) -> int:
     layers = [m for m in model.modules() if isinstance(m, FP8Linear) and m.w8a8]
     amax = {id(m): torch.zeros((), dtype=torch.float32) for m in layers}
 
-    def hook(m, args):
-        amax[id(m)] = torch.maximum(amax[id(m)], args[0].detach().abs().amax().float().cpu())
+    def see(key: int, x: torch.Tensor) -> None:
+        amax[key] = torch.maximum(amax[key], x.detach().abs().amax().float().cpu())
 
-    hooks = [m.register_forward_pre_hook(hook) for m in layers]
-    try:
-        dev = next(model.parameters()).device
-        model(input_ids=torch.tensor([ids], device=dev), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    forward_with_input_hooks(model, ids, {id(m): m for m in layers}, see)
     for m in layers:
         scale = (amax[id(m)].clamp(min=_EPS) / E4M3_MAX).reshape(1, 1).to(m.weight_scale.device)
         m.register_buffer("input_scale", scale)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from core import fp8
 from core.precision import Precision
 
 GROUP = 128  # INT4 group size along the input dimension
@@ -229,14 +230,8 @@ def capture_inputs(model: nn.Module, names: list[str], ids: list[int]) -> dict[s
     """The float32 input rows [tokens, in] of each named linear in one forward pass over `ids`."""
     modules = dict(model.named_modules())
     got: dict[str, torch.Tensor] = {}
-    hooks = [modules[n].register_forward_pre_hook(
-        lambda _m, args, n=n: got.__setitem__(n, args[0].reshape(-1, args[0].shape[-1]).float())) for n in names]
-    try:
-        dev = next(model.parameters()).device
-        model(input_ids=torch.tensor([ids], device=dev), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    fp8.forward_with_input_hooks(model, ids, {n: modules[n] for n in names},
+                                 lambda n, x: got.__setitem__(n, x.reshape(-1, x.shape[-1]).float()))
     return got
 
 
@@ -297,8 +292,6 @@ def layer_errors(model: nn.Module, ids: list[int], bins: int = 40) -> list[dict]
     ||x W_q^T - x W^T|| / ||x W^T|| of each quantizer in LAYER_QUANTIZERS (W8A8 ones quantize x too: FP8 and INT8 per
     token with per-channel weights, and INT8 per-tensor for both, the article's baseline), and the activation
     statistics behind it: max|x|, outlier input channels, a histogram of log10|x|."""
-    from core import fp8
-
     targets = target_linears(model)
     acts = capture_inputs(model, [t[2] for t in targets], ids)
     rows = []
