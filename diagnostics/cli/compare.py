@@ -10,9 +10,9 @@ at least that bad (for CI gates), 2 on errors (printed as one line by diagnostic
 from __future__ import annotations
 
 import json
-import sys
 
 from core.precision import KVDtype, Precision
+from diagnostics.cli.progress import stderr_progress
 
 
 def add_parser(sub) -> None:
@@ -60,13 +60,7 @@ def run(args) -> int:
 
     ref = side(args.reference, args.reference_kv_dtype, args.reference_url)
     cand = side(args.candidate, args.kv_dtype, args.candidate_url)
-    quiet = args.json or not sys.stderr.isatty()
-    last = [""]
-
-    def progress(f: float, msg: str) -> None:
-        if not quiet and msg != last[0]:
-            print(f"[{100 * f:3.0f}%] {msg}", file=sys.stderr)
-            last[0] = msg
+    progress = stderr_progress(args.json)
 
     res = run_compare(ref, cand, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress)
     noise = None

@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from diagnostics.cli.progress import stderr_progress
+
 
 def add_parser(sub) -> None:
     from core.quality.run import DEFAULT_STRIDE, DEFAULT_WINDOW
@@ -73,13 +75,7 @@ def run(args) -> int:
     reference = quality.parse_variant(args.reference)
     candidates = quality.parse_variants(args.candidates)
     spec = parse_model(args.model)
-    quiet = args.json or not sys.stderr.isatty()
-    last = [""]
-
-    def progress(f: float, msg: str) -> None:
-        if not quiet and msg != last[0]:
-            print(f"[{100 * f:3.0f}%] {msg}", file=sys.stderr)
-            last[0] = msg
+    progress = stderr_progress(args.json)
 
     def go(keep):
         return quality.run(spec, text, reference, candidates, window=args.window, stride=args.stride,
