@@ -5,6 +5,8 @@ the PromQL its numbers came from, so a user can paste it into their own Promethe
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from core.fleet.fleet import FleetSnapshot, Replica
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
@@ -35,6 +37,13 @@ def _evidence(snap: FleetSnapshot, rows: list[Replica], cols: tuple[str, ...], *
     return ev
 
 
+def _verdict(flagged: list, problem: Callable[..., Outcome], found: str, remedy: str, clean: str,
+             evidence: dict) -> Outcome:
+    """How a check that flags replicas (or targets) ends: `problem` (fail or warn) with what was found and what to
+    do when it flagged any, else passed with `clean`; the evidence either way."""
+    return problem(found, remedy, evidence=evidence) if flagged else passed(clean, evidence=evidence)
+
+
 def decide_down(snap: FleetSnapshot) -> Outcome:
     known = [r for r in snap.replicas if r.up is not None]
     if not known:
@@ -43,24 +52,22 @@ def decide_down(snap: FleetSnapshot) -> Outcome:
     down = [r for r in known if not r.up]
     ev = {"replicas_checked": len(known), "down": [r.name for r in down],
           "last_errors": {r.name: r.last_error for r in down if r.last_error}, "source": "/api/v1/targets"}
-    if down:
-        return fail(f"{len(down)} of {len(known)} replicas are down (their last scrape failed): {_names(down)}.",
-                    "Look at the last scrape error of each (Prometheus Status > Targets): refused means the server "
-                    "is not running; a timeout means it is hung or overloaded. Restart it or take it out of the "
-                    "load balancer.", evidence=ev)
-    return passed(f"All {len(known)} replicas answered their last scrape.", evidence=ev)
+    return _verdict(
+        down, fail, found=f"{len(down)} of {len(known)} replicas are down (their last scrape failed): {_names(down)}.",
+        remedy="Look at the last scrape error of each (Prometheus Status > Targets): refused means the server is not "
+               "running; a timeout means it is hung or overloaded. Restart it or take it out of the load balancer.",
+        clean=f"All {len(known)} replicas answered their last scrape.", evidence=ev)
 
 
 def decide_metrics_off(snap: FleetSnapshot) -> Outcome:
     off = snap.no_stats_targets
     ev = {"targets_without_vllm_series": off, "promql": snap.promql.get("members", "")}
-    if off:
-        names = ", ".join(t["instance"] for t in off[:SHOW])
-        return fail(f"{len(off)} healthy target(s) in the vLLM scrape jobs export no vllm:* series: {names}. They "
-                    "were started with --disable-log-stats, so the fleet view cannot see them.",
-                    "Restart them without --disable-log-stats (the stats cost next to nothing; vllm#11987).",
-                    evidence=ev)
-    return passed("Every healthy target of the vLLM scrape jobs exports vllm:* series.", evidence=ev)
+    names = ", ".join(t["instance"] for t in off[:SHOW])
+    return _verdict(
+        off, fail, found=f"{len(off)} healthy target(s) in the vLLM scrape jobs export no vllm:* series: {names}. "
+                         "They were started with --disable-log-stats, so the fleet view cannot see them.",
+        remedy="Restart them without --disable-log-stats (the stats cost next to nothing; vllm#11987).",
+        clean="Every healthy target of the vLLM scrape jobs exports vllm:* series.", evidence=ev)
 
 
 def decide_kv_pressure(snap: FleetSnapshot) -> Outcome:
@@ -99,12 +106,12 @@ def decide_gpu_idle(snap: FleetSnapshot) -> Outcome:
         return skip(f"load: no replica with GPU series had requests running in the last {snap.window}")
     idle = [r for r in busy if r.gpu["gpu_util_pct"] < GPU_IDLE_UTIL_PCT]
     ev = _evidence(snap, idle or busy, ("gpu_util_pct", "running_avg"), "gpu:gpu_util_pct", "running_avg")
-    if idle:
-        return fail(f"GPU util below {GPU_IDLE_UTIL_PCT:.0f}% while requests ran: {_names(idle)}.",
-                    "Those GPUs wait on the host: the server's CPU (tokenizer, sampling, one core at 100%), the "
-                    "network between client and server, or too little batching.", evidence=ev)
-    return passed(f"GPU util at or above {GPU_IDLE_UTIL_PCT:.0f}% on all {len(busy)} replicas with requests running.",
-                  evidence=ev)
+    return _verdict(
+        idle, fail, found=f"GPU util below {GPU_IDLE_UTIL_PCT:.0f}% while requests ran: {_names(idle)}.",
+        remedy="Those GPUs wait on the host: the server's CPU (tokenizer, sampling, one core at 100%), the network "
+               "between client and server, or too little batching.",
+        clean=f"GPU util at or above {GPU_IDLE_UTIL_PCT:.0f}% on all {len(busy)} replicas with requests running.",
+        evidence=ev)
 
 
 def decide_bandwidth(snap: FleetSnapshot) -> Outcome:
@@ -142,13 +149,14 @@ def decide_slow(snap: FleetSnapshot) -> Outcome:
     slow = [r for r in rows if any(much_slower(r, c) for c in cols)]
     ev = _evidence(snap, slow, cols)
     ev.update({f"fleet median {c}": snap.fleet_median.get(c) for c in cols})
-    if slow:
-        return fail(f"{_names(slow)} {'is' if len(slow) == 1 else 'are'} much slower than the rest of the fleet "
-                    f"(p99 TTFT or inter-token latency {SLOW_RATIO:g}x+ the fleet median, a robust outlier).",
-                    "Drill into that replica: its KV cache and preemptions, its GPU (util, bandwidth, clock events, "
-                    "XID), and what else runs on its host. Same flags and model everywhere?", evidence=ev)
-    return passed(f"No replica's p99 TTFT or inter-token latency stands out from the fleet median "
-                  f"({len(rows)} replicas).", evidence=ev)
+    return _verdict(
+        slow, fail, found=f"{_names(slow)} {'is' if len(slow) == 1 else 'are'} much slower than the rest of the "
+                          f"fleet (p99 TTFT or inter-token latency {SLOW_RATIO:g}x+ the fleet median, a robust "
+                          "outlier).",
+        remedy="Drill into that replica: its KV cache and preemptions, its GPU (util, bandwidth, clock events, XID), "
+               "and what else runs on its host. Same flags and model everywhere?",
+        clean=f"No replica's p99 TTFT or inter-token latency stands out from the fleet median ({len(rows)} replicas).",
+        evidence=ev)
 
 
 def decide_imbalance(snap: FleetSnapshot) -> Outcome:
@@ -163,13 +171,13 @@ def decide_imbalance(snap: FleetSnapshot) -> Outcome:
            (rate[r.name] > IMBALANCE_RATIO * med or rate[r.name] < med / IMBALANCE_RATIO)]
     ev = _evidence(snap, odd, ("prompt_tok_s", "generation_tok_s"))
     ev["fleet median tokens_s"] = round(med, 3)
-    if odd:
-        return warn(f"Load is badly balanced: {_names(odd)} process{'es' if len(odd) == 1 else ''} more than "
-                    f"{IMBALANCE_RATIO:g}x (or under 1/{IMBALANCE_RATIO:g}) the median {med:.1f} tokens/s.",
-                    "Check the load balancer's policy and health checks (a replica kept out, or sticky sessions "
-                    "piling onto one), and whether every replica serves the same models.", evidence=ev)
-    return passed(f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({med:.1f} tokens/s) on all "
-                  f"{len(rate)} replicas up.", evidence=ev)
+    return _verdict(
+        odd, warn, found=f"Load is badly balanced: {_names(odd)} process{'es' if len(odd) == 1 else ''} more than "
+                         f"{IMBALANCE_RATIO:g}x (or under 1/{IMBALANCE_RATIO:g}) the median {med:.1f} tokens/s.",
+        remedy="Check the load balancer's policy and health checks (a replica kept out, or sticky sessions piling "
+               "onto one), and whether every replica serves the same models.",
+        clean=f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({med:.1f} tokens/s) on all {len(rate)} "
+              "replicas up.", evidence=ev)
 
 
 def decide_xid(snap: FleetSnapshot) -> Outcome:
@@ -177,11 +185,11 @@ def decide_xid(snap: FleetSnapshot) -> Outcome:
         return skip("XID errors: no DCGM_FI_DEV_XID_ERRORS series (dcgm-exporter) on the replicas' hosts")
     bad = [r for r in snap.replicas if (r.gpu.get("xid") or 0) > 0]
     ev = _evidence(snap, bad, ("xid",), "gpu:xid")
-    if bad:
-        return fail(f"GPU XID errors in the last {snap.window}: {_names(bad)}.",
-                    "Look the XID up in NVIDIA's XID catalogue (13/31/43: the application; 48/63/64/94/95: memory "
-                    "errors; 79: the GPU fell off the bus) and drain the host if it is hardware.", evidence=ev)
-    return passed(f"No XID errors in the last {snap.window}.", evidence=ev)
+    return _verdict(
+        bad, fail, found=f"GPU XID errors in the last {snap.window}: {_names(bad)}.",
+        remedy="Look the XID up in NVIDIA's XID catalogue (13/31/43: the application; 48/63/64/94/95: memory errors; "
+               "79: the GPU fell off the bus) and drain the host if it is hardware.",
+        clean=f"No XID errors in the last {snap.window}.", evidence=ev)
 
 
 CHECKS = (
