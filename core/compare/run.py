@@ -34,6 +34,9 @@ MAX_TOP_K = 20  # GenerationParams.top_logprobs and vLLM's default --max-logprob
 BATCH_TOKENS = 4096
 BATCH_POSITIONS = 512
 BATCH_PAD_RATIO = 1.3
+# Generation: each group costs a full run of decode steps (on a CPU ~0.1 s each, most of it reading lm_head), so
+# short prompts share a group when the padding adds at most this many prefill tokens (about two decode steps' time).
+GENERATE_PAD_TOKENS = 256
 
 ProgressFn = Callable[[float, str], None]
 
@@ -77,8 +80,10 @@ def load_engine(side: Side, progress: ProgressFn | None = None, gpu_share: float
     raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
 
 
-def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices grouped so that each group is one forward pass: similar lengths (little padding), bounded size."""
+def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = None,
+                  pad_tokens: int = 0) -> list[list[int]]:
+    """Indices grouped so that each group is one forward pass: similar lengths (little padding: at most
+    BATCH_PAD_RATIO of the real tokens, or at most `pad_tokens` pad tokens), bounded size."""
     cont_lengths = cont_lengths or [0] * len(lengths)
     groups: list[list[int]] = []
     cur: list[int] = []
@@ -86,7 +91,8 @@ def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = N
         cand = cur + [i]
         width = max(lengths[j] for j in cand)
         real = sum(lengths[j] for j in cand)
-        fits = (width * len(cand) <= max(BATCH_TOKENS, width) and width * len(cand) <= BATCH_PAD_RATIO * real
+        little_padding = width * len(cand) <= BATCH_PAD_RATIO * real or width * len(cand) - real <= pad_tokens
+        fits = (width * len(cand) <= max(BATCH_TOKENS, width) and little_padding
                 and sum(cont_lengths[j] for j in cand) <= max(BATCH_POSITIONS, cont_lengths[i]))
         if cur and not fits:
             groups.append(cur)
@@ -151,7 +157,7 @@ def _generate(engine, texts: list[str], params: GenerationParams, should_stop) -
     # Left padding makes every row as long as the longest prompt: group by length so one long prompt does not
     # multiply the prefill of the short ones.
     gens: list[Generation | None] = [None] * len(texts)
-    for group in length_groups([len(engine.encode(t)) for t in texts]):
+    for group in length_groups([len(engine.encode(t)) for t in texts], pad_tokens=GENERATE_PAD_TOKENS):
         for i, g in zip(group, engine.generate([texts[i] for i in group], params, should_stop=should_stop)):
             gens[i] = g
     return gens  # type: ignore[return-value]

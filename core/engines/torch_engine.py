@@ -16,6 +16,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from core import fp8, fp8_cpu, quant
+from core.engines import cpu_fast
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
@@ -202,6 +203,9 @@ class TorchEngine:
             self.quant_info = quant.quantize_model(self.model, precision,
                                                    quant.calibration_ids(self.tokenizer, calibration))
         self.model.eval()
+        # after quantizing: the fast path packs the linears left at the base dtype (all of them at FP32/BF16, lm_head
+        # at FP8 and the integer precisions)
+        self.cpu_fast = cpu_fast.speed_up(self.model) if self.device.kind == "cpu" else []
         self.config = self.model.config
         eos = getattr(self.model.generation_config, "eos_token_id", None) if not spec.random_weights else None
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -214,7 +218,7 @@ class TorchEngine:
         if self.precision.is_fp8 and self.device.kind == "cpu":  # which FP8 Linear path executes (core/fp8.py)
             text += (f", FP8 linears through the C kernel ({fp8_cpu.isa()})" if fp8_cpu.available()
                      else ", FP8 linears dequantized eagerly")
-        return text
+        return ", ".join([text] + self.cpu_fast)
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
@@ -383,9 +387,10 @@ class TorchEngine:
         by_dtype: dict[str, int] = defaultdict(int)
         seen: set[int] = set()
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            if t.data_ptr() in seen:
+            key = id(t) if t.is_mkldnn else t.data_ptr()  # oneDNN-packed weights have no storage pointer
+            if key in seen:
                 continue  # tied embeddings / lm_head count once
-            seen.add(t.data_ptr())
+            seen.add(key)
             by_dtype[str(t.dtype).replace("torch.", "")] += t.numel() * t.element_size()
         if self.device.kind == "cuda":
             peak, source = torch.cuda.max_memory_allocated(), "CUDA allocator (torch.cuda.max_memory_allocated)"

