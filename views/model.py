@@ -69,7 +69,9 @@ def show_memory() -> None:
         memory_box.warning(str(exc))
         return
     cols = memory_box.columns(4)
-    cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once.")
+    cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once. "
+                   "On the CPU the linears are repacked for oneDNN once at load; a lm_head tied to the embedding then "
+                   "has a packed copy of its own (the rows marked oneDNN packed).")
     cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "
                    "end of the last generation on this model.")
     cols[2].metric("Peak (last run)", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")

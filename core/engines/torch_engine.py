@@ -391,7 +391,9 @@ class TorchEngine:
             if key in seen:
                 continue  # tied embeddings / lm_head count once
             seen.add(key)
-            by_dtype[str(t.dtype).replace("torch.", "")] += t.numel() * t.element_size()
+            # packed apart: a tied lm_head's packed copy is memory the plain model does not hold
+            name = str(t.dtype).replace("torch.", "") + (" (oneDNN packed)" if t.is_mkldnn else "")
+            by_dtype[name] += t.numel() * t.element_size()
         if self.device.kind == "cuda":
             peak, source = torch.cuda.max_memory_allocated(), "CUDA allocator (torch.cuda.max_memory_allocated)"
         elif self.last_run_peak_bytes is None:
