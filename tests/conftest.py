@@ -23,19 +23,32 @@ def embedded_dir():
     return embedded_model_dir()
 
 
+ENGINES_KEPT = 3  # the session also holds the app pool's engines and, later, two vLLM servers: 24 GiB in all
+
+
 @pytest.fixture(scope="session")
 def engine_cache():
-    """One engine per (precision, kv dtype) for the whole session: loading is the slow part on 2 cores."""
+    """Engines per (precision, kv dtype), the 3 most recently used kept for the session: loading is the slow part on
+    2 cores, memory the tight one (each CPU engine also holds a packed copy of Gemma's tied lm_head)."""
+    import gc
+    from collections import OrderedDict
+
     from core.engines.torch_engine import TorchEngine
     from core.models import ModelSpec
     from core.precision import KVDtype, Precision
+    from core.telemetry.run_peak import trim_heap
 
-    engines = {}
+    engines: OrderedDict = OrderedDict()
 
     def get(precision: str, kv: str = "auto"):
         key = (precision, kv)
         if key not in engines:
+            while len(engines) >= ENGINES_KEPT:
+                engines.popitem(last=False)  # a test still holding it keeps it alive; nothing is unloaded under it
+                gc.collect()
+                trim_heap()
             engines[key] = TorchEngine(ModelSpec("embedded"), Precision(precision), KVDtype(kv), device="cpu")
+        engines.move_to_end(key)
         return engines[key]
 
     return get

@@ -46,16 +46,27 @@ class PackedLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Swap every plain float32/bfloat16 nn.Linear (quantized layers are other classes and stay) for a PackedLinear."""
+def pack_linears(model: nn.Module, spare_bytes: int) -> int:
+    """Swap every plain float32/bfloat16 nn.Linear (quantized layers are other classes and stay) for a PackedLinear.
+    A packed Linear frees its plain weight, except an lm_head tied to the input embedding (Gemma's), whose weight the
+    embedding still reads: its packed copy is extra memory, taken only while twice its size stays spare (the fit
+    check counted the model without it)."""
     if model.dtype is torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return 0  # without AVX-512 BF16 / AMX oneDNN emulates bf16 and is no faster than F.linear
+    embedding = model.get_input_embeddings()
+    tied = embedding.weight if embedding is not None else None
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype in PACKABLE:
-                setattr(parent, name, PackedLinear(child))
-                count += 1
+            if type(child) is not nn.Linear or child.weight.dtype not in PACKABLE:
+                continue
+            if child.weight is tied:
+                extra = child.weight.numel() * child.weight.element_size()
+                if 2 * extra > spare_bytes:
+                    continue
+                spare_bytes -= extra
+            setattr(parent, name, PackedLinear(child))
+            count += 1
     return count
 
 
@@ -116,15 +127,16 @@ def use_decode_attention(model: nn.Module) -> None:
             config._attn_implementation = ATTENTION
 
 
-def speed_up(model: nn.Module) -> list[str]:
-    """Apply the CPU fast path to a loaded model; returns what applied, for the engine's `ran` label."""
+def speed_up(model: nn.Module, spare_bytes: int) -> list[str]:
+    """Apply the CPU fast path to a loaded model (`spare_bytes`: memory available now); returns what applied, for
+    the engine's `ran` label."""
     if not enabled():
         return []
     applied = []
     if model.config._attn_implementation == "sdpa":
         use_decode_attention(model)
         applied.append("matmul decode attention")
-    packed = pack_linears(model)
+    packed = pack_linears(model, spare_bytes)
     if packed:
         applied.append(f"{packed} oneDNN-packed linears")
     if fuse_norms(model):

@@ -205,7 +205,8 @@ class TorchEngine:
         self.model.eval()
         # after quantizing: the fast path packs the linears left at the base dtype (all of them at FP32/BF16, lm_head
         # at FP8 and the integer precisions)
-        self.cpu_fast = cpu_fast.speed_up(self.model) if self.device.kind == "cpu" else []
+        self.cpu_fast = (cpu_fast.speed_up(self.model, available_bytes(self.device)) if self.device.kind == "cpu"
+                         else [])
         self.config = self.model.config
         eos = getattr(self.model.generation_config, "eos_token_id", None) if not spec.random_weights else None
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

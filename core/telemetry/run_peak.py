@@ -21,7 +21,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * _PAGE
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the difference then only misses reused memory
@@ -39,7 +39,7 @@ class RunPeakRss:
 
     def __enter__(self) -> "RunPeakRss":
         try:
-            _trim_heap()
+            trim_heap()
             self._start = self._peak = _rss_bytes()
         except OSError:
             return self

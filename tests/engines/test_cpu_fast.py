@@ -83,3 +83,18 @@ def test_memory_report_counts_the_packed_weights(engine_cache, reference_engine)
     fast, ref = engine_cache("bf16").memory_report(), reference_engine.memory_report()
     # Gemma ties lm_head to the embedding: packing gives lm_head its own copy (262,144 x 640 bf16 = 320 MiB)
     assert fast.weights_bytes > ref.weights_bytes
+
+
+def test_a_tied_lm_head_is_packed_only_with_memory_to_spare():
+    """The packed copy of a tied lm_head is extra memory the fit check did not count: without room it stays plain."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True)
+    lm_head_bytes = 512 * 64 * 4
+    for spare, packed in ((lm_head_bytes, False), (100 * lm_head_bytes, True)):
+        model = Gemma3ForCausalLM(config).eval()
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+        n = cpu_fast.pack_linears(model, spare)
+        assert isinstance(model.lm_head, cpu_fast.PackedLinear) is packed
+        assert n == 2 * 7 + packed  # every layer's seven linears either way
