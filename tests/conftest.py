@@ -51,4 +51,11 @@ def engine_cache():
         engines.move_to_end(key)
         return engines[key]
 
+    def clear() -> None:
+        engines.clear()
+        gc.collect()
+        trim_heap()
+
+    get.clear = clear
     return get
+

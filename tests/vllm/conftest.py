@@ -33,6 +33,15 @@ def _save_logs(engines: list[VllmEngine]) -> None:
             shutil.copy(e.server.log_path, LOG_DIR / Path(e.server.log_path).name)
 
 
+def free_cached_engines(request) -> None:
+    """Drop the engines this process caches (engine_cache's and the pages' pool under AppTest) before something big
+    starts: the vLLM servers need ~10 GiB of the 24."""
+    from views.common import session
+
+    request.getfixturevalue("engine_cache").clear()
+    session._pool.clear()  # st.cache_resource: the pool and its engines go with it
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(request):
     flavor, detail = vllm_flavor(str(vllm_python()))
@@ -41,6 +50,7 @@ def vllm_servers(request):
     from core.models import embedded_model_dir
 
     model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
+    free_cached_engines(request)
     main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
     second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
     other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
