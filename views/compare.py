@@ -91,9 +91,8 @@ if submitted:
 
 res = ss.get("cmp_result")
 if res is None:
-    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 25 s for "
-            "FP32 against BF16 and about a minute against FP8 weights, whose matmuls are slow on a CPU "
-            "(measured in docs/PERFORMANCE.md).")
+    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 20 s for "
+            "FP32 against FP8 W8A8, once both are loaded (measured in docs/PERFORMANCE.md).")
     st.stop()
 
 s = res.summary

@@ -254,3 +254,20 @@ def metric_value(page, label: str) -> str:
     metric = page.locator('[data-testid="stMetric"]').filter(
         has=page.locator('[data-testid="stMetricLabel"]', has_text=label))
     return metric.first.locator('[data-testid="stMetricValue"]').inner_text()
+
+
+def keep_only_chip(page, multiselect: str, name: str) -> None:
+    """Remove every chosen option of the multiselect labelled `multiselect` except `name`, with the chips' own remove
+    buttons, one at a time: each removal reruns the page, and a click while it reruns can be lost."""
+    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text=multiselect)
+
+    def chosen() -> list[str]:
+        return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
+
+    for _ in range(20):
+        others = [t for t in chosen() if t != name]
+        if not others:
+            break
+        box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
+        wait_idle(page)
+    assert chosen() == [name]

@@ -8,30 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import (APP, LOAD_TIMEOUT_S, SCREENSHOTS, AppServer, errors_on, goto, metric_value, new_page,
-                               screenshot, wait_idle)
+from tests.e2e.helpers import (APP, LOAD_TIMEOUT_S, SCREENSHOTS, AppServer, errors_on, goto, keep_only_chip,
+                               metric_value, new_page, screenshot, wait_idle)
 
 pytestmark = pytest.mark.e2e
 TYPED = "<b>bold</b> & the capital of Italy is"
 # Both precisions load on first use and FP8 W8A8 is slow on 2 cores.
 RUN_TIMEOUT_S = 2 * LOAD_TIMEOUT_S
-
-
-def only_builtin_prompt(page, name: str) -> None:
-    """Remove every chosen built-in prompt except `name` with the chips' own remove buttons, one at a time: each
-    removal reruns the page, and a click while it reruns can be lost."""
-    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Built-in prompts")
-
-    def chosen() -> list[str]:
-        return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
-
-    for _ in range(20):
-        others = [t for t in chosen() if t != name]
-        if not others:
-            break
-        box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
-        wait_idle(page)
-    assert chosen() == [name]
 
 
 def select(page, label: str, option: str) -> None:
@@ -58,7 +41,7 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     # The defaults are the comparison this test wants: FP32 reference, FP8 W8A8 candidate, auto KV cache.
     prec = page.get_by_role("combobox", name="Precision", exact=True)
     assert prec.nth(0).input_value() == "FP32" and "W8A8" in prec.nth(1).input_value()
-    only_builtin_prompt(page, "france")
+    keep_only_chip(page, "Built-in prompts", "france")
     page.get_by_label("Your prompts, one per line").fill(TYPED)
     page.get_by_label("Max new tokens").fill("6")
     page.get_by_role("button", name="Compare").click()

@@ -2,7 +2,7 @@
 the embedded model; the table, the KLD chart and the worst positions appear, the document's HTML stays text."""
 import pytest
 
-from tests.e2e.helpers import LOAD_TIMEOUT_S, errors_on, goto, screenshot, wait_idle
+from tests.e2e.helpers import LOAD_TIMEOUT_S, errors_on, goto, keep_only_chip, screenshot, wait_idle
 
 pytestmark = pytest.mark.e2e
 DOC = "<b>bold</b> & the capital of Italy is Rome. The capital of France is Paris. " * 8
@@ -15,21 +15,6 @@ def set_number(page, label: str, value: int) -> None:
     wait_idle(page, 180)
 
 
-def only_candidate(page, name: str) -> None:
-    box = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Candidates")
-
-    def chosen() -> list[str]:
-        return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
-
-    for _ in range(10):
-        others = [t for t in chosen() if t != name]
-        if not others:
-            break
-        box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
-        wait_idle(page)
-    assert chosen() == [name]
-
-
 def test_quality_run_in_the_browser(app_server, page):
     goto(page, app_server, "quality", timeout_s=LOAD_TIMEOUT_S)
     page.get_by_role("textbox", name="Document").fill(DOC)
@@ -37,7 +22,7 @@ def test_quality_run_in_the_browser(app_server, page):
     wait_idle(page)
     set_number(page, "Window (tokens)", 32)
     set_number(page, "Stride (tokens)", 32)
-    only_candidate(page, "int8")
+    keep_only_chip(page, "Candidates", "int8")
     page.get_by_role("button", name="Run quality").click()
     page.get_by_text("Where the candidates differ most").wait_for(timeout=3 * LOAD_TIMEOUT_S * 1000)
     wait_idle(page, LOAD_TIMEOUT_S)
