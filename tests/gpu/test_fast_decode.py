@@ -113,17 +113,24 @@ def test_graph_greedy_matches_torch_path(setup, mode, kv):
     assert (ids_ref[:, :3] == ids_graph[:, :3]).float().mean().item() >= first
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
-def test_fused_prefill_computes_the_torch_op_prefill(setup, mode):
-    """The prompt pass through the fused kernels against the plain torch-op one, every position's logits."""
+def test_fused_prefill_computes_the_torch_op_prefill(setup, mode, kv):
+    """The prompt pass through the fused kernels against the plain torch-op one, every position's logits, and the
+    cache each leaves behind (the fused pass writes it from its own RoPE kernel)."""
     hf, prompt, _, _ = setup
     fast = FastLlama.from_hf(hf, mode)
-    lps = {}
+    lps, caches = {}, {}
     for fused in (False, True):
-        cache = fast.new_cache(prompt.shape[0], prompt.shape[1] + 8, False)
+        cache = fast.new_cache(prompt.shape[0], prompt.shape[1] + 8, kv == "fp8")
         lps[fused] = torch.log_softmax(fast.prefill(prompt, cache, all_logits=True, fused=fused).float(), dim=-1)
+        caches[fused] = cache
     a = C.agreement(lps[False], lps[True])
-    print(f"{mode:6s} prefill fused vs torch ops: {_fmt(a)}")
+    T = prompt.shape[1]
+    for layer in (0, fast.dims.layers - 1):
+        for ref, got in zip(caches[False].read(layer, slice(None), T), caches[True].read(layer, slice(None), T)):
+            assert ((got.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2, f"layer {layer}"
+    print(f"{mode:6s} kv={kv:4s} prefill fused vs torch ops: {_fmt(a)}")
     top1, kl, _ = SAME_PATH_BARS[mode]
     assert a["top1"] >= top1 and a["kl_mean"] < kl
 

@@ -302,48 +302,57 @@ def _rotate(x1, x2, c, s):
 
 
 @triton.jit
-def _rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+def _rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, R,
                        stride_qkv, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
-                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr):
-    b = tl.program_id(0)
+                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    # rows of qkv: the batch's rows in a decode step, the prompt's tokens in a prompt pass (int64: 125K tokens x
+    # 6,144 is close to 2^31)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     h = tl.program_id(1)
-    pos = tl.load(pos_ptr + b)
-    half = tl.arange(0, D // 2)
-    c = tl.load(cos_ptr + pos * (D // 2) + half)
-    s = tl.load(sin_ptr + pos * (D // 2) + half)
-    row = qkv_ptr + b * stride_qkv
+    rmask = rows < R
+    m2 = rmask[:, None]
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0)
+    half = tl.arange(0, D // 2)[None, :]
+    c = tl.load(cos_ptr + pos[:, None] * (D // 2) + half, mask=m2, other=0.0)
+    s = tl.load(sin_ptr + pos[:, None] * (D // 2) + half, mask=m2, other=0.0)
+    row = qkv_ptr + rows[:, None] * stride_qkv
     if h < HQ:
-        x1 = tl.load(row + h * D + half).to(tl.float32)
-        x2 = tl.load(row + h * D + D // 2 + half).to(tl.float32)
+        x1 = tl.load(row + h * D + half, mask=m2, other=0.0).to(tl.float32)
+        x2 = tl.load(row + h * D + D // 2 + half, mask=m2, other=0.0).to(tl.float32)
         o1, o2 = _rotate(x1, x2, c, s)
-        tl.store(q_ptr + (b * HQ + h) * D + half, o1)
-        tl.store(q_ptr + (b * HQ + h) * D + D // 2 + half, o2)
+        tl.store(q_ptr + (rows[:, None] * HQ + h) * D + half, o1, mask=m2)
+        tl.store(q_ptr + (rows[:, None] * HQ + h) * D + D // 2 + half, o2, mask=m2)
     else:
         j = h - HQ
-        x1 = tl.load(row + (HQ + j) * D + half).to(tl.float32)
-        x2 = tl.load(row + (HQ + j) * D + D // 2 + half).to(tl.float32)
+        x1 = tl.load(row + (HQ + j) * D + half, mask=m2, other=0.0).to(tl.float32)
+        x2 = tl.load(row + (HQ + j) * D + D // 2 + half, mask=m2, other=0.0).to(tl.float32)
         k1, k2 = _rotate(x1, x2, c, s)
-        v1 = tl.load(row + (HQ + HKV + j) * D + half)
-        v2 = tl.load(row + (HQ + HKV + j) * D + D // 2 + half)
-        dst = b * stride_cb + j * stride_ch + pos * stride_ct
+        v1 = tl.load(row + (HQ + HKV + j) * D + half, mask=m2, other=0.0)
+        v2 = tl.load(row + (HQ + HKV + j) * D + D // 2 + half, mask=m2, other=0.0)
+        dst = rows[:, None] * stride_cb + j * stride_ch + pos[:, None] * stride_ct
         if FP8:
-            # quantize_rows over head_dim: one scale per (batch, head, token)
-            ksc = tl.maximum(tl.maximum(tl.max(tl.abs(k1.to(tl.float32)), 0), tl.max(tl.abs(k2.to(tl.float32)), 0)),
+            # quantize_rows over head_dim: one scale per (row, head, token)
+            ksc = tl.maximum(tl.maximum(tl.max(tl.abs(k1.to(tl.float32)), 1), tl.max(tl.abs(k2.to(tl.float32)), 1)),
                              1e-12) / 448.0
-            vsc = tl.maximum(tl.maximum(tl.max(tl.abs(v1.to(tl.float32)), 0), tl.max(tl.abs(v2.to(tl.float32)), 0)),
+            vsc = tl.maximum(tl.maximum(tl.max(tl.abs(v1.to(tl.float32)), 1), tl.max(tl.abs(v2.to(tl.float32)), 1)),
                              1e-12) / 448.0
-            tl.store(k_ptr + dst + half, tl.clamp(k1.to(tl.float32) / ksc, -448.0, 448.0).to(tl.float8e4nv))
-            tl.store(k_ptr + dst + D // 2 + half, tl.clamp(k2.to(tl.float32) / ksc, -448.0, 448.0).to(tl.float8e4nv))
-            tl.store(v_ptr + dst + half, tl.clamp(v1.to(tl.float32) / vsc, -448.0, 448.0).to(tl.float8e4nv))
-            tl.store(v_ptr + dst + D // 2 + half, tl.clamp(v2.to(tl.float32) / vsc, -448.0, 448.0).to(tl.float8e4nv))
-            sdst = b * stride_sb + j * stride_sh + pos
-            tl.store(ks_ptr + sdst, ksc)
-            tl.store(vs_ptr + sdst, vsc)
+            tl.store(k_ptr + dst + half, tl.clamp(k1.to(tl.float32) / ksc[:, None], -448.0, 448.0).to(tl.float8e4nv),
+                     mask=m2)
+            tl.store(k_ptr + dst + D // 2 + half,
+                     tl.clamp(k2.to(tl.float32) / ksc[:, None], -448.0, 448.0).to(tl.float8e4nv), mask=m2)
+            tl.store(v_ptr + dst + half, tl.clamp(v1.to(tl.float32) / vsc[:, None], -448.0, 448.0).to(tl.float8e4nv),
+                     mask=m2)
+            tl.store(v_ptr + dst + D // 2 + half,
+                     tl.clamp(v2.to(tl.float32) / vsc[:, None], -448.0, 448.0).to(tl.float8e4nv), mask=m2)
+            sdst = rows * stride_sb + j * stride_sh + pos
+            tl.store(ks_ptr + sdst, ksc, mask=rmask)
+            tl.store(vs_ptr + sdst, vsc, mask=rmask)
         else:
-            tl.store(k_ptr + dst + half, k1)
-            tl.store(k_ptr + dst + D // 2 + half, k2)
-            tl.store(v_ptr + dst + half, v1)
-            tl.store(v_ptr + dst + D // 2 + half, v2)
+            tl.store(k_ptr + dst + half, k1, mask=m2)
+            tl.store(k_ptr + dst + D // 2 + half, k2, mask=m2)
+            tl.store(v_ptr + dst + half, v1, mask=m2)
+            tl.store(v_ptr + dst + D // 2 + half, v2, mask=m2)
 
 
 def rope_store(qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, hq, hkv, d):
@@ -352,10 +361,25 @@ def rope_store(qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, hq
     B = qkv.shape[0]
     fp8 = k_scale is not None
     _rope_store_kernel[(B, hq + hkv)](
-        qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache,
+        qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, B,
         qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
-        HQ=hq, HKV=hkv, D=d, FP8=fp8, num_warps=1)
+        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=1, num_warps=1)
+
+
+def rope_store_prompt(qkv, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, hq, hkv, d, block_r: int = 16):
+    """The prompt pass's RoPE and cache write for one row: qkv [T, (hq+2hkv)*d] of positions 0..T-1 -> q_out
+    [T, hq, d]; K/V into k_cache/v_cache [hkv, max_len, d] (that row of one layer), E4M3 with scales [hkv, max_len]
+    for an FP8 cache. The decode step's kernel with each token as a row of its own whose cache row stride is 0, so
+    every token lands in the same cache row at its own position; block_r tokens per program."""
+    T = qkv.shape[0]
+    fp8 = k_scale is not None
+    pos = torch.arange(T, device=qkv.device)
+    _rope_store_kernel[(triton.cdiv(T, block_r), hq + hkv)](
+        qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, T,
+        qkv.stride(0), 0, k_cache.stride(0), k_cache.stride(1), 0, k_scale.stride(0) if fp8 else 0,
+        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=block_r, num_warps=4)
+    return q_out
 
 
 # --------------------------------------------------------------------------------------------- decode attention
@@ -429,18 +453,23 @@ def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, D: tl.constexpr, SP:
 
 
 class AttnWorkspace:
-    """Partial results of the split-KV attention, sized once per (batch, max_len) so a graph can reuse them."""
+    """Partial results of the split-KV attention, sized once per (batch, max_len) so a graph can reuse them, and the
+    launch configuration of the split kernel for the cache's K/V dtype."""
 
-    BLOCK_T = 64
+    # (BLOCK_T, num_warps, num_stages, programs per SM at the longest length), per K/V dtype
+    # E4M3 K/V: two warps and three stages, 198 us against 290 us with the bf16 settings for one layer at 32K tokens x
+    # batch 8 on the H200, same result bit for bit (bench/kernel_probe.py, 2026-12-01)
+    CONFIG = {False: (64, 4, 2, 4), True: (64, 2, 3, 4)}
 
-    def __init__(self, batch: int, hq: int, hkv: int, d: int, max_len: int, device, sms: int | None = None):
+    def __init__(self, batch: int, hq: int, hkv: int, d: int, max_len: int, device, sms: int | None = None,
+                 fp8: bool = False, config: tuple | None = None):
         if sms is None:  # the CPU case is Triton's interpreter, used only to check indexing
             dev = torch.device(device)
             sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
-        # enough programs to fill the chip ~4 times over at the longest length, splits a multiple of BLOCK_T long.
-        # (For E4M3 K/V, 128-token tiles with twice the programs measured no faster on the H200, 2026-11-29.)
-        want = max(1, (4 * sms) // max(1, batch * hkv))
-        split_len = max(self.BLOCK_T, triton.cdiv(triton.cdiv(max_len, want), self.BLOCK_T) * self.BLOCK_T)
+        self.block_t, self.num_warps, self.num_stages, per_sm = config or self.CONFIG[fp8]
+        # enough programs to fill the chip per_sm times over at the longest length, splits a multiple of block_t
+        want = max(1, (per_sm * sms) // max(1, batch * hkv))
+        split_len = max(self.block_t, triton.cdiv(triton.cdiv(max_len, want), self.block_t) * self.block_t)
         self.split_len = split_len
         self.splits = triton.cdiv(max_len, split_len)
         self.m = torch.empty(batch * hq * self.splits, dtype=torch.float32, device=device)
@@ -458,8 +487,8 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         sm_scale * 1.4426950408889634, ws.split_len, ws.splits,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
-        HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.BLOCK_T, FP8=fp8,
-        num_warps=4, num_stages=2)
+        HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FP8=fp8,
+        num_warps=ws.num_warps, num_stages=ws.num_stages)
     _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
                                     SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4)
     return out

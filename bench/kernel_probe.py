@@ -1,0 +1,308 @@
+"""Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration (and
+a variant reading the cache as int32 words), weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32
+words), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu` of the attention
+kernels. Each part writes its results to --json as soon as it ends. Results: docs/PERFORMANCE.md, "decode attention
+over the E4M3 cache".
+
+    python -m bench.kernel_probe --json $OUT/probe.json --out $OUT
+    python -m bench.kernel_probe --parts attention,prefill --prefill 125000
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from bench import kernel_variants as V
+from core.engines.fast import kernels as K
+from core.engines.fast import tune
+
+RESULTS: dict = {}
+
+
+def save(path):
+    if path:
+        with open(path, "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def workspace(batch, hq, hkv, d, max_len, block_t, warps=4, stages=2, per_sm=4):
+    return K.AttnWorkspace(batch, hq, hkv, d, max_len, "cuda", fp8=True, config=(block_t, warps, stages, per_sm))
+
+
+def attn_setup(batch=8, length=32768, hq=32, hkv=8, d=128):
+    max_len = length + 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kb = torch.randn(batch, hkv, max_len, d, device="cuda", generator=g).to(torch.bfloat16)
+    vb = torch.randn(batch, hkv, max_len, d, device="cuda", generator=g).to(torch.bfloat16)
+    ks = kb.float().abs().amax(-1).clamp(min=1e-12) / 448.0
+    vs = vb.float().abs().amax(-1).clamp(min=1e-12) / 448.0
+    k8 = (kb.float() / ks[..., None]).to(torch.float8_e4m3fn)
+    v8 = (vb.float() / vs[..., None]).to(torch.float8_e4m3fn)
+    q = torch.randn(batch, hq, d, device="cuda", generator=g).to(torch.bfloat16)
+    pos = torch.full((batch,), length - 1, device="cuda", dtype=torch.long)
+    return dict(kb=kb, vb=vb, k8=k8, v8=v8, ks=ks, vs=vs, q=q, pos=pos, hq=hq, hkv=hkv, d=d, max_len=max_len,
+                batch=batch, length=length)
+
+
+def attn_words(S, out, ws, stages, warps):
+    q, k8, v8, ks, vs, pos = S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"]
+    hq, hkv, d = S["hq"], S["hkv"], S["d"]
+    kw, vw = k8.view(torch.int32), v8.view(torch.int32)
+    B = q.shape[0]
+    V.attn_split_words[(B * hkv, ws.splits)](
+        q, kw, vw, ks, vs, pos, ws.m, ws.l, ws.acc, (1 / math.sqrt(d)) * 1.4426950408889634, ws.split_len, ws.splits,
+        kw.stride(0), kw.stride(1), kw.stride(2), ks.stride(0), ks.stride(1),
+        HQ=hq, HKV=hkv, G=hq // hkv, GP=16, D=d, BLOCK_T=ws.block_t, FP8=True, num_warps=warps, num_stages=stages)
+    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4)
+    return out
+
+
+def attn_calls(S):
+    """name -> (callable, KV bytes read)."""
+    hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+    out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
+    tok = B * hkv * S["length"]
+    calls = {}
+    ws64 = workspace(B, hq, hkv, d, S["max_len"], 64)
+    calls["bf16 current"] = (lambda: K.decode_attention(S["q"], S["kb"], S["vb"], None, None, S["pos"], out, ws64,
+                                                        hq, hkv, d, 1 / math.sqrt(d)), tok * d * 4)
+    calls["fp8 before"] = (functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
+                                             out, workspace(B, hq, hkv, d, S["max_len"], 64, 4, 2, 4), hq, hkv, d,
+                                             1 / math.sqrt(d)), tok * (d * 2 + 8))
+    for bt in (32, 64, 128):
+        for warps in (1, 2):
+            for stages in (3, 4):
+                for per_sm in (4,):
+                    ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
+                    calls[f"fp8 T{bt} w{warps} s{stages} x{per_sm}"] = (
+                        functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
+                                          out, ws, hq, hkv, d, 1 / math.sqrt(d)), tok * (d * 2 + 8))
+    ws = workspace(B, hq, hkv, d, S["max_len"], 128, 4, 3, 4)
+    calls["fp8 words T128 w4 s3 x4"] = (functools.partial(attn_words, S, out, ws, 3, 4), tok * (d * 2 + 8))
+    return calls, out
+
+
+def part_attention():
+    S = attn_setup()
+    calls, out = attn_calls(S)
+    calls["fp8 before"][0]()
+    ref = out.clone()
+    res = {}
+    for name, (fn, nbytes) in calls.items():
+        try:
+            fn()
+            same = bool(torch.equal(out, ref)) if name.startswith("fp8") else None
+            diff = float((out.float() - ref.float()).abs().max()) if name.startswith("fp8") else None
+            ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+            res[name] = dict(us=ms * 1000, gbs=nbytes / (ms / 1000) / 1e9, identical_to_before=same, max_diff=diff)
+            log(f"  attention {name}: {ms * 1000:.1f} us, {nbytes / (ms / 1000) / 1e9:.0f} GB/s, identical {same}")
+        except Exception as exc:
+            res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            log(f"  attention {name}: {res[name]}")
+    return res
+
+
+WO_CFGS = [(64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4), (32, 256, 4, 4),
+           (128, 128, 4, 3), (64, 512, 8, 3)]
+
+
+@torch.inference_mode()
+def part_wo():
+    K.load_tuned()
+    res = []
+    for m in (8, 64):
+        for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+            row = dict(m=m, n=n, k=k)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            for mode in (K.MODE_BF16, K.MODE_WO):
+                copies = max(2, min(32, math.ceil(4 * tune.L2_BYTES / (n * k * (2 if mode == 0 else 1)))))
+                ws = tune._weights(mode, n, k, copies, "cuda")
+                cfg = K.config_for(mode, m, n, k)
+                calls = [functools.partial(K.linear, x, w, s, None, out, mode, False, cfg) for w, s in ws]
+                calls[0]()
+                ref = out.clone()
+                row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))
+                if mode == K.MODE_WO:
+                    bm = K.block_m_for(m)
+                    for bn, bk, w_, st in WO_CFGS:
+                        name = f"wo words {bn}x{bk} w{w_} s{st}"
+                        try:
+                            def call(w, s, bn=bn, bk=bk, w_=w_, st=st):
+                                wi = w.view(torch.int32)
+                                V.linear_wo_words[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+                                    x, wi, s, s, out, m, n, k, x.stride(0), wi.stride(0), out.stride(0), MODE=1,
+                                    SILU_X=False, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=True,
+                                    num_warps=w_, num_stages=st)
+                            wcalls = [functools.partial(call, w, s) for w, s in ws]
+                            wcalls[0]()
+                            same = bool(torch.equal(out, ref))
+                            row[name] = dict(us=tune.graph_time_us(wcalls), identical=same)
+                        except Exception as exc:
+                            row[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                del ws
+                torch.cuda.empty_cache()
+            best = min((v["us"], kname) for kname, v in row.items() if isinstance(v, dict) and kname.startswith("wo words"))
+            log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us, "
+                f"best words {best[0]:.1f} us ({best[1]})")
+            res.append(row)
+    return res
+
+
+def part_ncu(out_dir):
+    cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:attn_split", "--launch-count", "3",
+           "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "MemoryWorkloadAnalysis",
+           "--section", "Occupancy", "--section", "SchedulerStats", sys.executable, "-m", "bench.kernel_probe", "--ncu-target"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        text = p.stdout + "\n" + p.stderr[-3000:]
+    except Exception as exc:
+        text = f"ncu failed: {exc}"
+    if out_dir:
+        with open(os.path.join(out_dir, "ncu_attention.txt"), "w") as f:
+            f.write(text)
+    return text[-2000:]
+
+
+def ncu_target():
+    S = attn_setup()
+    calls, _ = attn_calls(S)
+    for name in ("bf16 current", "fp8 before", "fp8 T64 w2 s3 x4"):
+        log("ncu target:", name)
+        calls[name][0]()
+    torch.cuda.synchronize()
+
+
+def kernel_table(prof, top=18):
+    rows = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            rows[e.key] = rows.get(e.key, 0) + t / 1000
+    items = sorted(rows.items(), key=lambda kv: -kv[1])
+    return [(k[:110], round(v, 2)) for k, v in items[:top]], round(sum(rows.values()), 1)
+
+
+@torch.inference_mode()
+def part_prefill(lengths):
+    from torch.nn import functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from core.engines.fast.model import Dims, FastLlama
+    from core.models import synthetic_config
+
+    config = synthetic_config("llama-3-8b")
+    dims = Dims.from_config(config)
+    master = FastLlama.random_weights(dims, "cuda", seed=0)
+    models = {mode: FastLlama(dims, master, mode, rotary=config) for mode in ("bf16", "fp8")}
+    res = {}
+    for mode, model in models.items():
+        ids = torch.randint(0, dims.vocab, (1, 1024), device="cuda")
+        model.prefill(ids, model.new_cache(1, 1100, False), rows=slice(0, 1))
+    torch.cuda.synchronize()
+    for T in lengths:
+        for mode, model in models.items():
+            ids = torch.randint(0, dims.vocab, (1, T), device="cuda")
+            cache = model.new_cache(1, T + 8, False)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.prefill(ids, cache, rows=slice(0, 1))
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                model.prefill(ids, cache, rows=slice(0, 1))
+                torch.cuda.synchronize()
+            table, total = kernel_table(prof)
+            res[f"{mode} {T}"] = dict(wall_s=wall, kernels_ms=total, top=table)
+            log(f"  prefill {mode} {T}: {wall:.3f} s, kernels {total:.0f} ms")
+            for k, v in table:
+                log(f"     {v:10.1f} ms  {k}")
+            del cache
+            torch.cuda.empty_cache()
+        # one layer's attention: what runs now against grouped K/V without the copies
+        g = dims.heads // dims.kv_heads
+        qkv = torch.randn(1, T, dims.heads + 2 * dims.kv_heads, dims.head_dim, device="cuda", dtype=torch.bfloat16)
+        q = qkv[:, :, :dims.heads].transpose(1, 2)
+        k = qkv[:, :, dims.heads:dims.heads + dims.kv_heads].transpose(1, 2).contiguous()
+        v = qkv[:, :, dims.heads + dims.kv_heads:].transpose(1, 2).contiguous()
+        att = {}
+
+        def t_(fn):
+            return triton.testing.do_bench(fn, warmup=2, rep=5 if T > 40000 else 20, return_mode="median")
+        att["repeat_interleave + default"] = t_(lambda: F.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True))
+        for be in (None, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+            name = f"enable_gqa {be.name if be else 'default'}"
+            try:
+                if be is None:
+                    att[name] = t_(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+                else:
+                    with sdpa_kernel(be):
+                        att[name] = t_(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                             enable_gqa=True))
+            except Exception as exc:
+                att[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:150]}"
+        try:
+            qc = q.contiguous()
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                att["cudnn repeat, q contiguous"] = t_(lambda: F.scaled_dot_product_attention(
+                    qc, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=True))
+        except Exception as exc:
+            att["cudnn repeat, q contiguous"] = f"{type(exc).__name__}: {str(exc)[:150]}"
+        res[f"attention one layer {T}"] = att
+        log(f"  one layer's attention at {T}: " + ", ".join(
+            f"{kk} {vv:.2f} ms" if isinstance(vv, float) else f"{kk} {vv}" for kk, vv in att.items()))
+        del qkv, q, k, v
+        torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--out")
+    ap.add_argument("--parts", default="attention,wo,prefill,ncu")
+    ap.add_argument("--prefill", default="32768,125000")
+    ap.add_argument("--ncu-target", action="store_true")
+    args = ap.parse_args()
+    if args.ncu_target:
+        return ncu_target()
+    RESULTS["device"] = torch.cuda.get_device_name(0)
+    RESULTS["torch"], RESULTS["triton"] = torch.__version__, triton.__version__
+    for part in args.parts.split(","):
+        log(f"== {part}")
+        t0 = time.time()
+        try:
+            if part == "attention":
+                RESULTS[part] = part_attention()
+            elif part == "wo":
+                RESULTS[part] = part_wo()
+            elif part == "ncu":
+                RESULTS[part] = part_ncu(args.out)
+                log(RESULTS[part])
+            elif part == "prefill":
+                RESULTS[part] = part_prefill([int(x) for x in args.prefill.split(",")])
+        except Exception:
+            RESULTS[part] = traceback.format_exc()
+            log(RESULTS[part])
+        log(f"== {part} took {time.time() - t0:.0f} s")
+        torch.cuda.empty_cache()
+        save(args.json)
+
+
+if __name__ == "__main__":
+    main()
