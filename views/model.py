@@ -124,6 +124,10 @@ def run_prompt() -> None:
     cols[2].metric("Decode", f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "N/A",
                    help="Tokens after the first, divided by their time.")
     cols[3].metric("Tokens", f"{t['prompt_tokens']} in / {t['new_tokens']} out")
+    if t["itl_max_s"] and t["itl_median_s"] and t["itl_max_s"] > 2 * t["itl_median_s"]:
+        st.caption(f"Decode tok/s counts every gap, the median ITL does not: 10% of the gaps were over "
+                   f"{fmt_s(t['itl_p90_s'])} and the longest {fmt_s(t['itl_max_s'])}. Single long gaps are "
+                   "usually the host (other work on its CPU), not the model.")
 
 
 if go:

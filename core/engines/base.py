@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Protocol
 from core.errors import EngineError  # noqa: F401 - re-exported: engines and their callers name it from here
 from core.errors import InputError
 from core.precision import KVDtype, Precision
+from core.stats import percentile
 
 
 class UnsupportedCombination(EngineError):
@@ -91,6 +92,8 @@ class Generation:
             "new_tokens": len(self.token_ids),
             "ttft_s": self.ttft_s,
             "itl_median_s": statistics.median(itl) if itl else None,
+            "itl_p90_s": percentile(itl, 0.9),
+            "itl_max_s": max(itl) if itl else None,
             "decode_tok_s": self.decode_tok_s,
         }
 
