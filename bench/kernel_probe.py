@@ -39,9 +39,8 @@ def log(*a):
     print(*a, flush=True)
 
 
-def workspace(batch, hq, hkv, d, max_len, block_t, warps=4, stages=2, per_sm=4, fold=0):
-    return K.AttnWorkspace(batch, hq, hkv, d, max_len, "cuda", fp8=True,
-                           config=(block_t, warps, stages, per_sm, fold))
+def workspace(batch, hq, hkv, d, max_len, block_t, warps=4, stages=2, per_sm=4):
+    return K.AttnWorkspace(batch, hq, hkv, d, max_len, "cuda", fp8=True, config=(block_t, warps, stages, per_sm))
 
 
 def attn_setup(batch=8, length=32768, hq=32, hkv=8, d=128):
@@ -85,12 +84,13 @@ def attn_calls(S):
     calls["fp8 before"] = (functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
                                              out, workspace(B, hq, hkv, d, S["max_len"], 64, 4, 2, 4), hq, hkv, d,
                                              1 / math.sqrt(d)), tok * (d * 2 + 8))
-    for bt, warps, stages in ((64, 2, 3), (64, 2, 4), (32, 2, 3), (64, 4, 3), (128, 4, 3)):
-        for fold in (0, 1, 2):
-            ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, 4, fold)
-            calls[f"fp8 T{bt} w{warps} s{stages} fold{fold}"] = (
-                functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
-                                  out, ws, hq, hkv, d, 1 / math.sqrt(d)), tok * (d * 2 + 8))
+    for bt in (32, 64, 128):
+        for warps in (1, 2, 4):
+            for stages in (2, 3, 4):
+                ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, 4)
+                calls[f"fp8 T{bt} w{warps} s{stages}"] = (
+                    functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
+                                      out, ws, hq, hkv, d, 1 / math.sqrt(d)), tok * (d * 2 + 8))
     ws = workspace(B, hq, hkv, d, S["max_len"], 128, 4, 3, 4)
     calls["fp8 words T128 w4 s3 x4"] = (functools.partial(attn_words, S, out, ws, 3, 4), tok * (d * 2 + 8))
     return calls, out
@@ -191,7 +191,7 @@ def part_ncu(out_dir):
 def ncu_target():
     S = attn_setup()
     calls, _ = attn_calls(S)
-    for name in ("bf16 current", "fp8 before", "fp8 T64 w2 s3 fold0", "fp8 T64 w2 s3 fold2"):
+    for name in ("bf16 current", "fp8 before", "fp8 T64 w2 s3"):
         log("ncu target:", name)
         calls[name][0]()
     torch.cuda.synchronize()

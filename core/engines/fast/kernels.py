@@ -387,7 +387,7 @@ def rope_store_prompt(qkv, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, 
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, SPLIT_LEN,
                        S, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
                        HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                       BLOCK_T: tl.constexpr, FP8: tl.constexpr, FOLD: tl.constexpr):
+                       BLOCK_T: tl.constexpr, FP8: tl.constexpr):
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // HKV
@@ -410,32 +410,20 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_pt
         k = tl.load(k_ptr + kv_off, mask=tmask[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=tmask[:, None], other=0.0)
         if FP8:
+            # dequantize exactly as FP8KV.read(): (q.float() * scale).to(bf16). Folding the scales into the scores
+            # and p instead, with the E4M3 bits moved into f16 (no conversion instructions), measured no faster
+            # on the H200 (2026-11-29), so the version that rounds like the eager reference stays.
             ks = tl.load(ks_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
             vs = tl.load(vs_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
-            if FOLD == 2:
-                # as FOLD 1, q.k in f16: E4M3 -> f16 is one instruction per two values, and q's bf16 values are
-                # f16 values too below 65,504
-                s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16))) * (ks * qk_scale)[None, :]
-            elif FOLD == 1:
-                # each token's scale applied once to its score and to its p, not to its head_dim elements
-                s = tl.dot(q, tl.trans(k.to(tl.bfloat16))) * (ks * qk_scale)[None, :]
-            else:
-                # dequantize exactly as FP8KV.read(): (q.float() * scale).to(bf16)
-                k = (k.to(tl.float32) * ks[:, None]).to(tl.bfloat16)
-                v = (v.to(tl.float32) * vs[:, None]).to(tl.bfloat16)
-                s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 domain
-        else:
-            s = tl.dot(q, tl.trans(k)) * qk_scale
+            k = (k.to(tl.float32) * ks[:, None]).to(tl.bfloat16)
+            v = (v.to(tl.float32) * vs[:, None]).to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # log2 domain
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        if FP8 and FOLD > 0:
-            pv = tl.dot((p * vs[None, :]).to(tl.bfloat16), v.to(tl.bfloat16))
-        else:
-            pv = tl.dot(p.to(tl.bfloat16), v)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
         m = m_new
     row = (b * HQ + kvh * G + offs_g) * S + split
     tl.store(m_ptr + row, m, mask=gmask)
@@ -468,17 +456,17 @@ class AttnWorkspace:
     """Partial results of the split-KV attention, sized once per (batch, max_len) so a graph can reuse them, and the
     launch configuration of the split kernel for the cache's K/V dtype."""
 
-    # (BLOCK_T, num_warps, num_stages, programs per SM at the longest length, FOLD of _attn_split_kernel)
-    # per K/V dtype. E4M3: two warps and three stages, 198 us against 290 us with the bf16 settings for one layer at
-    # 32K tokens x batch 8 on the H200, same result bit for bit (bench/kernel_probe.py, 2026-12-01).
-    CONFIG = {False: (64, 4, 2, 4, 0), True: (64, 2, 3, 4, 0)}
+    # (BLOCK_T, num_warps, num_stages, programs per SM at the longest length), per K/V dtype
+    # E4M3 K/V: two warps and three stages, 198 us against 290 us with the bf16 settings for one layer at 32K tokens x
+    # batch 8 on the H200, same result bit for bit (bench/kernel_probe.py, 2026-12-01)
+    CONFIG = {False: (64, 4, 2, 4), True: (64, 2, 3, 4)}
 
     def __init__(self, batch: int, hq: int, hkv: int, d: int, max_len: int, device, sms: int | None = None,
                  fp8: bool = False, config: tuple | None = None):
         if sms is None:  # the CPU case is Triton's interpreter, used only to check indexing
             dev = torch.device(device)
             sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
-        self.block_t, self.num_warps, self.num_stages, per_sm, self.fold = config or self.CONFIG[fp8]
+        self.block_t, self.num_warps, self.num_stages, per_sm = config or self.CONFIG[fp8]
         # enough programs to fill the chip per_sm times over at the longest length, splits a multiple of block_t
         want = max(1, (per_sm * sms) // max(1, batch * hkv))
         split_len = max(self.block_t, triton.cdiv(triton.cdiv(max_len, want), self.block_t) * self.block_t)
@@ -500,7 +488,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
         HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FP8=fp8,
-        FOLD=ws.fold if fp8 else 0, num_warps=ws.num_warps, num_stages=ws.num_stages)
+        num_warps=ws.num_warps, num_stages=ws.num_stages)
     _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
                                     SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4)
     return out
