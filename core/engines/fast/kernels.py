@@ -11,9 +11,11 @@ at the same precision. What is fused, and why:
   An optional SiLU(gate) * up prologue lets the down projection read the gate/up output directly (used at batch 1;
   with several rows the computed dot operand stalled the tensor-core pipeline, ~3x slower on the H200).
 - `gemv`: the same for one activation row without tensor cores (plain FMA reduction), kept if it measures faster.
-- `rope_store`: RoPE on q and k, and the K/V write into the static cache (quantized per token and head for FP8 KV).
+- `rope_store`: RoPE on q and k, and the K/V write into the static cache (quantized per token and head for FP8 KV);
+  `rope_store_prompt` runs the same kernel over a prompt's tokens in the prompt pass.
 - `decode_attention`: split-KV ("flash-decoding") attention that reads only the valid length of the static cache,
-  bf16 or E4M3 K/V with their scales, then a combine kernel over the splits.
+  bf16 or E4M3 K/V with their scales, then a combine kernel over the splits; launched per K/V dtype
+  (`AttnWorkspace.CONFIG`).
 
 Importing this module needs triton; core/engines/fast/model.py imports it only on CUDA.
 """
