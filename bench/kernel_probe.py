@@ -68,7 +68,7 @@ def attn_words(S, out, ws, stages, warps):
         kw.stride(0), kw.stride(1), kw.stride(2), ks.stride(0), ks.stride(1),
         HQ=hq, HKV=hkv, G=hq // hkv, GP=16, D=d, BLOCK_T=ws.block_t, FP8=True, num_warps=warps, num_stages=stages)
     K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
-                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4)
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, **K._launch())
     return out
 
 

@@ -114,7 +114,10 @@ class FastLlamaEngine:
 
     @property
     def ran(self) -> str:
-        return f"torch fast path (CUDA graphs, Triton kernels) on {self.device.name}"
+        from core.engines.fast import kernels as K
+
+        pdl = ", programmatic dependent launch" if K.pdl() else ""
+        return f"torch fast path (CUDA graphs, Triton kernels{pdl}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")

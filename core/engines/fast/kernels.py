@@ -21,6 +21,8 @@ Importing this module needs triton; core/engines/fast/model.py imports it only o
 """
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 
 import torch
@@ -29,15 +31,58 @@ import triton.language as tl
 
 from core.engines.fast.tuned_table import read_tuned_table
 
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAVE_GDC = True
+except ImportError:
+    HAVE_GDC = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
 E4M3_MAX = 448.0
 MODE_BF16, MODE_WO, MODE_W8A8 = 0, 1, 2
 MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
 
 
+
+@functools.lru_cache(maxsize=None)
+def _pdl_on(device_index: int) -> bool:
+    return (HAVE_GDC and os.environ.get("TRIAGE_PDL", "1") != "0"
+            and torch.cuda.get_device_capability(device_index) >= (9, 0))
+
+
+def pdl() -> bool:
+    """Launch with programmatic dependent launch: a step's next kernel is scheduled while the one before it drains,
+    instead of after it ends, and waits (griddepcontrol.wait, `_pdl_enter`) before it touches memory. Hopper and
+    later; TRIAGE_PDL=0 turns it off."""
+    return _pdl_on(torch.cuda.current_device())
+
+
+def _launch() -> dict:
+    """Launch options every kernel here takes: PDL (the constexpr that compiles `_pdl_enter` in) and launch_pdl."""
+    return dict(PDL=True, launch_pdl=True) if pdl() else dict(PDL=False)
+
+
+@triton.jit
+def _pdl_enter():
+    """First thing in every kernel: wait until the kernel before has finished and its writes are visible (nothing
+    is read or written before that), then let the next kernel be scheduled."""
+    gdc_wait()
+    gdc_launch_dependents()
+
+
 # --------------------------------------------------------------------------------------------- norm, activation
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps,
-                        HAS_DELTA: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_DELTA: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -67,7 +112,10 @@ def _quantize_row(v, s_ptr, q_ptr, row, N, offs, mask):
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < I
@@ -80,7 +128,9 @@ def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, B
 
 
 @triton.jit
-def _row_quant_kernel(x_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr):
+def _row_quant_kernel(x_ptr, s_ptr, q_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -99,7 +149,7 @@ def add_rmsnorm(x, delta, weight, eps, h_out, scale_out=None, q_out=None):
     _add_rmsnorm_kernel[(M,)](x, delta if delta is not None else x, weight, h_out,
                               scale_out if scale_out is not None else x, q_out if q_out is not None else x, N, eps,
                               HAS_DELTA=delta is not None, WANT_SCALE=scale_out is not None, BLOCK=block,
-                              num_warps=_row_warps(block))
+                              num_warps=_row_warps(block), **_launch())
     return h_out
 
 
@@ -108,14 +158,14 @@ def silu_mul(gu, a_out, scale_out=None, q_out=None):
     block = triton.next_power_of_2(two_i // 2)
     _silu_mul_kernel[(M,)](gu, a_out, scale_out if scale_out is not None else a_out,
                            q_out if q_out is not None else a_out, two_i // 2,
-                           WANT_SCALE=scale_out is not None, BLOCK=block, num_warps=_row_warps(block))
+                           WANT_SCALE=scale_out is not None, BLOCK=block, num_warps=_row_warps(block), **_launch())
     return a_out
 
 
 def row_quant(x, scale_out, q_out):
     M, N = x.shape
     block = triton.next_power_of_2(N)
-    _row_quant_kernel[(M,)](x, scale_out, q_out, N, BLOCK=block, num_warps=_row_warps(block))
+    _row_quant_kernel[(M,)](x, scale_out, q_out, N, BLOCK=block, num_warps=_row_warps(block), **_launch())
     return q_out
 
 
@@ -139,7 +189,9 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+                   BLOCK_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -168,8 +220,10 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, st
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
                  MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN: tl.constexpr):
+                 EVEN: tl.constexpr, PDL: tl.constexpr):
     """One activation row: acc[n, k] += w[n, k] * x[k] with plain FMAs, reduced over k at the end."""
+    if PDL:
+        _pdl_enter()
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -268,7 +322,8 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
         _gemv_kernel[(triton.cdiv(N, bn),)](
             x, w, dummy, xs, out, N, K, w.stride(0), MODE=mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_K=bk,
-            EVEN=(N % bn == 0 and K % bk == 0), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2))
+            EVEN=(N % bn == 0 and K % bk == 0), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2),
+            **_launch())
         return out
     if cfg["kernel"] == "gemv":
         cfg = default_config(mode, M, N, K)
@@ -276,7 +331,7 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
     _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
         x, w, dummy, xs, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), MODE=mode, SILU_X=silu_x,
         BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=(N % bn == 0 and K % bk == 0),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_launch())
     return out
 
 
@@ -307,7 +362,9 @@ def _rotate(x1, x2, c, s):
 def _rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, R,
                        stride_qkv, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
+                       BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     # rows of qkv: the batch's rows in a decode step, the prompt's tokens in a prompt pass (int64: 125K tokens x
     # 6,144 is close to 2^31)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -366,7 +423,7 @@ def rope_store(qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, hq
         qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, B,
         qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
-        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=1, num_warps=1)
+        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=1, num_warps=1, **_launch())
 
 
 def rope_store_prompt(qkv, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, hq, hkv, d, block_r: int = 16):
@@ -380,7 +437,7 @@ def rope_store_prompt(qkv, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, 
     _rope_store_kernel[(triton.cdiv(T, block_r), hq + hkv)](
         qkv, pos, cos, sin, q_out, k_cache, v_cache, k_scale if fp8 else k_cache, v_scale if fp8 else v_cache, T,
         qkv.stride(0), 0, k_cache.stride(0), k_cache.stride(1), 0, k_scale.stride(0) if fp8 else 0,
-        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=block_r, num_warps=4)
+        HQ=hq, HKV=hkv, D=d, FP8=fp8, BLOCK_R=block_r, num_warps=4, **_launch())
     return q_out
 
 
@@ -389,7 +446,9 @@ def rope_store_prompt(qkv, cos, sin, q_out, k_cache, v_cache, k_scale, v_scale, 
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, SPLIT_LEN,
                        S, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
                        HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                       BLOCK_T: tl.constexpr, FP8: tl.constexpr):
+                       BLOCK_T: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // HKV
@@ -434,7 +493,10 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_pt
 
 
 @triton.jit
-def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, D: tl.constexpr, SP: tl.constexpr, CH: tl.constexpr):
+def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, D: tl.constexpr, SP: tl.constexpr, CH: tl.constexpr,
+                         PDL: tl.constexpr):
+    if PDL:
+        _pdl_enter()
     bh = tl.program_id(0)
     offs_s = tl.arange(0, SP)
     m_all = tl.load(m_ptr + bh * S + offs_s, mask=offs_s < S, other=float("-inf"))
@@ -490,7 +552,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
         HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FP8=fp8,
-        num_warps=ws.num_warps, num_stages=ws.num_stages)
+        num_warps=ws.num_warps, num_stages=ws.num_stages, **_launch())
     _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
-                                    SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4)
+                                    SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, **_launch())
     return out
