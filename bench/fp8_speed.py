@@ -148,7 +148,7 @@ def main() -> None:
     t_start = time.perf_counter()
     bw = copy_bandwidth()
     meta["copy_bandwidth_GBps"] = bw / 1e9
-    meta["programmatic_dependent_launch"] = K.pdl()
+    meta["programmatic_dependent_launch"] = "batch 1" if K.pdl_available() else "off"
     log(f"{props.name}: device-to-device copy {bw / 1e9:.0f} GB/s (read + write)")
 
     config = synthetic_config(args.model)
@@ -260,7 +260,7 @@ def main() -> None:
 
     log(f"\n{meta['device']} (cc {meta['capability']}), {meta['date']}, torch {meta['torch']}, triton "
         f"{meta['triton']}; {meta['model']}; copy bandwidth {bw / 1e9:.0f} GB/s; {args.steps} decode steps, "
-        f"programmatic dependent launch {'on' if meta['programmatic_dependent_launch'] else 'off'}, "
+        f"programmatic dependent launch: {meta['programmatic_dependent_launch']}, "
         f"CUDA graph per step; floor = bytes a step must read / copy bandwidth")
     log("| precision | KV cache | prompt | batch | ms/step | tok/s | floor ms | % of floor | x BF16 (same KV) |")
     log("|---|---|---|---|---|---|---|---|---|")

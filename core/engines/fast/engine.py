@@ -116,7 +116,7 @@ class FastLlamaEngine:
     def ran(self) -> str:
         from core.engines.fast import kernels as K
 
-        pdl = ", programmatic dependent launch" if K.pdl() else ""
+        pdl = ", programmatic dependent launch at batch 1" if K.pdl_available() else ""
         return f"torch fast path (CUDA graphs, Triton kernels{pdl}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:

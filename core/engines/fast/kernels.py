@@ -21,6 +21,8 @@ Importing this module needs triton; core/engines/fast/model.py imports it only o
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import warnings
@@ -57,16 +59,32 @@ def _pdl_on(device_index: int) -> bool:
             and torch.cuda.get_device_capability(device_index) >= (9, 0))
 
 
-def pdl() -> bool:
-    """Launch with programmatic dependent launch: a step's next kernel is scheduled while the one before it drains,
-    instead of after it ends, and waits (griddepcontrol.wait, `_pdl_enter`) before it touches memory. Hopper and
-    later; TRIAGE_PDL=0 turns it off."""
+def pdl_available() -> bool:
+    """Programmatic dependent launch: a kernel is scheduled while the one before it drains, instead of after it ends,
+    and waits (griddepcontrol.wait, `_pdl_enter`) before it touches memory. Hopper and later; TRIAGE_PDL=0 turns
+    it off."""
     return _pdl_on(torch.cuda.current_device())
 
 
-def _launch() -> dict:
+_PDL_SCOPE = contextvars.ContextVar("pdl_scope", default=False)
+
+
+@contextlib.contextmanager
+def pdl_scope(on: bool):
+    """Launches inside use programmatic dependent launch where available. Decode graphs of one row turn it on:
+    on the H200 (2026-12-01, bench/fp8_speed.py) it took a batch-1 step from 4.53 to 4.40 ms (BF16) and 3.03 to
+    2.80 ms (FP8 W8A8), but made batch 8 slower for BF16 (4.78 -> 5.08 ms) and weight-only FP8 (5.74 -> 6.73)."""
+    token = _PDL_SCOPE.set(on)
+    try:
+        yield
+    finally:
+        _PDL_SCOPE.reset(token)
+
+
+def _launch(allowed: bool = True) -> dict:
     """Launch options every kernel here takes: PDL (the constexpr that compiles `_pdl_enter` in) and launch_pdl."""
-    return dict(PDL=True, launch_pdl=True) if pdl() else dict(PDL=False)
+    on = allowed and _PDL_SCOPE.get() and pdl_available()
+    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
 
 @triton.jit
@@ -552,7 +570,9 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
         HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FP8=fp8,
-        num_warps=ws.num_warps, num_stages=ws.num_stages, **_launch())
+        # the E4M3 split kernel runs without it: with it, a batch-1 step at 32K tokens got slower on the H200
+        # (W8A8 4.01 -> 4.54 ms), where the bf16-cache one got faster (4.19 -> 4.07)
+        num_warps=ws.num_warps, num_stages=ws.num_stages, **_launch(allowed=not fp8))
     _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
                                     SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, **_launch())
     return out

@@ -547,17 +547,19 @@ class DecodeGraph:
 
     @torch.inference_mode()
     def _capture(self):
+        from core.engines.fast import kernels as K
+
         # Warm up (Triton compiles, cuBLAS picks kernels) at the last cache slots: any slot past a row's length is
         # written before it is read, so this scribbling never reaches a later step.
         self.pos.fill_(self.cache.max_len - 3)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
+        with torch.cuda.stream(s), K.pdl_scope(self.cache.batch == 1):
             for _ in range(2):
                 self._body()
         torch.cuda.current_stream().wait_stream(s)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph), K.pdl_scope(self.cache.batch == 1):
             self.out = self._body()
 
     @torch.inference_mode()
