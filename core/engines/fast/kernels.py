@@ -52,7 +52,6 @@ MODE_BF16, MODE_WO, MODE_W8A8 = 0, 1, 2
 MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
 
 
-
 @functools.lru_cache(maxsize=None)
 def _pdl_on(device_index: int) -> bool:
     return (HAVE_GDC and os.environ.get("TRIAGE_PDL", "1") != "0"
