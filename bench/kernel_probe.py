@@ -1,6 +1,5 @@
-"""Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration (and
-a variant reading the cache as int32 words), weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32
-words), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu` of the attention
+"""Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
+weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu` of the attention
 kernels. Each part writes its results to --json as soon as it ends. Results: docs/PERFORMANCE.md, "decode attention
 over the E4M3 cache".
 
@@ -58,20 +57,6 @@ def attn_setup(batch=8, length=32768, hq=32, hkv=8, d=128):
                 batch=batch, length=length)
 
 
-def attn_words(S, out, ws, stages, warps):
-    q, k8, v8, ks, vs, pos = S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"]
-    hq, hkv, d = S["hq"], S["hkv"], S["d"]
-    kw, vw = k8.view(torch.int32), v8.view(torch.int32)
-    B = q.shape[0]
-    V.attn_split_words[(B * hkv, ws.splits)](
-        q, kw, vw, ks, vs, pos, ws.m, ws.l, ws.acc, (1 / math.sqrt(d)) * 1.4426950408889634, ws.split_len, ws.splits,
-        kw.stride(0), kw.stride(1), kw.stride(2), ks.stride(0), ks.stride(1),
-        HQ=hq, HKV=hkv, G=hq // hkv, GP=16, D=d, BLOCK_T=ws.block_t, FP8=True, num_warps=warps, num_stages=stages)
-    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
-                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, **K._launch())
-    return out
-
-
 def attn_calls(S):
     """name -> (callable, KV bytes read)."""
     hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
@@ -91,8 +76,6 @@ def attn_calls(S):
                 calls[f"fp8 T{bt} w{warps} s{stages}"] = (
                     functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"],
                                       out, ws, hq, hkv, d, 1 / math.sqrt(d)), tok * (d * 2 + 8))
-    ws = workspace(B, hq, hkv, d, S["max_len"], 128, 4, 3, 4)
-    calls["fp8 words T128 w4 s3 x4"] = (functools.partial(attn_words, S, out, ws, 3, 4), tok * (d * 2 + 8))
     return calls, out
 
 
@@ -166,7 +149,8 @@ def part_wo():
                             row[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 del ws
                 torch.cuda.empty_cache()
-            best = min((v["us"], kname) for kname, v in row.items() if isinstance(v, dict) and kname.startswith("wo words"))
+            best = min((v["us"], kname) for kname, v in row.items()
+                       if isinstance(v, dict) and kname.startswith("wo words"))
             log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us, "
                 f"best words {best[0]:.1f} us ({best[1]})")
             res.append(row)
