@@ -1,6 +1,6 @@
 """Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
-weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu` of the attention
-kernels. Each part writes its results to --json as soon as it ends. Results: docs/PERFORMANCE.md, "decode attention
+weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a
+long prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as soon as it ends. Results: docs/PERFORMANCE.md, "decode attention
 over the E4M3 cache".
 
     python -m bench.kernel_probe --json $OUT/probe.json --out $OUT
@@ -160,7 +160,8 @@ def part_wo():
 def part_ncu(out_dir):
     cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:attn_split", "--launch-count", "3",
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "MemoryWorkloadAnalysis",
-           "--section", "Occupancy", "--section", "SchedulerStats", sys.executable, "-m", "bench.kernel_probe", "--ncu-target"]
+           "--section", "Occupancy", "--section", "SchedulerStats",
+           sys.executable, "-m", "bench.kernel_probe", "--ncu-target"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         text = p.stdout + "\n" + p.stderr[-3000:]
