@@ -1,7 +1,7 @@
 """Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
 weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a
-long prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as soon as it ends. Results: docs/PERFORMANCE.md, "decode attention
-over the E4M3 cache".
+long prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as
+soon as it ends. Results: docs/PERFORMANCE.md, "decode attention over the E4M3 cache".
 
     python -m bench.kernel_probe --json $OUT/probe.json --out $OUT
     python -m bench.kernel_probe --parts attention,prefill --prefill 125000
