@@ -30,8 +30,10 @@ def source_line() -> str:
     d = _results()
     if not d:
         return ""
+    pdl = d.get("programmatic_dependent_launch")
+    launch = f", programmatic dependent launch at {pdl}" if pdl and pdl != "off" else ""
     return (f"Measured by bench/fp8_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
-            f"{d.get('model')}, fast CUDA-graph decode path; tok/s at decode.")
+            f"{d.get('model')}, fast CUDA-graph decode path{launch}; tok/s at decode.")
 
 
 def by_context(kv_dtype: str = "auto") -> tuple[int, int, list[dict], list[str]] | None:

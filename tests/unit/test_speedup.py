@@ -13,3 +13,8 @@ def test_h200_speedups_by_context_come_from_the_recorded_results():
     # the KV cache is read every step at length, so the FP8 weights' share of the win shrinks there
     assert fp8["x BF16 at 32,768"] < fp8["x BF16 at 512"]
     assert {r["batch"] for r in rows} == {1, 8} and any("batch 64" in n and "does not fit" in n for n in notes)
+
+
+def test_source_line_names_the_machine_and_the_launch_mode():
+    line = speedup.source_line()
+    assert "H200" in line and "programmatic dependent launch at batch 1" in line
