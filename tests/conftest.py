@@ -40,22 +40,24 @@ def engine_cache():
 
     engines: OrderedDict = OrderedDict()
 
+    def release() -> None:
+        """Hand the memory of dropped engines back to the system now, not at some later collection."""
+        gc.collect()
+        trim_heap()
+
     def get(precision: str, kv: str = "auto"):
         key = (precision, kv)
         if key not in engines:
             while len(engines) >= ENGINES_KEPT:
                 engines.popitem(last=False)  # a test still holding it keeps it alive; nothing is unloaded under it
-                gc.collect()
-                trim_heap()
+                release()
             engines[key] = TorchEngine(ModelSpec("embedded"), Precision(precision), KVDtype(kv), device="cpu")
         engines.move_to_end(key)
         return engines[key]
 
     def clear() -> None:
         engines.clear()
-        gc.collect()
-        trim_heap()
+        release()
 
     get.clear = clear
     return get
-

@@ -5,8 +5,8 @@ Measured on the embedded Gemma 3 270M (docs/PERFORMANCE.md, "BF16 decode against
 step is GEMV, and a weight packed once into oneDNN's layout runs the same product 1.5-2x faster than `F.linear` on
 the plain weight (lm_head, 262,144 x 640: 21 -> 14 ms in BF16, 66 -> 31 ms in FP32). torch's CPU SDPA kernel is built
 for long queries: with one query token at batch 8 it took a fifth of the step (1.6 ms a layer, 180 cached tokens);
-the grouped matmul below takes about 0.15 ms. Both keep the reference path's numerics (float32 accumulation, float32 softmax); tests
-compare tokens and log-probabilities with the plain HF path.
+the grouped matmul below takes about 0.15 ms. Both keep the reference path's numerics (float32 accumulation, float32
+softmax); tests compare tokens and log-probabilities with the plain HF path.
 Set TRIAGE_CPU_FAST=0 to run the reference path (HF's modules as loaded: plain `nn.Linear`, SDPA, eager norms).
 """
 from __future__ import annotations
