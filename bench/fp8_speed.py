@@ -59,8 +59,8 @@ def copy_bandwidth(nbytes: int = 4 * 2**30, reps: int = 10) -> float:
 
 
 @torch.inference_mode()
-def time_decode(model: FastLlama, cache, batch: int, prompt: int, steps: int) -> dict:
-    g = DecodeGraph(model, cache.rows(batch), top_k=0)
+def time_decode(model: FastLlama, cache, batch: int, prompt: int, steps: int, folds=None) -> dict:
+    g = DecodeGraph(model, cache.rows(batch), top_k=0, folds=folds)
     gen = torch.Generator(device="cuda").manual_seed(batch)
     tokens = torch.randint(0, model.dims.vocab, (batch,), device="cuda", generator=gen)
     pos = torch.full((batch,), prompt, device="cuda", dtype=torch.long)
@@ -113,6 +113,110 @@ def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
             "kernels": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:12])}
 
 
+# name -> (DecodeGraph folds, kernels.GEMV_PREFETCH)
+FOLD_VARIANTS = {"none": (frozenset(), False), "prefetch": (frozenset(), True),
+                 "norm+o": (frozenset({"norm", "o"}), False), "norm+o+prefetch": (frozenset({"norm", "o"}), True)}
+PROLOGUE_CANDIDATES = [(1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (8, 8), (8, 4), (16, 8)]
+
+
+@torch.inference_mode()
+def prologue_sweep(dims: Dims, precisions) -> dict:
+    """gemv_prologue's (BLOCK_N, warps) per mode and batch-1 linear it folds into, timed in graphs of rotated
+    weight copies with programmatic dependent launch on (as in the step); the winners go into kernels.PROLOGUE_CFG.
+    Also times what the fold replaces: add_rmsnorm (or W8A8's row_quant) then the tuned linear."""
+    hid, width = dims.hidden, dims.heads * dims.head_dim
+    shapes = {"qkv": (dims.qkv_out, hid, True), "o": (hid, width, False), "gu": (2 * dims.inter, hid, True),
+              "lm_head": (dims.vocab, hid, True)}
+    x = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    delta = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    lnw = torch.ones(hid, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    for p in precisions:
+        for name, (n, k, norm) in shapes.items():
+            mode = K.MODE_BF16 if name == "lm_head" else K.MODES[p]  # lm_head stays BF16 in every mode
+            if name == "lm_head" and p != precisions[0]:
+                continue
+            copies = max(2, min(32, -(-4 * tune.L2_BYTES // (n * k * (2 if mode == 0 else 1)))))
+            ws = tune._weights(mode, n, k, copies, "cuda")
+            out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+            xo, h = torch.empty_like(x), torch.empty_like(x)
+            xs = torch.empty(1, device="cuda", dtype=torch.float32)
+            xq = torch.empty(1, k, device="cuda", dtype=torch.float8_e4m3fn)
+            row = {}
+            with K.pdl_scope(True):
+                def before(w, s):
+                    if norm:
+                        K.add_rmsnorm(xo, delta, lnw, 1e-5, None if mode == 2 else h, xs if mode == 2 else None,
+                                      xq if mode == 2 else None)
+                    elif mode == 2:
+                        K.row_quant(x, xs, xq)
+                    K.linear(xq if mode == 2 else (h if norm else x), w, s, xs, out, mode)
+                row["separate kernels"] = tune.graph_time_us([lambda w=w, s=s: before(w, s) for w, s in ws])
+                for bn, warps in PROLOGUE_CANDIDATES:
+                    try:
+                        calls = [lambda w=w, s=s, bn=bn, warps=warps: K.gemv_prologue(
+                            x, w, s, out, mode, delta if norm else None, xo if norm else None, lnw if norm else None,
+                            1e-5, cfg=(bn, warps)) for w, s in ws]
+                        row[f"fold {bn}x{warps}"] = tune.graph_time_us(calls)
+                    except Exception as exc:
+                        row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+            folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
+            if folds:
+                best = min(folds, key=folds.get)
+                bn, warps = (int(v) for v in best.split()[1].split("x"))
+                K.PROLOGUE_CFG[(mode, n, k)] = (bn, warps)
+            res[f"{p} {name}"] = row
+            log(f"  prologue {p} {name} {n}x{k}: " + ", ".join(
+                f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items()))
+            del ws
+            torch.cuda.empty_cache()
+    return res
+
+
+@torch.inference_mode()
+def fold_ab(models: dict, prompts, steps: int) -> dict:
+    """Batch-1 step time with each set of folds (DecodeGraph `folds`) with and without the GEMV's weight prefetch,
+    interleaved three times, median; and each variant's first-step logprobs against the torch-op step's (KL) and
+    the unfolded graph's."""
+    res = {}
+    for prompt in prompts:
+        m0 = next(iter(models.values()))
+        cache = m0.new_cache(1, prompt + steps + 16, False)
+        ids = torch.randint(0, m0.dims.vocab, (1, prompt), device="cuda",
+                            generator=torch.Generator(device="cuda").manual_seed(prompt))
+        times = {(p, v): [] for p in models for v in FOLD_VARIANTS}
+        for rep in range(3):
+            for p, m in models.items():
+                if rep == 0:
+                    m.prefill(ids, cache, rows=slice(0, 1))
+                for v, (folds, prefetch) in FOLD_VARIANTS.items():
+                    K.GEMV_PREFETCH = prefetch
+                    times[(p, v)].append(time_decode(m, cache, 1, prompt, steps, folds)["ms_per_step"])
+        K.GEMV_PREFETCH = True
+        last, pos = ids[0, -1:], torch.full((1,), prompt - 1, device="cuda")
+        for p, m in models.items():
+            m.prefill(ids, cache, rows=slice(0, 1))
+            lp_ref = torch.log_softmax(m.decode_ref(last, pos, cache.rows(1)).float(), dim=-1)
+            lps = {}
+            for v, (folds, _) in FOLD_VARIANTS.items():
+                g = DecodeGraph(m, cache.rows(1), top_k=0, folds=folds)
+                g.set_state(last, pos)
+                lps[v] = g.step()["logprobs"].float().clone()
+                del g
+            for v in FOLD_VARIANTS:
+                ms = statistics.median(times[(p, v)])
+                kl = float((lp_ref.exp() * (lp_ref - lps[v])).sum())
+                diff = float((lps[v] - lps["none"]).abs().max())
+                res[f"{p} {prompt} {v}"] = dict(ms_per_step=ms, runs=times[(p, v)], kl_vs_torch_ops=kl,
+                                                max_logprob_diff_vs_none=diff,
+                                                same_argmax_as_torch_ops=bool(lps[v].argmax() == lp_ref.argmax()))
+                log(f"  fold {p} prompt {prompt} {v:16s}: {ms:.3f} ms/step ({1000 / ms:.1f} tok/s), KL vs torch "
+                    f"ops {kl:.2e}, max |dlogprob| vs none {diff:.4f}")
+        del cache
+        torch.cuda.empty_cache()
+    return res
+
+
 def floor_ms(model: FastLlama, cache, batch: int, prompt: int, steps: int, bw: float) -> float:
     kv = batch * (prompt + steps / 2) * cache.bytes_per_token()
     return 1000 * (model.step_weight_bytes(batch) + kv) / bw
@@ -131,6 +235,9 @@ def main() -> None:
                     "core/engines/fast/tuned_h200.json, or tuned_linears.json / the result JSON of an earlier run")
     ap.add_argument("--json", help="write the results here (core/data/fp8_speed_h200.json)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
+    ap.add_argument("--retune", help="with --tuned: tune these precisions again (e.g. fp8-wo) for --batches")
+    ap.add_argument("--fold-ab", action="store_true", help="only: sweep gemv_prologue's launch configurations, "
+                    "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/fp8_speed.py needs a CUDA GPU.")
@@ -157,6 +264,11 @@ def main() -> None:
     tuned_rows = []
     if args.tuned:
         K.TUNED.update(read_tuned_table(args.tuned))
+        if args.retune:
+            tuned_rows = tune.tune_model(dims, args.retune.split(","), batches, log=log, lm_head=False)
+            if args.out:
+                Path(args.out, "tuned_linears.json").write_text(json.dumps(
+                    [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
     elif not args.no_tune:
         t0 = time.perf_counter()
         tuned_rows = tune.tune_model(dims, precisions, batches, log=log)
@@ -167,6 +279,15 @@ def main() -> None:
             Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
 
     models = {p: FastLlama(dims, master, p, rotary=config) for p in precisions}
+    meta["batch1_folds"] = {p: sorted(DecodeGraph.default_folds(m, 1)) for p, m in models.items()}
+    meta["gemv_prefetch"] = K.GEMV_PREFETCH
+    if args.fold_ab:
+        result = {**meta, "prologue_sweep": prologue_sweep(dims, precisions),
+                  "prologue_cfg": [[list(k), list(v)] for k, v in K.PROLOGUE_CFG.items()],
+                  "fold_ab": fold_ab(models, prompts, args.steps)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return
     log(f"models ready ({time.perf_counter() - t_start:.0f} s): " + ", ".join(
         f"{p} {models[p].step_weight_bytes(1) / 1e9:.2f} GB/step" for p in precisions))
 
@@ -260,7 +381,8 @@ def main() -> None:
 
     log(f"\n{meta['device']} (cc {meta['capability']}), {meta['date']}, torch {meta['torch']}, triton "
         f"{meta['triton']}; {meta['model']}; copy bandwidth {bw / 1e9:.0f} GB/s; {args.steps} decode steps, "
-        f"programmatic dependent launch: {meta['programmatic_dependent_launch']}, "
+        f"programmatic dependent launch: {meta['programmatic_dependent_launch']}, batch-1 folds: "
+        f"{meta['batch1_folds']}, "
         f"CUDA graph per step; floor = bytes a step must read / copy bandwidth")
     log("| precision | KV cache | prompt | batch | ms/step | tok/s | floor ms | % of floor | x BF16 (same KV) |")
     log("|---|---|---|---|---|---|---|---|---|")

@@ -132,27 +132,31 @@ def part_wo():
                 row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))
                 if mode == K.MODE_WO:
                     bm = K.block_m_for(m)
-                    for bn, bk, w_, st in WO_CFGS:
-                        name = f"wo words {bn}x{bk} w{w_} s{st}"
-                        try:
-                            def call(w, s, bn=bn, bk=bk, w_=w_, st=st):
-                                wi = w.view(torch.int32)
-                                V.linear_wo_words[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
-                                    x, wi, s, s, out, m, n, k, x.stride(0), wi.stride(0), out.stride(0), MODE=1,
-                                    SILU_X=False, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=True,
-                                    num_warps=w_, num_stages=st)
-                            wcalls = [functools.partial(call, w, s) for w, s in ws]
-                            wcalls[0]()
-                            same = bool(torch.equal(out, ref))
-                            row[name] = dict(us=tune.graph_time_us(wcalls), identical=same)
-                        except Exception as exc:
-                            row[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    for variant, kernel in (("words", V.linear_wo_words), ("f16", V.linear_wo_f16)):
+                        for bn, bk, w_, st in WO_CFGS:
+                            name = f"wo {variant} {bn}x{bk} w{w_} s{st}"
+                            try:
+                                def call(w, s, bn=bn, bk=bk, w_=w_, st=st, variant=variant, kernel=kernel):
+                                    wv = w.view(torch.int32) if variant == "words" else w
+                                    kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+                                        x, wv, s, s, out, m, n, k, x.stride(0), wv.stride(0), out.stride(0), MODE=1,
+                                        SILU_X=False, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=True,
+                                        num_warps=w_, num_stages=st)
+                                wcalls = [functools.partial(call, w, s) for w, s in ws]
+                                wcalls[0]()
+                                same = bool(torch.equal(out, ref))
+                                err = float((out.float() - ref.float()).norm() / ref.float().norm())
+                                row[name] = dict(us=tune.graph_time_us(wcalls), identical=same, rel_diff=err)
+                            except Exception as exc:
+                                row[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 del ws
                 torch.cuda.empty_cache()
-            best = min((v["us"], kname) for kname, v in row.items()
-                       if isinstance(v, dict) and kname.startswith("wo words"))
+            best = {v: min(((r["us"], kname) for kname, r in row.items()
+                            if isinstance(r, dict) and kname.startswith(f"wo {v} ")), default=(float("nan"), "-"))
+                    for v in ("words", "f16")}
             log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us, "
-                f"best words {best[0]:.1f} us ({best[1]})")
+                + ", ".join(f"best {v} {b[0]:.1f} us ({b[1]}, rel diff "
+                            f"{row[b[1]]['rel_diff'] if b[1] in row else '-'})" for v, b in best.items()))
             res.append(row)
     return res
 

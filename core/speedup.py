@@ -32,6 +32,8 @@ def source_line() -> str:
         return ""
     pdl = d.get("programmatic_dependent_launch")
     launch = f", programmatic dependent launch at {pdl}" if pdl and pdl != "off" else ""
+    if any(d.get("batch1_folds", {}).values()):
+        launch += ", norms folded into the linears at batch 1"
     return (f"Measured by bench/fp8_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
             f"{d.get('model')}, fast CUDA-graph decode path{launch}; tok/s at decode.")
 

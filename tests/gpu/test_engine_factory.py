@@ -14,6 +14,8 @@ def test_synthetic_llama_gets_the_fast_engine(precision):
     engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
     try:
         assert engine.name == "torch-fast" and engine.ran.startswith("torch fast path (CUDA graphs")
+        assert "norms folded into the linears at batch 1" in engine.ran  # 4096 wide: DecodeGraph folds them
+        print(engine.ran)
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s and g.ttft_s > 0
         print(f"{precision.value}: decode {g.decode_tok_s:.1f} tok/s, TTFT {g.ttft_s * 1000:.1f} ms")

@@ -26,7 +26,7 @@ pytest.importorskip("triton")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from core.engines.fast import check as C  # noqa: E402
-from core.engines.fast.model import FastLlama  # noqa: E402
+from core.engines.fast.model import FOLDS_MEASURED_FASTER, DecodeGraph, FastLlama  # noqa: E402
 
 # Fixed, so a bar is met or missed deterministically; TRIAGE_TEST_SEED=N tries another draw.
 SEED = int(os.environ.get("TRIAGE_TEST_SEED") or 1)
@@ -115,6 +115,30 @@ def test_graph_greedy_matches_torch_path(setup, mode, kv):
 
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
+def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
+    """One row at a time (where DecodeGraph folds the norms and W8A8's activation quantization into the linears):
+    the graph with every fold and without any, each against the torch-op step over the same continuation."""
+    hf, prompt, _, _ = setup
+    fast = FastLlama.from_hf(hf, mode)
+    assert DecodeGraph.default_folds(fast, 1) == FOLDS_MEASURED_FASTER[mode]
+    assert DecodeGraph.default_folds(fast, 2) == frozenset()
+    lp = {"ref": [], "folded": [], "plain": []}
+    for r in range(prompt.shape[0]):
+        row = prompt[r:r + 1]
+        cont = C.fast_greedy(fast, row, N, kv, "ref")
+        lp["ref"].append(C.fast_logprobs(fast, row, cont, kv, "ref"))
+        lp["folded"].append(C.fast_logprobs(fast, row, cont, kv, "graph", folds=frozenset({"norm", "o"})))
+        lp["plain"].append(C.fast_logprobs(fast, row, cont, kv, "graph", folds=frozenset()))
+    ref, folded, plain = (torch.cat(lp[k]) for k in ("ref", "folded", "plain"))
+    a_fold, a_plain = C.agreement(ref, folded), C.agreement(ref, plain)
+    print(f"{mode:6s} kv={kv:4s} batch 1 vs torch ops: folded {_fmt(a_fold)} | not folded {_fmt(a_plain)}")
+    top1, kl, _ = SAME_PATH_BARS[mode]
+    assert a_fold["top1"] >= top1 and a_fold["kl_mean"] < kl
+    assert a_fold["kl_mean"] <= 2 * a_plain["kl_mean"] + 1e-4  # no further from the torch ops than before
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
 def test_fused_prefill_computes_the_torch_op_prefill(setup, mode, kv):
     """The prompt pass through the fused kernels against the plain torch-op one, every position's logits, and the
     cache each leaves behind (the fused pass writes it from its own RoPE kernel)."""
@@ -162,3 +186,28 @@ def test_engine_synthetic_shape(monkeypatch):
         assert abs(s.target_logprobs[0] - gens[0].logprobs[0]) < 1e-3
         assert engine.memory_report().kv_cache_bytes > 0
         engine.unload()
+
+
+@pytest.mark.parametrize("silu_x", [False, True])
+def test_weight_only_linear_past_f16_range(silu_x):
+    """Weight-only FP8 takes its dot in f16: a row with an activation past f16's range (65504) still gets the bf16
+    dot's result (the kernel takes such tiles again in bf16), the other rows too, and no inf."""
+    from core import fp8
+    from core.engines.fast import kernels as K
+
+    torch.manual_seed(0)
+    q, s = fp8.quantize_rows((torch.randn(256, 512, device="cuda") * 0.02).to(torch.bfloat16))
+    s = s.reshape(-1).contiguous()
+    x = torch.randn(4, 1024 if silu_x else 512, device="cuda", dtype=torch.bfloat16)
+    x[1, 7] = 3e5  # past f16's range; with silu_x, the gate of column 7
+    out = torch.empty(4, 256, device="cuda", dtype=torch.bfloat16)
+    cfg = dict(kernel="dot", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
+    K.linear(x, q, s, None, out, K.MODE_WO, silu_x=silu_x, cfg=cfg)
+    a = x.float()
+    if silu_x:
+        g, u = a.chunk(2, dim=-1)
+        a = (torch.nn.functional.silu(g).to(torch.bfloat16).float() * u).to(torch.bfloat16).float()
+    ref = a @ (q.float() * s[:, None]).t()
+    assert torch.isfinite(out).all()
+    for row in range(4):
+        assert ((out[row].float() - ref[row]).norm() / ref[row].norm()).item() < 1e-2, row

@@ -18,3 +18,4 @@ def test_h200_speedups_by_context_come_from_the_recorded_results():
 def test_source_line_names_the_machine_and_the_launch_mode():
     line = speedup.source_line()
     assert "H200" in line and "programmatic dependent launch at batch 1" in line
+    assert "norms folded into the linears at batch 1" in line

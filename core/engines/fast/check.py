@@ -53,15 +53,17 @@ def eager_greedy(ref, prompt: torch.Tensor, n: int, kv: str) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def fast_logprobs(model: FastLlama, prompt: torch.Tensor, cont: torch.Tensor, kv: str, path: str) -> torch.Tensor:
+def fast_logprobs(model: FastLlama, prompt: torch.Tensor, cont: torch.Tensor, kv: str, path: str,
+                  folds=None) -> torch.Tensor:
     """The same teacher-forced logprobs from the compact model. path: "ref" (torch ops, any device) or
-    "graph" (Triton kernels in a CUDA graph, after the fused W8A8 prefill where it applies)."""
+    "graph" (Triton kernels in a CUDA graph, after the fused W8A8 prefill where it applies; `folds` as DecodeGraph
+    takes them, None for its default)."""
     B, T = prompt.shape
     N = cont.shape[1]
     cache = model.new_cache(B, T + N + 8, kv == "fp8")
     lps = [torch.log_softmax(model.prefill(prompt, cache, fused=path == "graph").float(), dim=-1)]
     pos = torch.full((B,), T, device=prompt.device, dtype=torch.long)
-    runner = DecodeGraph(model, cache, use_graph=True) if path == "graph" else None
+    runner = DecodeGraph(model, cache, use_graph=True, folds=folds) if path == "graph" else None
     for i in range(N - 1):
         if runner is None:
             logits = model.decode_ref(cont[:, i], pos + i, cache)

@@ -116,8 +116,10 @@ class FastLlamaEngine:
     def ran(self) -> str:
         from core.engines.fast import kernels as K
 
-        pdl = ", programmatic dependent launch at batch 1" if K.pdl_available() else ""
-        return f"torch fast path (CUDA graphs, Triton kernels{pdl}) on {self.device.name}"
+        at_batch_1 = (["programmatic dependent launch"] if K.pdl_available() else []) + (
+            ["norms folded into the linears"] if DecodeGraph.default_folds(self.model, 1) else [])
+        extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
+        return f"torch fast path (CUDA graphs, Triton kernels{extra}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")

@@ -7,10 +7,13 @@ at the same precision. What is fused, and why:
 - `add_rmsnorm`: residual add + RMSNorm (+ for W8A8 the per-token E4M3 quantization of its output): one pass.
 - `linear`: a skinny GEMM in "swap AB" form (W tile is the wide operand of tl.dot, the few activation rows the
   narrow one), so weights stream from HBM once with the loads software-pipelined; bf16, FP8 weight-only (E4M3
-  upcast in registers) and FP8 W8A8 (E4M3 activations from the producing kernel, fp8 x fp8 dot).
+  and the bf16 activations converted to f16 in registers, f16 dot) and FP8 W8A8 (E4M3 activations from the
+  producing kernel, fp8 x fp8 dot).
   An optional SiLU(gate) * up prologue lets the down projection read the gate/up output directly (used at batch 1;
   with several rows the computed dot operand stalled the tensor-core pipeline, ~3x slower on the H200).
 - `gemv`: the same for one activation row without tensor cores (plain FMA reduction), kept if it measures faster.
+- `gemv_prologue`: one row with the whole of K in one tile and the kernel before it folded in (add + RMSNorm, W8A8's
+  activation quantization): the batch-1 step's q|k|v, o, gate|up and lm_head.
 - `rope_store`: RoPE on q and k, and the K/V write into the static cache (quantized per token and head for FP8 KV);
   `rope_store_prompt` runs the same kernel over a prompt's tokens in the prompt pass.
 - `decode_attention`: split-KV ("flash-decoding") attention that reads only the valid length of the static cache,
@@ -96,8 +99,8 @@ def _pdl_enter():
 
 # --------------------------------------------------------------------------------------------- norm, activation
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps,
-                        HAS_DELTA: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps, HAS_DELTA: tl.constexpr,
+                        WANT_H: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
@@ -113,7 +116,8 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps,
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # HF: weight * (x * rstd).to(bf16), the product rounded to bf16
     h = ((xf * rstd).to(tl.bfloat16).to(tl.float32) * w).to(tl.bfloat16)
-    tl.store(h_ptr + row * N + offs, h, mask=mask)
+    if WANT_H:
+        tl.store(h_ptr + row * N + offs, h, mask=mask)
     if WANT_SCALE:
         _quantize_row(h, s_ptr, q_ptr, row, N, offs, mask)
 
@@ -129,8 +133,8 @@ def _quantize_row(v, s_ptr, q_ptr, row, N, offs, mask):
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_A: tl.constexpr, WANT_SCALE: tl.constexpr,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
@@ -139,7 +143,8 @@ def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_SCALE: tl.constexpr, B
     g = tl.load(gu_ptr + row * 2 * I + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * I + I + offs, mask=mask, other=0.0).to(tl.float32)
     a = ((g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16)
-    tl.store(a_ptr + row * I + offs, a, mask=mask)
+    if WANT_A:
+        tl.store(a_ptr + row * I + offs, a, mask=mask)
     if WANT_SCALE:
         _quantize_row(a, s_ptr, q_ptr, row, I, offs, mask)
 
@@ -160,22 +165,28 @@ def _row_warps(block: int) -> int:
 
 def add_rmsnorm(x, delta, weight, eps, h_out, scale_out=None, q_out=None):
     """x += delta (in place, when delta is given); h_out = RMSNorm(x) * weight; with scale_out and q_out also
-    h quantized per row to E4M3 (W8A8's activation quantization)."""
+    h quantized per row to E4M3 (W8A8's activation quantization). h_out may be None when only the E4M3 copy is
+    read (W8A8's prompt pass: at 8K tokens the unread bf16 copies were ~4 GB of writes per pass)."""
+    assert h_out is not None or q_out is not None
     M, N = x.shape
     block = triton.next_power_of_2(N)
-    _add_rmsnorm_kernel[(M,)](x, delta if delta is not None else x, weight, h_out,
+    _add_rmsnorm_kernel[(M,)](x, delta if delta is not None else x, weight, h_out if h_out is not None else x,
                               scale_out if scale_out is not None else x, q_out if q_out is not None else x, N, eps,
-                              HAS_DELTA=delta is not None, WANT_SCALE=scale_out is not None, BLOCK=block,
-                              num_warps=_row_warps(block), **_launch())
+                              HAS_DELTA=delta is not None, WANT_H=h_out is not None,
+                              WANT_SCALE=scale_out is not None, BLOCK=block, num_warps=_row_warps(block), **_launch())
     return h_out
 
 
 def silu_mul(gu, a_out, scale_out=None, q_out=None):
+    """a_out = SiLU(gate) * up of the [M, 2I] gate/up output; with scale_out and q_out also a quantized per row to
+    E4M3; a_out may be None when only that copy is read."""
+    assert a_out is not None or q_out is not None
     M, two_i = gu.shape
     block = triton.next_power_of_2(two_i // 2)
-    _silu_mul_kernel[(M,)](gu, a_out, scale_out if scale_out is not None else a_out,
-                           q_out if q_out is not None else a_out, two_i // 2,
-                           WANT_SCALE=scale_out is not None, BLOCK=block, num_warps=_row_warps(block), **_launch())
+    a = a_out if a_out is not None else gu
+    _silu_mul_kernel[(M,)](gu, a, scale_out if scale_out is not None else a, q_out if q_out is not None else a,
+                           two_i // 2, WANT_A=a_out is not None, WANT_SCALE=scale_out is not None, BLOCK=block,
+                           num_warps=_row_warps(block), **_launch())
     return a_out
 
 
@@ -202,6 +213,21 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
     return x
 
 
+@triton.jit
+def _linear_wo_bf16(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, SILU_X: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Weight-only FP8's [BLOCK_N, BLOCK_M] tile with E4M3 -> bf16 and a bf16 dot: exact for any bf16 input."""
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
+        x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
+        acc = tl.dot(w.to(tl.bfloat16), x, acc)
+        w_ptrs += BLOCK_K
+    return acc
+
+
 # M is not specialized so that batch 1 and batch 8 share one compiled kernel per configuration
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
@@ -223,9 +249,19 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, st
             w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
         x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
         if MODE == 1:
-            w = w.to(tl.bfloat16)  # E4M3 -> bf16 is exact; the per-channel scale is applied to the f32 sum
-        acc = tl.dot(w, x, acc)
+            # The dot in float16: E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the
+            # limit: 2026-12-02 on the H200, 6144x4096 at 8 rows 20.6 us against 12.5); bf16 -> f16 is exact inside
+            # f16's range (below 6.1e-5 it keeps 2^-24 steps; past 65504 it overflows, handled below). The
+            # per-channel scale is applied to the f32 sum.
+            acc = tl.dot(w.to(tl.float16), x.to(tl.float16), acc)
+        else:
+            acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
+    if MODE == 1:
+        if tl.min((tl.abs(acc) < float("inf")).to(tl.int32)) == 0:
+            # an activation past f16's range (or a non-finite input): this tile again with the bf16 dot
+            acc = _linear_wo_bf16(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, SILU_X, BLOCK_N,
+                                  BLOCK_M, BLOCK_K)
     if MODE != 0:
         acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
     if MODE == 2:
@@ -237,17 +273,27 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, st
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
                  MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN: tl.constexpr, PDL: tl.constexpr):
-    """One activation row: acc[n, k] += w[n, k] * x[k] with plain FMAs, reduced over k at the end."""
-    if PDL:
-        _pdl_enter()
+                 EVEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+    """One activation row: acc[n, k] += w[n, k] * x[k] with plain FMAs, reduced over k at the end. With PREFETCH
+    (under programmatic dependent launch) the first weight tile is loaded before waiting on the previous kernel:
+    weights do not change within a step, so those HBM reads overlap the previous kernel's tail."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, 1)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = 0
+    if PREFETCH:
+        w0 = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+    if PDL:
+        _pdl_enter()
+    if PREFETCH:
+        x0 = _load_x(x_ptr, offs_m, offs_k, 1, K, 0, SILU_X)
+        acc += w0.to(tl.float32) * tl.reshape(x0.to(tl.float32), (1, BLOCK_K))
+        w_ptrs += BLOCK_K
+        k_start = BLOCK_K
+    for k0 in range(k_start, K, BLOCK_K):
         if EVEN:
             w = tl.load(w_ptrs)
         else:
@@ -261,6 +307,76 @@ def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
     if MODE == 2:
         out = out * tl.load(xs_ptr)
     tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=offs_n < N)
+
+
+@triton.jit
+def _gemv_prologue_kernel(w_ptr, ws_ptr, x_ptr, d_ptr, xo_ptr, lnw_ptr, out_ptr, N, stride_wn, eps, K: tl.constexpr,
+                          KP2: tl.constexpr, MODE: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """One activation row times a [N, K] weight, the whole of K in one tile, with the kernel that made the row's input
+    folded in front: with NORM, add_rmsnorm's (x + delta, rounded to bf16; program 0 writes it to xo, the residual
+    for later kernels, leaving x intact for the other programs) then RMSNorm * lnw; for W8A8 the row is then
+    quantized to E4M3 as _quantize_row does, each program working out the row's scale itself. The weight tile is
+    loaded before waiting on the previous kernel (weights do not change within a step), so under programmatic
+    dependent launch its HBM reads overlap the previous kernel's tail and this kernel's prologue."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, KP2)
+    kmask = offs_k < K
+    w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=(offs_n[:, None] < N) & kmask[None, :],
+                other=0.0)
+    if PDL:
+        _pdl_enter()
+    x = tl.load(x_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+    if NORM:
+        if HAS_DELTA:
+            xb = (x + tl.load(d_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)).to(tl.bfloat16)
+            if pid == 0:
+                tl.store(xo_ptr + offs_k, xb, mask=kmask)
+            x = xb.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+        lw = tl.load(lnw_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+        x = ((x * rstd).to(tl.bfloat16).to(tl.float32) * lw).to(tl.bfloat16).to(tl.float32)
+    if MODE == 2:
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
+        x = tl.clamp(x / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
+    out = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    if MODE != 0:
+        out = out * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)
+    if MODE == 2:
+        out = out * scale
+    tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=offs_n < N)
+
+
+# (BLOCK_N, num_warps) of gemv_prologue per mode: the best on the H200 for every Llama-3-8B batch-1 linear it folds
+# into (2026-12-02, bench/fp8_speed.py --fold-ab; within 0.3 us of each shape's own best). PROLOGUE_CFG, keyed by
+# (mode, N, K), overrides them; --fold-ab fills it from its sweep.
+PROLOGUE_DEFAULT = {MODE_BF16: (2, 4), MODE_WO: (8, 4), MODE_W8A8: (8, 4)}
+PROLOGUE_CFG: dict[tuple[int, int, int], tuple[int, int]] = {}
+PROLOGUE_MAX_K = 8192  # the whole row is one tile: registers bound it
+
+
+def gemv_prologue(x, w, w_scale, out, mode: int, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
+                  cfg: tuple[int, int] | None = None):
+    """out[1, N] = f(x)[1, K] @ w[N, K]^T for one row, where f is add_rmsnorm (norm_weight given; with delta the
+    residual sum goes to x_out, x is only read) or nothing, then for W8A8 the per-row E4M3 quantization: the
+    batch-1 decode step's norm and activation-quantization kernels folded into the linear that reads them."""
+    N, Kdim = w.shape
+    bn, warps = cfg or PROLOGUE_CFG.get((mode, N, Kdim)) or PROLOGUE_DEFAULT[mode]
+    norm = norm_weight is not None
+    _gemv_prologue_kernel[(triton.cdiv(N, bn),)](
+        w, w_scale if w_scale is not None else out, x, delta if delta is not None else x,
+        x_out if x_out is not None else x, norm_weight if norm else x, out, N, w.stride(0), eps, K=Kdim,
+        KP2=triton.next_power_of_2(Kdim), MODE=mode, NORM=norm, HAS_DELTA=delta is not None, BLOCK_N=bn,
+        num_warps=warps, num_stages=1, **_launch())
+    return out
+
+
+# The GEMV's first-tile prefetch, for weights of more than 4 tiles along K. H200, 2026-12-02 (bench/fp8_speed.py
+# --fold-ab, which also measures the step without it): on the down projections (7-14 tiles) it took a BF16 batch-1
+# step from 4.34 to 4.03 ms; on every GEMV, with 2-tile ones among them (K = 4096 in 2048-wide tiles: it leaves the
+# pipelined loop a single tile), the step went from 4.40 to 4.46 ms.
+GEMV_PREFETCH = True
 
 
 # Launch configurations, keyed by (mode, m_key(M), N, K). bench/fp8_speed.py tunes them on the GPU and fills this
@@ -337,10 +453,11 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
         return _linear_torch(x, w, w_scale, x_scale, out, mode, silu_x)
     if cfg["kernel"] == "gemv" and M == 1:
         bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        launch = _launch()
         _gemv_kernel[(triton.cdiv(N, bn),)](
             x, w, dummy, xs, out, N, K, w.stride(0), MODE=mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_K=bk,
-            EVEN=(N % bn == 0 and K % bk == 0), num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2),
-            **_launch())
+            EVEN=(N % bn == 0 and K % bk == 0), PREFETCH=launch["PDL"] and GEMV_PREFETCH and triton.cdiv(K, bk) > 4,
+            num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages", 2), **launch)
         return out
     if cfg["kernel"] == "gemv":
         cfg = default_config(mode, M, N, K)

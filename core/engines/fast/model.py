@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,13 @@ class Lin:
         from core.engines.fast import kernels as K
 
         return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x)
+
+    def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0):
+        """One row: the product with the norm (and W8A8's quantization) of its input folded in; for W8A8, x is
+        the bf16 row (kernels.gemv_prologue)."""
+        from core.engines.fast import kernels as K
+
+        return K.gemv_prologue(x, self.w, self.scale, out, K.MODES[self.mode], delta, x_out, norm_weight, eps)
 
 
 class StaticKVCache:
@@ -368,7 +376,7 @@ class FastLlama:
         M = b * T
         w8a8 = self.mode == "fp8"
         x = F.embedding(tokens, self.embed).reshape(M, d.hidden)
-        h = torch.empty_like(x)
+        h = None if w8a8 else torch.empty_like(x)  # W8A8 linears read only the E4M3 copy
         scale = torch.empty(M, device=x.device, dtype=torch.float32) if w8a8 else None
         xq = torch.empty(M, d.hidden, device=x.device, dtype=fp8.E4M3) if w8a8 else None
 
@@ -377,25 +385,25 @@ class FastLlama:
                 return lin.ref(inp)
             return torch._scaled_mm(q, lin.w.t(), scale_a=s[:, None], scale_b=lin.scale[None, :], out_dtype=x.dtype)
 
-        def quantized(t):
-            """E4M3 rows and their scales for a W8A8 linear's input; (None, None) otherwise."""
+        def quantized(cols: int):
+            """Room for a W8A8 linear's E4M3 input [M, cols] and its per-row scales; (None, None) otherwise."""
             if not w8a8:
                 return None, None
-            q, s = torch.empty_like(t, dtype=fp8.E4M3), torch.empty(M, device=x.device, dtype=torch.float32)
-            return q, s
+            return (torch.empty(M, cols, device=x.device, dtype=fp8.E4M3),
+                    torch.empty(M, device=x.device, dtype=torch.float32))
 
         delta = None  # the previous layer's MLP output, added to the residual by the next add_rmsnorm
         for i, L in enumerate(self.layers):
             K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, scale, xq)
             a = self._prefill_attention_fused(i, linear(L["qkv"], h, xq, scale).view(b, T, -1), cache, rows)
             a = a.reshape(M, -1)
-            aq, a_scale = quantized(a)
+            aq, a_scale = quantized(a.shape[1])
             if w8a8:
                 K.row_quant(a, a_scale, aq)
             K.add_rmsnorm(x, linear(L["o"], a, aq, a_scale), L["ln2"], d.eps, h, scale, xq)
             gu = linear(L["gu"], h, xq, scale)
-            act = torch.empty(M, d.inter, device=x.device, dtype=x.dtype)
-            act_q, act_scale = quantized(act)
+            act_q, act_scale = quantized(d.inter)
+            act = None if w8a8 else torch.empty(M, d.inter, device=x.device, dtype=x.dtype)
             K.silu_mul(gu, act, act_scale, act_q)
             del gu
             delta = linear(L["down"], act, act_q, act_scale)
@@ -462,6 +470,13 @@ def _rope_params(rotary_config, dims: Dims):
     return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
 
 
+# Which folds (DecodeGraph) a batch-1 step uses per mode: those that measured faster on the H200 (2026-12-02,
+# bench/fp8_speed.py --fold-ab, prompt 512, without -> with both): BF16 4.40 -> 4.34 ms a step, W8A8 2.78 -> 2.74,
+# weight-only 2.95 -> 2.64 (its E4M3 upcast is cheaper in the whole-row FMA kernel). TRIAGE_FOLD=0 turns them off.
+FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
+                         "fp8-wo": frozenset({"norm", "o"})}
+
+
 class DecodeGraph:
     """One decode step over a static cache, built from the Triton kernels and captured in a CUDA graph.
 
@@ -470,16 +485,23 @@ class DecodeGraph:
     run back to back with no host work; to sample instead, overwrite `tokens` after a replay.
     """
 
-    def __init__(self, model: FastLlama, cache: StaticKVCache, top_k: int = 0, use_graph: bool = True):
+    def __init__(self, model: FastLlama, cache: StaticKVCache, top_k: int = 0, use_graph: bool = True,
+                 folds: frozenset | None = None):
         from core.engines.fast import kernels as K
 
         self.model, self.cache, self.top_k = model, cache, top_k
         d, B, dev = model.dims, cache.batch, model.device
+        # Kernels folded into the linear that reads their output (kernels.gemv_prologue), one row only: "norm" (the
+        # add + RMSNorm (+ W8A8 quantization) before q|k|v, gate|up and lm_head), "o" (W8A8's quantization of the
+        # attention output, and for the other modes the o-projection's weight loads started before the attention
+        # ends).
+        self.folds = self.default_folds(model, B) if folds is None else frozenset(folds)
         self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, dtype=torch.long, device=dev)
         self.cos, self.sin = model.rope_tables(cache.max_len)  # held so a later, longer table cannot free them
         bf = model.embed.dtype
         self.h = torch.empty(B, d.hidden, dtype=bf, device=dev)
+        self.x_alt = torch.empty(B, d.hidden, dtype=bf, device=dev)  # the residual's other buffer when norms fold
         self.delta = torch.empty(B, d.hidden, dtype=bf, device=dev)
         self.qkv = torch.empty(B, d.qkv_out, dtype=bf, device=dev)
         self.q = torch.empty(B, d.heads, d.head_dim, dtype=bf, device=dev)
@@ -500,6 +522,16 @@ class DecodeGraph:
         if use_graph:
             self._capture()
 
+    @staticmethod
+    def default_folds(model: FastLlama, batch: int) -> frozenset:
+        from core.engines.fast import kernels as K
+
+        d = model.dims
+        widest = max(d.hidden, d.heads * d.head_dim)
+        if batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K:
+            return frozenset()
+        return FOLDS_MEASURED_FASTER[model.mode]
+
     def _body(self):
         from core.engines.fast import kernels as K
 
@@ -508,23 +540,38 @@ class DecodeGraph:
         x = F.embedding(self.tokens, m.embed)
         delta = None
         w8a8 = xs is not None
+        h = None if w8a8 else self.h  # W8A8 linears read only the E4M3 copy
+        fold_norm, fold_o = "norm" in self.folds, "o" in self.folds
+        x_alt = self.x_alt
         for i, L in enumerate(m.layers):
-            K.add_rmsnorm(x, delta, L["ln1"], d.eps, self.h, xs, self.hq if w8a8 else None)
-            L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv)
+            if fold_norm:
+                L["qkv"].fast_prologue(x, self.qkv, delta, x_alt, L["ln1"], d.eps)
+                if delta is not None:  # the kernel wrote x + delta to x_alt: that is the residual now
+                    x, x_alt = x_alt, x
+            else:
+                K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, xs, self.hq if w8a8 else None)
+                L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv)
             ks, vs = (c.k_scale[i], c.v_scale[i]) if c.fp8 else (None, None)
             K.rope_store(self.qkv, self.pos, self.cos, self.sin, self.q, c.k[i], c.v[i], ks, vs,
                          d.heads, d.kv_heads, d.head_dim)
             K.decode_attention(self.q, c.k[i], c.v[i], ks, vs, self.pos, self.attn, self.ws,
                                d.heads, d.kv_heads, d.head_dim, self.sm_scale)
-            if w8a8:
-                K.row_quant(self.attn, xs, self.attnq)
-            L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta)
+            if fold_o:
+                L["o"].fast_prologue(self.attn, self.delta)
+            else:
+                if w8a8:
+                    K.row_quant(self.attn, xs, self.attnq)
+                L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta)
             delta = self.delta
-            K.add_rmsnorm(x, delta, L["ln2"], d.eps, self.h, xs, self.hq if w8a8 else None)
-            L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu)
+            if fold_norm:
+                L["gu"].fast_prologue(x, self.gu, delta, x_alt, L["ln2"], d.eps)
+                x, x_alt = x_alt, x
+            else:
+                K.add_rmsnorm(x, delta, L["ln2"], d.eps, h, xs, self.hq if w8a8 else None)
+                L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu)
             if w8a8:
                 # the row amax of SiLU(gate) * up must be known before the down projection's input is quantized
-                K.silu_mul(self.gu, self.act, xs, self.actq)
+                K.silu_mul(self.gu, None, xs, self.actq)
                 L["down"].fast(self.actq, xs, self.delta)
             elif self.cache.batch == 1:
                 # one row: the down projection computes SiLU(gate) * up as it loads it (one launch fewer)
@@ -534,8 +581,11 @@ class DecodeGraph:
                 # ~3x slower on the H200 at batch 8, so the activation gets its own kernel
                 K.silu_mul(self.gu, self.act)
                 L["down"].fast(self.act, None, self.delta)
-        K.add_rmsnorm(x, delta, m.norm, d.eps, self.h)
-        m.lm.fast(self.h, None, self.logits)
+        if fold_norm:
+            m.lm.fast_prologue(x, self.logits, delta, x_alt, m.norm, d.eps)
+        else:
+            K.add_rmsnorm(x, delta, m.norm, d.eps, self.h)
+            m.lm.fast(self.h, None, self.logits)
         lp = torch.log_softmax(self.logits.float(), dim=-1)
         nxt = lp.argmax(dim=-1)
         chosen = lp.gather(1, nxt[:, None])[:, 0]
