@@ -1,9 +1,8 @@
 """Kernel variants bench/kernel_probe.py measures against core/engines/fast/kernels.py, for weight-only FP8 at several
 rows: E4M3 read as int32 words and unpacked in registers (vector loads instead of Triton's byte-wise shared-memory
-loads), measured no faster on the H200 (docs/PERFORMANCE.md), so it stays here as the record of what was tried; and
-the dot taken in float16 instead of bfloat16 (E4M3 -> f16 is one hardware conversion per two values; bf16
-activations convert to f16 exactly inside f16's range, 6.1e-5 to 65504). (Decode attention from int32 words, also
-no faster, is in the history: bench/kernel_variants.py at commit 1d95ca3.)"""
+loads), measured no faster on the H200 (docs/PERFORMANCE.md), so it stays here as the record of what was tried.
+(The dot in float16, measured here on 2026-12-02, won and is now kernels.py's weight-only path; decode attention
+from int32 words, no faster, is in the history: bench/kernel_variants.py at commit 1d95ca3.)"""
 import triton
 import triton.language as tl
 
@@ -38,29 +37,6 @@ def linear_wo_words(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, s
         x = tl.load(x_ptr + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None], mask=xmask, other=0.0)
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K // 4
-    acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out_ptrs, acc.to(tl.bfloat16), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
-
-
-@triton.jit(do_not_specialize=["M"])
-def linear_wo_f16(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                  MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
-    """Weight-only FP8 with the tensor-core dot in float16: E4M3 -> f16 (exact), bf16 activations -> f16."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs).to(tl.float16)
-        xmask = (offs_m[None, :] < M)
-        x = tl.load(x_ptr + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None], mask=xmask, other=0.0)
-        acc = tl.dot(w, x.to(tl.float16), acc)
-        w_ptrs += BLOCK_K
     acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(tl.bfloat16), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
