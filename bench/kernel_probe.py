@@ -110,7 +110,7 @@ def part_attention():
 
 
 WO_CFGS = [(64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4), (32, 256, 4, 4),
-           (128, 128, 4, 3), (64, 512, 8, 3)]
+           (128, 128, 4, 3), (64, 512, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
 
 
 @torch.inference_mode()
@@ -132,7 +132,7 @@ def part_wo():
                 row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))
                 if mode == K.MODE_WO:
                     bm = K.block_m_for(m)
-                    for variant, kernel in (("words", V.linear_wo_words),):
+                    for variant, kernel in (("words", V.linear_wo_words), ("rows", V.linear_wo_f16_rows)):
                         for bn, bk, w_, st in WO_CFGS:
                             name = f"wo {variant} {bn}x{bk} w{w_} s{st}"
                             try:
@@ -153,7 +153,7 @@ def part_wo():
                 torch.cuda.empty_cache()
             best = {v: min(((r["us"], kname) for kname, r in row.items()
                             if isinstance(r, dict) and kname.startswith(f"wo {v} ")), default=(float("nan"), "-"))
-                    for v in ("words",)}
+                    for v in ("words", "rows")}
             log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us, "
                 + ", ".join(f"best {v} {b[0]:.1f} us ({b[1]}, rel diff "
                             f"{row[b[1]]['rel_diff'] if b[1] in row else '-'})" for v, b in best.items()))
