@@ -62,6 +62,19 @@ class FP8Linear(nn.Module):
         `_forward_eager` (tests/engines/test_fp8_cpu.py holds both to the same tokens)."""
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if x2.shape[0] <= CPU_GEMV_MAX_ROWS and x.dtype == self.out_dtype == torch.bfloat16:
+            # decode with bf16 activations (FP8's base dtype): _forward_cpu_ops in one C call, bit for bit
+            # (tests/engines/test_fp8_cpu.py). As ten small torch ops a Linear they took as long as the product.
+            out = fp8_cpu.decode_bf16(x2.contiguous(), self.weight_fp8, self.weight_scale, self.w8a8)
+        else:
+            out = self._forward_cpu_ops(x2)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def _forward_cpu_ops(self, x2: torch.Tensor) -> torch.Tensor:
+        """The CPU path as torch ops, for 2-D activations of any dtype; the output before the bias."""
+        dtype = x2.dtype
         if self.w8a8:
             xq, xs = quantize_rows(x2)
             x2 = fp8_cpu.to_float(xq.contiguous())  # the activations' exact E4M3 values; their per-token scale goes on the output
@@ -73,10 +86,7 @@ class FP8Linear(nn.Module):
             out = F.linear(x2.to(torch.bfloat16), fp8_cpu.to_bf16(self.weight_fp8)).float() * self.weight_scale.t()
         if self.w8a8:
             out = out * xs
-        out = out.to(self.out_dtype if self.w8a8 else x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], self.out_features)
+        return out.to(self.out_dtype if self.w8a8 else dtype)
 
     def _forward_eager(self, x: torch.Tensor) -> torch.Tensor:
         """The reference: dequantize the weight (weight-only) or torch._scaled_mm (W8A8)."""

@@ -9,6 +9,10 @@ torch 2.13 converts float8_e4m3fn to bf16/float on the CPU one element at a time
   x @ (q * s)^T == (x @ q^T) * s^T.
 - decode (few rows: one token per sequence): out[m, n] = sum_k x[m, k] * e4m3(q[n, k]) * s[n], accumulated in float.
 - prefill (many rows): the E4M3 values as exact bf16 (no scale), for a BF16 matmul whose output is scaled.
+- decode with bf16 activations (FP8's base dtype): W8A8's per-token quantization, the output scales and the rounding
+  to bf16 done here too, as the same float operations in the same order as the torch ops they replace (bit for bit):
+  as ten small torch ops a Linear they took about as long as the products. (On a prompt the same passes in C, single
+  threaded, were slower than torch's.)
 
 Built once per machine with the system C compiler (`cc -O3 -march=native`) into the cache folder, keyed by a hash of
 the source and the compiler flags; where there is no compiler or no x86 vector unit it is not used and FP8Linear falls
@@ -82,9 +86,24 @@ static inline void cvt16(const uint8_t* p, __m256* lo, __m256* hi) {
 #define VW 0
 #endif
 
-/* Rows n0..n1 of out[M, N] for MB (<= 8) rows of x starting at x. */
+/* float and bf16 bits, rounding to nearest even as torch's .to(torch.bfloat16) does (NaN: c10's 0x7FC0). */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* Rows n0..n1 of out[M, N] for MB (<= 8) rows of x starting at x. With out16 the rows are also multiplied by xs
+   (the activations' per-token scales; NULL: none) and stored as bf16 in out16 instead. */
 static inline __attribute__((always_inline)) void gemv_block(const float* x, int MB, int K, const uint8_t* q,
-        int n0, int n1, int N, const float* scale, float* out) {
+        int n0, int n1, int N, const float* scale, float* out, const float* xs, uint16_t* out16) {
     for (int n = n0; n < n1; n++) {
         const uint8_t* w = q + (int64_t)n * K;
         float tot[8];
@@ -124,28 +143,101 @@ static inline __attribute__((always_inline)) void gemv_block(const float* x, int
         for (; k < K; k++)
             for (int m = 0; m < MB; m++) tot[m] += x[(int64_t)m * K + k] * LUT[w[k]];
         float s = scale[n] * 256.0f;
-        for (int m = 0; m < MB; m++) out[(int64_t)m * N + n] = tot[m] * s;
+        if (out16)
+            for (int m = 0; m < MB; m++) out16[(int64_t)m * N + n] = f32_to_bf16(xs ? tot[m] * s * xs[m] : tot[m] * s);
+        else
+            for (int m = 0; m < MB; m++) out[(int64_t)m * N + n] = tot[m] * s;
+    }
+}
+
+static void gemv_rows(const float* x, int M, int K, const uint8_t* q, int N, const float* scale, float* out,
+                      const float* xs, uint16_t* out16) {
+    for (int m0 = 0; m0 < M; m0 += 8) {
+        int mb = M - m0 < 8 ? M - m0 : 8;
+        const float* xb = x + (int64_t)m0 * K;
+        float* ob = out ? out + (int64_t)m0 * N : NULL;
+        const float* sb = xs ? xs + m0 : NULL;
+        uint16_t* hb = out16 ? out16 + (int64_t)m0 * N : NULL;
+        switch (mb) {  /* constant row counts let the compiler keep the accumulators in registers */
+            case 1: gemv_block(xb, 1, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 2: gemv_block(xb, 2, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 3: gemv_block(xb, 3, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 4: gemv_block(xb, 4, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 5: gemv_block(xb, 5, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 6: gemv_block(xb, 6, K, q, 0, N, N, scale, ob, sb, hb); break;
+            case 7: gemv_block(xb, 7, K, q, 0, N, N, scale, ob, sb, hb); break;
+            default: gemv_block(xb, 8, K, q, 0, N, N, scale, ob, sb, hb); break;
+        }
     }
 }
 
 /* out[M, N] = (x[M, K] @ e4m3(q[N, K])^T) * scale[N], all float32 but q. */
 void triage_fp8_gemv(const float* x, int M, int K, const uint8_t* q, int N, const float* scale, float* out) {
     init_lut();
-    for (int m0 = 0; m0 < M; m0 += 8) {
-        int mb = M - m0 < 8 ? M - m0 : 8;
-        const float* xb = x + (int64_t)m0 * K;
-        float* ob = out + (int64_t)m0 * N;
-        switch (mb) {  /* constant row counts let the compiler keep the accumulators in registers */
-            case 1: gemv_block(xb, 1, K, q, 0, N, N, scale, ob); break;
-            case 2: gemv_block(xb, 2, K, q, 0, N, N, scale, ob); break;
-            case 3: gemv_block(xb, 3, K, q, 0, N, N, scale, ob); break;
-            case 4: gemv_block(xb, 4, K, q, 0, N, N, scale, ob); break;
-            case 5: gemv_block(xb, 5, K, q, 0, N, N, scale, ob); break;
-            case 6: gemv_block(xb, 6, K, q, 0, N, N, scale, ob); break;
-            case 7: gemv_block(xb, 7, K, q, 0, N, N, scale, ob); break;
-            default: gemv_block(xb, 8, K, q, 0, N, N, scale, ob); break;
-        }
+    gemv_rows(x, M, K, q, N, scale, out, NULL, NULL);
+}
+
+/* float -> E4M3 (fn), c10's fp8e4m3fn_from_fp32_value: round to nearest even, saturating, NaN to 0x7F. */
+static inline uint8_t f32_to_e4m3(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    const uint32_t sign = bits & 0x80000000u;
+    uint8_t result;
+    bits ^= sign;
+    if (bits >= (1087u << 20)) {
+        result = bits > 0x7F800000u ? 0x7F : 0x7E;
+    } else if (bits < (121u << 23)) {  /* below 2^-6: E4M3 subnormals, rounded by a float addition */
+        const uint32_t denorm_mask = 141u << 23;
+        float a, d;
+        memcpy(&a, &bits, 4);
+        memcpy(&d, &denorm_mask, 4);
+        a += d;
+        memcpy(&bits, &a, 4);
+        result = (uint8_t)(bits - denorm_mask);
+    } else {
+        uint32_t mant_odd = (bits >> 20) & 1;
+        bits += ((uint32_t)(7 - 127) << 23) + 0x7FFFF + mant_odd;
+        result = (uint8_t)(bits >> 20);
+        if (result == 0x7F) result = 0x7E;
     }
+    return result | (uint8_t)(sign >> 24);
+}
+
+/* One bf16 row of activations as W8A8 quantizes it (fp8.quantize_rows: amax of |x| clamped to 1e-12, scale = amax /
+   448, x / scale clamped to +-448, to E4M3), into the E4M3 values as float (to_float); returns the scale. */
+static float quantize_row(const uint16_t* x, int K, float* xf) {
+    float amax = 0.0f;
+    int nan = 0;
+    for (int k = 0; k < K; k++) {
+        xf[k] = bf16_to_f32(x[k]);
+        float a = fabsf(xf[k]);
+        if (a != a) nan = 1;
+        else if (a > amax) amax = a;
+    }
+    if (nan) amax = NAN;  /* torch's amax and clamp carry a NaN on */
+    else if (amax < 1e-12f) amax = 1e-12f;
+    float s = amax / 448.0f;
+    for (int k = 0; k < K; k++) {
+        float v = xf[k] / s;
+        if (v < -448.0f) v = -448.0f;
+        else if (v > 448.0f) v = 448.0f;
+        xf[k] = LUT[f32_to_e4m3(v)] * 256.0f;
+    }
+    return s;
+}
+
+/* FP8Linear's few-row step, bf16 in and out, as its torch ops compute it: W8A8 quantizes each row (quantize_row),
+   then the product as triage_fp8_gemv, times the row's scale, rounded to bf16. `work`: M * K + M floats. */
+void triage_fp8_decode_bf16(const uint16_t* x, int M, int K, int w8a8, const uint8_t* q, int N, const float* scale,
+                            float* work, uint16_t* out) {
+    init_lut();
+    float* xs = work + (int64_t)M * K;
+    for (int m = 0; m < M; m++) {
+        float* xf = work + (int64_t)m * K;
+        if (w8a8) xs[m] = quantize_row(x + (int64_t)m * K, K, xf);
+        else for (int k = 0; k < K; k++) xf[k] = bf16_to_f32(x[(int64_t)m * K + k]);
+    }
+    gemv_rows(work, M, K, q, N, scale, NULL, w8a8 ? xs : NULL, out);
 }
 
 /* The exact E4M3 values (no scale) as float32. */
@@ -231,6 +323,9 @@ def _build() -> ctypes.CDLL:
     lib.triage_fp8_gemv.restype = None
     lib.triage_fp8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                                     ctypes.c_void_p, ctypes.c_void_p]
+    lib.triage_fp8_decode_bf16.restype = None
+    lib.triage_fp8_decode_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     lib.triage_fp8_to_f32.restype = None
     lib.triage_fp8_to_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.triage_fp8_to_bf16.restype = None
@@ -297,6 +392,23 @@ def gemv(x, q, scale):
     out = torch.empty((m, n), dtype=torch.float32)
     with torch.profiler.record_function("fp8_cpu::gemv"):  # so profiler tables show the kernel's time
         lib.triage_fp8_gemv(x.data_ptr(), m, k, q.data_ptr(), n, scale.data_ptr(), out.data_ptr())
+    return out
+
+
+def decode_bf16(x, q, scale, w8a8: bool):
+    """FP8Linear's few-row path in one call, for bf16 activations: bf16 out[M, N], bit for bit what its torch ops give
+    (quantize_rows and to_float for W8A8, gemv, the activation scales, .to(bfloat16)). Those ten small ops took about
+    as long as the product itself at decode (~0.13 ms a Linear, 126 Linears a step on the embedded model)."""
+    import torch
+
+    lib = library()
+    m, k = x.shape
+    n = q.shape[0]
+    work = torch.empty(m * k + m, dtype=torch.float32)
+    out = torch.empty((m, n), dtype=torch.bfloat16)
+    with torch.profiler.record_function("fp8_cpu::decode_bf16"):
+        lib.triage_fp8_decode_bf16(x.data_ptr(), m, k, int(w8a8), q.data_ptr(), n, scale.data_ptr(), work.data_ptr(),
+                                   out.data_ptr())
     return out
 
 

@@ -98,3 +98,29 @@ def test_a_tied_lm_head_is_packed_only_with_memory_to_spare():
         n = cpu_fast.pack_linears(model, spare)
         assert isinstance(model.lm_head, cpu_fast.PackedLinear) is packed
         assert n == 2 * 7 + packed  # every layer's seven linears either way
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8"])  # the default precision compare's two sides
+def test_prompt_attention_in_chunks_gives_the_same_bits(engine_cache, monkeypatch, precision):
+    """A prompt past two key blocks, alone and in a left-padded batch, scored with SDPA in query chunks and in one
+    call: the same log-probabilities bit for bit (the compare's metrics and its FP8 side's tokens rest on that)."""
+    from core.compare import run as cp
+    from core.compare.prompts import default_prompts
+
+    e = engine_cache(precision)
+    long_ids = e.encode(default_prompts()[-1].text)  # the compare's long-context prompt, ~1,200 tokens
+    assert len(long_ids) > 2 * cpu_fast.SDPA_KEY_BLOCK
+    cont = e.encode(" The first token waits for the whole prompt.")
+    items = [(long_ids, cont), (long_ids[300:], cont)]
+
+    def scores():
+        return [s.full_logprobs for s in cp.score_many(e, items, top_k=5) + [e.score(long_ids, cont, full=True)]]
+
+    chunked_calls = []
+    chunked = cpu_fast.prompt_attention
+    monkeypatch.setattr(cpu_fast, "prompt_attention", lambda *a, **k: chunked_calls.append(1) or chunked(*a, **k))
+    in_chunks = scores()
+    assert chunked_calls  # the sliding-window layers alone, and every layer of the padded batch
+    monkeypatch.setattr(cpu_fast, "SDPA_KEY_BLOCK", 10 ** 9)  # one SDPA call per layer, as before
+    for a, b in zip(in_chunks, scores()):
+        assert np.array_equal(a, b)

@@ -51,6 +51,46 @@ def test_fp8_linear_kernel_matches_eager(w8a8, rows):
     assert torch.allclose(fast.float(), eager.float(), rtol=0.02, atol=0.02)
 
 
+def test_bf16_decode_equals_the_torch_ops_bit_for_bit_at_the_edges():
+    g = torch.Generator().manual_seed(3)
+    lin = torch.nn.Linear(80, 48, bias=False).to(torch.bfloat16)  # 80: vector loops and a scalar tail
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 80, generator=g) * 0.05)
+    x = torch.randn(fp8.CPU_GEMV_MAX_ROWS, 80, generator=g)
+    x[0] = 0.0  # amax clamped to 1e-12
+    x[1, :40] = -0.0
+    x[2] *= 1e-30  # tiny rows: the scale follows them down
+    x[3, 0] = 1e4  # one huge value: the rest of the row lands in E4M3's subnormals or rounds to zero
+    x[4] *= 3e38 / x[4].abs().max()  # near bf16's largest
+    x[5, ::3] = 0.5 * 2.0 ** -9  # ties at E4M3's rounding boundaries
+    x = x.to(torch.bfloat16)
+    for w8a8 in (True, False):
+        layer = fp8.FP8Linear(lin, w8a8=w8a8)
+        for rows in (7, fp8.CPU_GEMV_MAX_ROWS):  # a part of the kernel's 8-row block; two whole blocks
+            # weight-only, the huge row overflows to inf and NaN on both paths (NaN bit patterns may differ)
+            torch.testing.assert_close(layer(x[:rows]), layer._forward_cpu_ops(x[:rows]), rtol=0, atol=0,
+                                       equal_nan=True)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8-wo"])
+def test_bf16_decode_equals_the_torch_ops_on_the_real_model(engine_cache, precision):
+    """Every FP8 Linear's input in real decode steps, through the one C call and the torch ops: the same bf16 outputs
+    bit for bit, so the same tokens and numbers as before the C call."""
+    e = engine_cache(precision)
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((mod, args[0], out)))
+             for m in e.model.modules() if isinstance(m, fp8.FP8Linear)]
+    try:
+        e.generate(PROMPTS, GenerationParams(max_new_tokens=3, top_logprobs=0, stop_at_eos=False))
+    finally:
+        for h in hooks:
+            h.remove()
+    decode = [(mod, x.reshape(-1, x.shape[-1]), out) for mod, x, out in seen if x.shape[:-1].numel() <= 3]
+    assert len(decode) == 2 * len(hooks)  # the two steps after the prefill, three rows each
+    for mod, x, out in decode:
+        assert torch.equal(out.reshape(x.shape[0], -1), mod._forward_cpu_ops(x))
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8-wo"])
 def test_kernel_path_gives_the_eager_tokens_and_distributions(engine_cache, precision):
     e = engine_cache(precision)

@@ -334,8 +334,21 @@ def test_nan_on_either_side_is_nan_never_agreement():
     assert ag.kl_full(np.array([ok]), np.array([ok]))[0] == 0.0
 
 
-def test_full_kl_in_chunks_equals_one_pass():
+def kl_plain(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """The KL expression kl_full computes in place and in chunks, in one pass over whole float64 copies."""
+    ref, cand = ref.astype(np.float64), cand.astype(np.float64)
+    p = np.exp(ref)
+    with np.errstate(invalid="ignore"):
+        return np.maximum(np.where(p > 0, p * (ref - cand), 0.0).sum(axis=-1), 0.0)
+
+
+def test_full_kl_in_chunks_and_in_place_equals_the_plain_expression_bit_for_bit():
     rng = np.random.default_rng(0)
     ref, cand = (np.log(rng.dirichlet(np.ones(500), size=3 * ag.KL_ROWS_PER_CHUNK + 5)) for _ in range(2))
-    p = np.exp(ref)
-    assert np.allclose(ag.kl_full(ref, cand), (p * (ref - cand)).sum(axis=-1), rtol=1e-12, atol=0)
+    assert np.array_equal(ag.kl_full(ref, cand), kl_plain(ref, cand))
+    # float32 input, as engines give it, with zero probabilities on either side
+    ref32, cand32 = ref.astype(np.float32), cand.astype(np.float32)
+    ref32[0, :3], cand32[1, :3], ref32[2, :3], cand32[2, :3] = -np.inf, -np.inf, -np.inf, -np.inf
+    with np.errstate(invalid="ignore"):
+        assert np.array_equal(ag.kl_full(ref32, cand32), kl_plain(ref32, cand32))
+    assert ag.kl_full(ref32, cand32)[1] == np.inf  # the candidate gives no mass to tokens the reference expects
