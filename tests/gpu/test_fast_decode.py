@@ -120,7 +120,9 @@ def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
     the graph with every fold and without any, each against the torch-op step over the same continuation."""
     hf, prompt, _, _ = setup
     fast = FastLlama.from_hf(hf, mode)
-    assert DecodeGraph.default_folds(fast, 1) == FOLDS_MEASURED_FASTER[mode]
+    from core.engines.fast import kernels as K
+
+    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER[mode] if K.pdl_available() else frozenset())
     assert DecodeGraph.default_folds(fast, 2) == frozenset()
     lp = {"ref": [], "folded": [], "plain": []}
     for r in range(prompt.shape[0]):

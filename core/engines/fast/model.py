@@ -528,7 +528,9 @@ class DecodeGraph:
 
         d = model.dims
         widest = max(d.hidden, d.heads * d.head_dim)
-        if batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K:
+        # measured with programmatic dependent launch (Hopper and later) only, which lets the weight loads go early
+        if (batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K
+                or not K.pdl_available()):
             return frozenset()
         return FOLDS_MEASURED_FASTER[model.mode]
 
