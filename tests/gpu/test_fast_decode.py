@@ -122,7 +122,7 @@ def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
     fast = FastLlama.from_hf(hf, mode)
     from core.engines.fast import kernels as K
 
-    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER[mode] if K.pdl_available() else frozenset())
+    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER if K.pdl_available() else frozenset())
     assert DecodeGraph.default_folds(fast, 2) == frozenset()
     lp = {"ref": [], "folded": [], "plain": []}
     for r in range(prompt.shape[0]):

@@ -214,16 +214,29 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 
 
 @triton.jit
-def _linear_wo_bf16(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, SILU_X: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Weight-only FP8's [BLOCK_N, BLOCK_M] tile with E4M3 -> bf16 and a bf16 dot: exact for any bf16 input."""
+def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE: tl.constexpr,
+                 SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN: tl.constexpr, F16_DOT: tl.constexpr):
+    """The [BLOCK_N, BLOCK_M] float32 sum of one program of `_linear_kernel`, before any scale."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
+        if EVEN:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
         x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
-        acc = tl.dot(w.to(tl.bfloat16), x, acc)
+        if MODE == 1:
+            if F16_DOT:
+                # E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the limit:
+                # 2026-12-02 on the H200, 6144x4096 at 8 rows 20.6 us against 12.5); bf16 -> f16 is exact inside
+                # f16's range (below 6.1e-5 it keeps 2^-24 steps; past 65504 it overflows: see _linear_kernel)
+                acc = tl.dot(w.to(tl.float16), x.to(tl.float16), acc)
+            else:
+                acc = tl.dot(w.to(tl.bfloat16), x, acc)  # exact for any bf16 input
+        else:
+            acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
     return acc
 
@@ -239,29 +252,14 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, st
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
-        x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
-        if MODE == 1:
-            # The dot in float16: E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the
-            # limit: 2026-12-02 on the H200, 6144x4096 at 8 rows 20.6 us against 12.5); bf16 -> f16 is exact inside
-            # f16's range (below 6.1e-5 it keeps 2^-24 steps; past 65504 it overflows, handled below). The
-            # per-channel scale is applied to the f32 sum.
-            acc = tl.dot(w.to(tl.float16), x.to(tl.float16), acc)
-        else:
-            acc = tl.dot(w, x, acc)
-        w_ptrs += BLOCK_K
+    # weight-only takes its dot in float16; the per-channel scale is applied to the f32 sum
+    acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE, SILU_X, BLOCK_N, BLOCK_M,
+                       BLOCK_K, EVEN, MODE == 1)
     if MODE == 1:
         if tl.min((tl.abs(acc) < float("inf")).to(tl.int32)) == 0:
             # an activation past f16's range (or a non-finite input): this tile again with the bf16 dot
-            acc = _linear_wo_bf16(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, SILU_X, BLOCK_N,
-                                  BLOCK_M, BLOCK_K)
+            acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE, SILU_X, BLOCK_N,
+                               BLOCK_M, BLOCK_K, EVEN, False)
     if MODE != 0:
         acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
     if MODE == 2:

@@ -470,11 +470,10 @@ def _rope_params(rotary_config, dims: Dims):
     return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
 
 
-# Which folds (DecodeGraph) a batch-1 step uses per mode: those that measured faster on the H200 (2026-12-02,
+# Which folds (DecodeGraph) a batch-1 step uses: those that measured faster on the H200 (2026-12-02,
 # bench/fp8_speed.py --fold-ab, prompt 512, without -> with both): BF16 4.40 -> 4.34 ms a step, W8A8 2.78 -> 2.74,
 # weight-only 2.95 -> 2.64 (its E4M3 upcast is cheaper in the whole-row FMA kernel). TRIAGE_FOLD=0 turns them off.
-FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
-                         "fp8-wo": frozenset({"norm", "o"})}
+FOLDS_MEASURED_FASTER = frozenset({"norm", "o"})  # both, in every mode
 
 
 class DecodeGraph:
@@ -532,7 +531,7 @@ class DecodeGraph:
         if (batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K
                 or not K.pdl_available()):
             return frozenset()
-        return FOLDS_MEASURED_FASTER[model.mode]
+        return FOLDS_MEASURED_FASTER
 
     def _body(self):
         from core.engines.fast import kernels as K
