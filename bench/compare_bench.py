@@ -22,6 +22,7 @@ from pathlib import Path
 from core.compare import run as cp
 from core.compare.prompts import default_prompts
 from core.compare.result import Side
+from core.engines.base import length_groups
 from core.precision import KVDtype, Precision
 
 
@@ -99,7 +100,7 @@ def main() -> int:
                                                                             top_logprobs=args.top_k))
     items = [(g.prompt_ids, g.token_ids) for g in ref_gens if g.token_ids]
     t0, c0 = time.perf_counter(), time.process_time()
-    for group in cp.length_groups([len(p) + len(c) for p, c in items], [len(c) for _, c in items]):
+    for group in length_groups([len(p) + len(c) for p, c in items], [len(c) for _, c in items]):
         cp.score_many(ref, [items[i] for i in group], args.top_k)
     batched, batched_cpu = time.perf_counter() - t0, time.process_time() - c0
     t0, c0 = time.perf_counter(), time.process_time()

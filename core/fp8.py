@@ -134,6 +134,13 @@ class FP8KV:
         self.dtype = t.dtype
         self.q, self.scale = quantize_rows(t)
 
+    @classmethod
+    def stored(cls, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> "FP8KV":
+        """One made from values already in E4M3 and their scales (caches joined row by row)."""
+        kv = cls.__new__(cls)
+        kv.q, kv.scale, kv.dtype = q, scale, dtype
+        return kv
+
     def append(self, t: torch.Tensor) -> None:
         q, s = quantize_rows(t)
         self.q = torch.cat([self.q, q], dim=-2)

@@ -24,19 +24,12 @@ from typing import Callable, Sequence
 from core.compare import agreement as ag
 from core.compare.prompts import Prompt, unique_names
 from core.compare.result import CompareResult, PromptResult, Side
-from core.engines.base import Cancelled, EngineError, Generation, GenerationParams, Score, UnsupportedCombination
+from core.engines.base import (Cancelled, EngineError, GenerationParams, Score, UnsupportedCombination,
+                               length_groups)
 from core.errors import InputError
 
 ENGINES = ("torch", "vllm", "remote")
 MAX_TOP_K = 20  # GenerationParams.top_logprobs and vLLM's default --max-logprobs
-# Batching limits for the torch engine: padded tokens per forward pass, continuation positions whose full
-# distributions are held at once (1 MiB each at Gemma's 262k vocabulary), and how much padding a batch may waste.
-BATCH_TOKENS = 4096
-BATCH_POSITIONS = 512
-BATCH_PAD_RATIO = 1.3
-# Generation: each group costs a full run of decode steps (on a CPU ~0.1 s each, most of it reading lm_head), so
-# short prompts share a group when the padding adds at most this many prefill tokens (about two decode steps' time).
-GENERATE_PAD_TOKENS = 256
 
 ProgressFn = Callable[[float, str], None]
 
@@ -78,29 +71,6 @@ def load_engine(side: Side, progress: ProgressFn | None = None, gpu_share: float
             raise UnsupportedCombination(reasons)
         return eng
     raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
-
-
-def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = None,
-                  pad_tokens: int = 0) -> list[list[int]]:
-    """Indices grouped so that each group is one forward pass: similar lengths (little padding: at most
-    BATCH_PAD_RATIO of the real tokens, or at most `pad_tokens` pad tokens), bounded size."""
-    cont_lengths = cont_lengths or [0] * len(lengths)
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        cand = cur + [i]
-        width = max(lengths[j] for j in cand)
-        real = sum(lengths[j] for j in cand)
-        little_padding = width * len(cand) <= BATCH_PAD_RATIO * real or width * len(cand) - real <= pad_tokens
-        fits = (width * len(cand) <= max(BATCH_TOKENS, width) and little_padding
-                and sum(cont_lengths[j] for j in cand) <= max(BATCH_POSITIONS, cont_lengths[i]))
-        if cur and not fits:
-            groups.append(cur)
-            cand = [i]
-        cur = cand
-    if cur:
-        groups.append(cur)
-    return groups
 
 
 def _is_torch(engine) -> bool:
@@ -151,18 +121,6 @@ def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> 
         return list(pool.map(lambda it: engine.score(it[0], it[1], top_k), items))
 
 
-def _generate(engine, texts: list[str], params: GenerationParams, should_stop) -> list[Generation]:
-    if not _is_torch(engine):
-        return engine.generate(texts, params, should_stop=should_stop)
-    # Left padding makes every row as long as the longest prompt: group by length so one long prompt does not
-    # multiply the prefill of the short ones.
-    gens: list[Generation | None] = [None] * len(texts)
-    for group in length_groups([len(engine.encode(t)) for t in texts], pad_tokens=GENERATE_PAD_TOKENS):
-        for i, g in zip(group, engine.generate([texts[i] for i in group], params, should_stop=should_stop)):
-            gens[i] = g
-    return gens  # type: ignore[return-value]
-
-
 def _with_target(score: Score) -> list[dict[int, float]]:
     return [{**ag.normalize_topk(d), tok: lp} if not math.isnan(lp) else ag.normalize_topk(d)
             for d, tok, lp in zip(score.top_logprobs, score.continuation_ids, score.target_logprobs)]
@@ -209,9 +167,9 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
 
     t_start = time.perf_counter()
     progress(0.0, f"Reference ({reference.label}) generating {max_new_tokens} tokens for {len(prompts)} prompts")
-    ref_gens = timed("reference_generate", lambda: _generate(ref_engine, texts, params, stop))
+    ref_gens = timed("reference_generate", lambda: ref_engine.generate(texts, params, should_stop=stop))
     progress(0.35, f"Candidate ({candidate.label}) generating")
-    cand_gens = timed("candidate_generate", lambda: _generate(cand_engine, texts, params, stop))
+    cand_gens = timed("candidate_generate", lambda: cand_engine.generate(texts, params, should_stop=stop))
 
     # Teacher-forced: both sides score the reference continuation. Prompts whose reference output is empty
     # (immediate EOS) have nothing to score.
@@ -298,4 +256,4 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
     return result
 
 
-__all__ = ["compare", "run", "load_engine", "score_many", "length_groups", "EngineError"]
+__all__ = ["compare", "run", "load_engine", "score_many", "EngineError"]

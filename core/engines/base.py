@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol, Sequence
 
 from core.errors import EngineError  # noqa: F401 - re-exported: engines and their callers name it from here
 from core.errors import InputError
@@ -146,6 +146,37 @@ def append_step(gens: list[Generation], done: list[bool], next_ids, chosen_logpr
         if stop_at_eos and tok in eos_ids:
             done[b], g.finish_reason = True, "eos"
     return emitted, now
+
+
+# Batching limits for in-process forward passes over several prompts: padded tokens per pass, continuation positions
+# whose full distributions are held at once (1 MiB each at Gemma's 262k vocabulary), how much padding a batch may waste.
+BATCH_TOKENS = 4096
+BATCH_POSITIONS = 512
+BATCH_PAD_RATIO = 1.3
+
+
+def length_groups(lengths: Sequence[int], cont_lengths: Sequence[int] | None = None,
+                  pad_tokens: int = 0) -> list[list[int]]:
+    """Indices grouped so that each group is one forward pass: similar lengths (little padding: at most
+    BATCH_PAD_RATIO of the real tokens, or at most `pad_tokens` pad tokens), bounded size. Left padding makes every
+    row of a pass as long as its longest, so one long prompt in a group would multiply the short ones' cost."""
+    cont_lengths = cont_lengths or [0] * len(lengths)
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        cand = cur + [i]
+        width = max(lengths[j] for j in cand)
+        real = sum(lengths[j] for j in cand)
+        little_padding = width * len(cand) <= BATCH_PAD_RATIO * real or width * len(cand) - real <= pad_tokens
+        fits = (width * len(cand) <= max(BATCH_TOKENS, width) and little_padding
+                and sum(cont_lengths[j] for j in cand) <= max(BATCH_POSITIONS, cont_lengths[i]))
+        if cur and not fits:
+            groups.append(cur)
+            cand = [i]
+        cur = cand
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 @dataclass

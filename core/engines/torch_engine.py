@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from core import fp8, fp8_cpu, quant
@@ -28,6 +29,7 @@ from core.engines.base import (
     StreamEvent,
     UnsupportedCombination,
     append_step,
+    length_groups,
     stop_if_asked,
 )
 from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
@@ -155,6 +157,42 @@ def make_cache(config, kv_dtype: KVDtype) -> DynamicCache:
         ]
     return cache
 
+
+
+# Prompts share a prefill pass when left padding adds at most this many tokens to it; the passes then decode as one
+# batch (on a CPU a decode step costs ~0.1 s, most of it reading the weights, the same for one row or eight).
+PREFILL_PAD_TOKENS = 256
+JOINABLE = (DynamicLayer, DynamicSlidingWindowLayer, _FP8Layer, _FP8SlidingLayer)
+
+
+def _left_pad_join(parts: list[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, tokens, dim] tensors, each left-padded with zeros to the longest, as one batch in `where`'s
+    row order. Every row's last token stays in the last column, as left padding of the whole batch would put it."""
+    n = max(t.shape[-2] for t in parts)
+    return torch.cat([F.pad(t, (0, 0, n - t.shape[-2], 0)) for t in parts]).index_select(0, where)
+
+
+def join_caches(parts: list[DynamicCache], where: torch.Tensor, config, kv_dtype: KVDtype) -> DynamicCache:
+    """One cache for a batch from the caches of its prefill groups (rows concatenated in group order, then reordered
+    by `where`). Padded slots hold zeros (E4M3 zeros with a zero scale in an FP8 cache); the attention mask hides
+    them, as it hides a padded prompt's."""
+    joined = make_cache(config, kv_dtype)
+    for li, layer in enumerate(joined.layers):
+        srcs = [c.layers[li] for c in parts]
+        if hasattr(srcs[0], "k"):  # an FP8 layer: E4M3 values and their per-token scales
+            layer.is_initialized, layer.device = True, srcs[0].device
+            for name in ("k", "v"):
+                kvs = [getattr(s, name) for s in srcs]
+                setattr(layer, name, fp8.FP8KV.stored(_left_pad_join([kv.q for kv in kvs], where),
+                                                      _left_pad_join([kv.scale for kv in kvs], where), kvs[0].dtype))
+            layer.keys = layer.k.q
+        else:
+            layer.lazy_initialization(srcs[0].keys, srcs[0].values)
+            layer.keys = _left_pad_join([s.keys for s in srcs], where)
+            layer.values = _left_pad_join([s.values for s in srcs], where)
+        if hasattr(layer, "cumulative_length"):  # sliding-window layers: tokens seen, the longest row's
+            layer.cumulative_length = max(s.cumulative_length for s in srcs)
+    return joined
 
 def cache_bytes(cache: DynamicCache) -> int:
     total = 0
@@ -317,19 +355,26 @@ class TorchEngine:
             if params.seed is not None:
                 gen.manual_seed(params.seed)
             cache = make_cache(self.config, self.kv_dtype)
+            groups = length_groups([len(i) for i in ids], pad_tokens=PREFILL_PAD_TOKENS)
+            if len(groups) > 1 and not all(type(layer) in JOINABLE for layer in cache.layers):
+                groups = [list(range(batch))]
             done = [False] * batch
             past = 0
             t0 = time.perf_counter()
             for step in range(params.max_new_tokens):
                 stop_if_asked(should_stop, gens, done)
-                q = input_ids.shape[1]
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -q:]
-                out = self.model(
-                    input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    cache_position=torch.arange(past, past + q, device=dev), use_cache=True, logits_to_keep=1,
-                )
-                past += q
-                logprobs = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+                if step == 0 and len(groups) > 1:
+                    logits, cache = self._prefill_groups(ids, groups, pad)
+                    past = width
+                else:
+                    q = input_ids.shape[1]
+                    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -q:]
+                    logits = self.model(
+                        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        cache_position=torch.arange(past, past + q, device=dev), use_cache=True, logits_to_keep=1,
+                    ).logits[:, -1, :]
+                    past += q
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
                 nxt = self._pick(logprobs, params, gen)
                 k = params.top_logprobs
                 emitted, now = append_step(gens, done, nxt, logprobs.gather(1, nxt[:, None])[:, 0],
@@ -341,6 +386,28 @@ class TorchEngine:
                 input_ids = nxt[:, None]
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
             self.last_kv_bytes = cache_bytes(cache)
+
+    def _prefill_groups(self, ids: list[list[int]], groups: list[list[int]], pad: int):
+        """The first step of a batch whose prompts differ in length: each group of similar lengths is prefilled in
+        its own pass (a long prompt would pad every short one to its length), then the caches join into one for the
+        batch's decode steps, which read the weights once for every row. Returns the last position's logits in the
+        batch's row order and the joined cache."""
+        dev = self.device.kind
+        logits, parts = [], []
+        for group in groups:
+            rows = [ids[i] for i in group]
+            width = max(len(r) for r in rows)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dev)
+            cache = make_cache(self.config, self.kv_dtype)
+            logits.append(self.model(
+                input_ids=torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dev), attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
+                cache_position=torch.arange(width, device=dev), use_cache=True, logits_to_keep=1,
+            ).logits[:, -1, :])
+            parts.append(cache)
+        order = [i for g in groups for i in g]  # row of the concatenated groups -> row of the batch
+        where = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=dev)
+        return torch.cat(logits).index_select(0, where), join_caches(parts, where, self.config, self.kv_dtype)
 
     @staticmethod
     def _pick(logprobs: torch.Tensor, params: GenerationParams, gen: torch.Generator) -> torch.Tensor:

@@ -18,6 +18,7 @@ import pytest
 from core.compare import run as cp
 from core.compare.prompts import Prompt
 from core.compare.result import CompareResult, Side, history_payload, history_summary, history_title
+from core.engines.base import length_groups
 from core.precision import Precision
 from core.store import Store
 
@@ -102,7 +103,7 @@ def test_full_kl_on_real_distributions_equals_the_plain_expression(fp32, fp8):
 
 
 def test_length_groups_keep_the_long_prompt_apart():
-    groups = cp.length_groups([6, 1100, 12, 9, 40])
+    groups = length_groups([6, 1100, 12, 9, 40])
     assert [1] in groups and sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from core import fp8
-from core.engines.base import Cancelled, GenerationParams
-from core.engines.torch_engine import TorchEngine
+from core.engines.base import Cancelled, GenerationParams, length_groups
+from core.engines.torch_engine import PREFILL_PAD_TOKENS, TorchEngine
 from core.models import REFERENCE_CONTINUATION, REFERENCE_PROMPT, ModelSpec
 from core.precision import KVDtype, Precision
 from tests.conftest import ROOT
@@ -43,6 +43,45 @@ def test_batch_rows_match_single_prompts(engine_cache):
     batch = e.generate(PROMPTS, GREEDY)
     for prompt, g in zip(PROMPTS, batch):
         assert e.generate([prompt], GREEDY)[0].token_ids == g.token_ids
+
+
+LONG_PROMPT = " ".join(f"Item {i}: the {w} report is filed." for i, w in enumerate(["annual", "weekly", "final"] * 30))
+
+
+def test_prompts_of_different_lengths_prefill_apart_and_decode_as_one_batch(engine_cache):
+    """A 986-token prompt (past the 512-token sliding window) and two short ones: prefilled in separate passes, their
+    caches joined row by row, decoded together. Each row generates what that prompt generates alone. (In FP32: with
+    bf16 activations, or an FP8 KV cache, the rounding of a row already depends on the rows beside it, joined or not.)"""
+    e = engine_cache("fp32")
+    prompts = [PROMPTS[0], LONG_PROMPT + " Summarize the items:", PROMPTS[1]]
+    params = GenerationParams(max_new_tokens=8, top_logprobs=5, stop_at_eos=False)
+    assert len(length_groups([len(e.encode(p)) for p in prompts], pad_tokens=PREFILL_PAD_TOKENS)) == 2
+    batch = e.generate(prompts, params)
+    for prompt, g in zip(prompts, batch):
+        alone = e.generate([prompt], params)[0]
+        assert g.token_ids == alone.token_ids
+        for a, b in zip(g.top_logprobs, alone.top_logprobs):
+            assert a.keys() == b.keys() and max(abs(a[t] - b[t]) for t in a) < 1e-4
+
+
+@pytest.mark.parametrize("precision,kv", [("fp32", "auto"), ("bf16", "fp8")])
+def test_joined_cache_holds_each_groups_own_rows(engine_cache, precision, kv):
+    """The joined cache is each group's cache, row for row, left-padded with zeros; also for the E4M3 cache with its
+    scales. The logits are each group's own."""
+    e = engine_cache(precision, kv)
+    ids = [e.encode(p) for p in (PROMPTS[0], LONG_PROMPT, PROMPTS[1])]
+    groups = [[1], [0, 2]]
+    logits, joined = e._prefill_groups(ids, groups, pad=0)
+    for group in groups:
+        own_logits, own = e._prefill_groups([ids[i] for i in group], [list(range(len(group)))], pad=0)
+        for layer, own_layer in zip(joined.layers, own.layers):
+            pairs = ([(layer.k.q.view(torch.uint8), own_layer.k.q.view(torch.uint8)), (layer.k.scale, own_layer.k.scale),
+                      (layer.v.q.view(torch.uint8), own_layer.v.q.view(torch.uint8)), (layer.v.scale, own_layer.v.scale)]
+                     if kv == "fp8" else [(layer.keys, own_layer.keys), (layer.values, own_layer.values)])
+            for big, small in pairs:
+                n = small.shape[-2]
+                assert torch.equal(big[group, :, -n:], small) and not big[group, :, :-n].any()
+        assert torch.equal(logits[group], own_logits)
 
 
 def test_fp8_weights_are_e4m3_and_lm_head_embeddings_stay_base(engine_cache):
