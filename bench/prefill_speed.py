@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -34,11 +35,41 @@ def timed(fn, reps: int) -> float:
     return best
 
 
-def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool) -> float:
+def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False) -> float:
     ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(prompt))
     cache = model.new_cache(1, prompt + 8, False)
-    return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
+    os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast_accum else "0"
+    try:
+        return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
+    finally:
+        os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
+
+
+def accum_difference(models: dict[str, FastLlama], prompt: int) -> dict[str, dict[str, float]]:
+    """The W8A8 prompt pass's logits at every position with fast and with float32-promoted accumulation, against
+    each other and against BF16: relative difference, mean KL, top-1 agreement (random weights: a measure of
+    difference, not of quality)."""
+    ids = torch.randint(0, models["bf16"].dims.vocab, (1, prompt), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(1))
+
+    def logprobs(model: FastLlama, fast: bool) -> torch.Tensor:
+        os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast else "0"
+        try:
+            cache = model.new_cache(1, prompt + 8, False)
+            lp = model.prefill(ids, cache, rows=slice(0, 1), all_logits=True).float()
+            return torch.log_softmax(lp.reshape(-1, lp.shape[-1]), dim=-1)
+        finally:
+            os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
+
+    def diff(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
+        return {"rel_diff": ((got - ref).norm() / ref.norm()).item(),
+                "kl_mean": (ref.exp() * (ref - got)).sum(-1).mean().item(),
+                "top1": (ref.argmax(-1) == got.argmax(-1)).float().mean().item()}
+
+    bf16, promoted, fast = logprobs(models["bf16"], False), logprobs(models["fp8"], False), logprobs(models["fp8"], True)
+    return {"fast_vs_promoted": diff(promoted, fast), "promoted_vs_bf16": diff(bf16, promoted),
+            "fast_vs_bf16": diff(bf16, fast)}
 
 
 def attention_backends(dims: Dims, length: int, reps: int) -> dict[str, float | str]:
@@ -73,26 +104,32 @@ def main() -> None:
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)
     models = {mode: FastLlama(dims, master, mode, rotary=config) for mode in ("bf16", "fp8")}
-    paths = [("bf16", "bf16", True), ("fp8", "fp8", True), ("bf16 torch ops", "bf16", False),
-             ("fp8 torch ops", "fp8", False)]
-    for _, mode, fused in paths:  # warm-up: kernels compiled and autotuned before any timing
-        prefill_s(models[mode], 1024, 1, fused)
+    # (name, mode, fused, FP8 fast accumulation)
+    paths = [("bf16", "bf16", True, False), ("fp8", "fp8", True, False), ("fp8 fast accum", "fp8", True, True),
+             ("bf16 torch ops", "bf16", False, False), ("fp8 torch ops", "fp8", False, False)]
+    for _, mode, fused, fast in paths:  # warm-up: kernels compiled and autotuned before any timing
+        prefill_s(models[mode], 1024, 1, fused, fast)
     rows = []
     for prompt in (int(p) for p in args.prompts.split(",")):
         reps = args.reps if prompt <= 32768 else max(1, args.reps - 1)
-        t = {name: prefill_s(models[mode], prompt, reps, fused) for name, mode, fused in paths}
+        t = {name: prefill_s(models[mode], prompt, reps, fused, fast) for name, mode, fused, fast in paths}
         row = {"prompt": prompt, **{f"{k.replace(' ', '_')}_s": v for k, v in t.items()},
-               "fp8_speedup": t["bf16"] / t["fp8"], "fp8_speedup_torch_ops": t["bf16 torch ops"] / t["fp8 torch ops"]}
+               "fp8_speedup": t["bf16"] / t["fp8"], "fp8_fast_accum_speedup": t["bf16"] / t["fp8 fast accum"],
+               "fp8_speedup_torch_ops": t["bf16 torch ops"] / t["fp8 torch ops"]}
         rows.append(row)
-        print(f"prompt {prompt:>7,}: fused BF16 {t['bf16']:.3f} s, FP8 {t['fp8']:.3f} s ({row['fp8_speedup']:.2f}x) | "
+        print(f"prompt {prompt:>7,}: fused BF16 {t['bf16']:.3f} s, FP8 {t['fp8']:.3f} s ({row['fp8_speedup']:.2f}x), "
+              f"FP8 fast accumulation {t['fp8 fast accum']:.3f} s ({row['fp8_fast_accum_speedup']:.2f}x) | "
               f"torch ops BF16 {t['bf16 torch ops']:.3f} s, FP8 {t['fp8 torch ops']:.3f} s "
               f"({row['fp8_speedup_torch_ops']:.2f}x)", flush=True)
         torch.cuda.empty_cache()
+    accum = accum_difference(models, 2048)
+    print("W8A8 prompt pass at 2,048 tokens, fast and promoted accumulation: " + "; ".join(
+        f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in d.items()) for name, d in accum.items()))
     attn = attention_backends(dims, args.attn_len, args.reps)
     print(f"one layer's causal attention at {args.attn_len:,} tokens: " + ", ".join(
         f"{k} {v * 1000:.1f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in attn.items()))
     result = {"device": props.name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-              "model": f"{args.model} shape, random weights", "prefill": rows,
+              "model": f"{args.model} shape, random weights", "prefill": rows, "fp8_fast_vs_promoted_accum": accum,
               "attention_one_layer_s": attn, "attention_len": args.attn_len}
     if args.json:
         with open(args.json, "w") as f:

@@ -15,6 +15,7 @@ def test_synthetic_llama_gets_the_fast_engine(precision):
     try:
         assert engine.name == "torch-fast" and engine.ran.startswith("torch fast path (CUDA graphs")
         assert "norms folded into the linears at batch 1" in engine.ran  # 4096 wide: DecodeGraph folds them
+        assert ("prompt GEMMs with FP8 fast accumulation" in engine.ran) == (precision is Precision.FP8)
         print(engine.ran)
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s and g.ttft_s > 0

@@ -40,6 +40,14 @@ SAME_PATH_BARS = {"bf16": (0.98, 1e-3, 1.0), "fp8-wo": (0.97, 3e-3, 1.0), "fp8":
 B, T, N = 4, 48, 24
 
 
+@pytest.fixture(autouse=True)
+def promoted_accumulation(monkeypatch):
+    """The tests here hold each fast path to the torch-op path of the same numerics, so the W8A8 prompt pass promotes
+    its FP8 GEMMs' partial sums as the torch-op pass does; fast accumulation (the engine's default) is measured
+    against BF16 in its own test."""
+    monkeypatch.setenv("TRIAGE_FP8_FAST_ACCUM", "0")
+
+
 @pytest.fixture(scope="module")
 def setup():
     print(f"\nseed {SEED}")
@@ -159,6 +167,26 @@ def test_fused_prefill_computes_the_torch_op_prefill(setup, mode, kv):
     print(f"{mode:6s} kv={kv:4s} prefill fused vs torch ops: {_fmt(a)}")
     top1, kl, _ = SAME_PATH_BARS[mode]
     assert a["top1"] >= top1 and a["kl_mean"] < kl
+
+
+def test_w8a8_prefill_fast_accumulation_against_bf16(setup, monkeypatch):
+    """Fast accumulation (the engine's default, as vLLM's CUTLASS FP8 GEMMs) moves the W8A8 prompt pass a little from
+    the promoted one, and not further from BF16. H200, seed 1 (2026-12-02): against BF16, promoted top-1 0.844 and KL
+    0.124, fast 0.839 and 0.121; fast against promoted top-1 0.896, KL 0.034."""
+    hf, prompt, _, _ = setup
+    bf16 = FastLlama.from_hf(hf, "bf16")
+    ref = torch.log_softmax(bf16.prefill(prompt, bf16.new_cache(prompt.shape[0], prompt.shape[1] + 8, False),
+                                         all_logits=True).float(), dim=-1)
+    w8a8 = FastLlama.from_hf(hf, "fp8")
+    lps = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("TRIAGE_FP8_FAST_ACCUM", flag)
+        cache = w8a8.new_cache(prompt.shape[0], prompt.shape[1] + 8, False)
+        lps[flag] = torch.log_softmax(w8a8.prefill(prompt, cache, all_logits=True).float(), dim=-1)
+    same, promoted, fast = C.agreement(lps["0"], lps["1"]), C.agreement(ref, lps["0"]), C.agreement(ref, lps["1"])
+    print(f"fp8 prefill fast vs promoted accumulation: {_fmt(same)} | vs BF16: promoted {_fmt(promoted)}, "
+          f"fast {_fmt(fast)}")
+    assert fast["kl_mean"] < 2 * promoted["kl_mean"] and fast["top1"] >= promoted["top1"] - 0.05
 
 
 def test_engine_synthetic_shape(monkeypatch):

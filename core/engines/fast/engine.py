@@ -32,7 +32,7 @@ from core.engines.torch_engine import (
     score_from_logprobs,
 )
 from core.errors import InputError
-from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+from core.engines.fast.model import DecodeGraph, Dims, FastLlama, fp8_fast_accum
 from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
 from core.precision import KVDtype, Precision, unsupported_reasons
@@ -119,6 +119,8 @@ class FastLlamaEngine:
         at_batch_1 = (["programmatic dependent launch"] if K.pdl_available() else []) + (
             ["norms folded into the linears"] if DecodeGraph.default_folds(self.model, 1) else [])
         extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
+        if self.model.mode == "fp8" and fp8_fast_accum():
+            extra += ", prompt GEMMs with FP8 fast accumulation"
         return f"torch fast path (CUDA graphs, Triton kernels{extra}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
