@@ -3,15 +3,18 @@
     python -m bench.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
     python -m bench.prefill_speed --prompts 8192 --json $OUT/prefill.json
 
-For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs) and through
-the plain torch-op pass (`fused=False`, what ran before): one prompt of each length into a fresh cache, timed from the
-first kernel to the logits with a device synchronize, best of --reps after one warm-up at 1K tokens.
+For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs; W8A8 with
+its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default) and through the plain
+torch-op pass (`fused=False`, what ran before): one prompt of each length into a fresh cache, timed from the first
+kernel to the logits with a device synchronize, best of --reps after one warm-up at 1K tokens. At 2,048 tokens, how
+far fast accumulation moves W8A8's logits from promotion and from BF16.
 Then, at --attn-len tokens, one layer's causal attention timed under each SDPA backend torch offers on this GPU, so
 the share of attention in the prefill is measured rather than assumed. Weights are random (N(0, 0.02)): speed only.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -35,15 +38,23 @@ def timed(fn, reps: int) -> float:
     return best
 
 
+@contextlib.contextmanager
+def accumulation(fast: bool):
+    """W8A8 prompt passes inside run with FP8 fast accumulation or with promotion (the model reads the switch at
+    each pass)."""
+    os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
+
+
 def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False) -> float:
     ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(prompt))
     cache = model.new_cache(1, prompt + 8, False)
-    os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast_accum else "0"
-    try:
+    with accumulation(fast_accum):
         return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
-    finally:
-        os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
 
 
 def accum_difference(models: dict[str, FastLlama], prompt: int) -> dict[str, dict[str, float]]:
@@ -54,13 +65,9 @@ def accum_difference(models: dict[str, FastLlama], prompt: int) -> dict[str, dic
                         generator=torch.Generator(device="cuda").manual_seed(1))
 
     def logprobs(model: FastLlama, fast: bool) -> torch.Tensor:
-        os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast else "0"
-        try:
-            cache = model.new_cache(1, prompt + 8, False)
-            lp = model.prefill(ids, cache, rows=slice(0, 1), all_logits=True).float()
-            return torch.log_softmax(lp.reshape(-1, lp.shape[-1]), dim=-1)
-        finally:
-            os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
+        with accumulation(fast):
+            lp = model.prefill(ids, model.new_cache(1, prompt + 8, False), rows=slice(0, 1), all_logits=True).float()
+        return torch.log_softmax(lp.reshape(-1, lp.shape[-1]), dim=-1)
 
     def diff(ref: torch.Tensor, got: torch.Tensor) -> dict[str, float]:
         return {"rel_diff": ((got - ref).norm() / ref.norm()).item(),
