@@ -84,7 +84,7 @@ def _torch_score_batch(engine, items: list[tuple[list[int], list[int]]], top_k: 
     what attention reads), but left-padded and batched, and with logits only for the continuation positions."""
     import torch
 
-    from core.engines.torch_engine import make_cache
+    from core.engines.torch_engine import left_padded, make_cache
 
     dev = engine.device.kind
     pad = engine.tokenizer.pad_token_id or 0
@@ -92,8 +92,7 @@ def _torch_score_batch(engine, items: list[tuple[list[int], list[int]]], top_k: 
     width = max(len(s) for s in seqs)
     keep = max(len(c) for _, c in items) + 1  # the last column predicts past the sequence; kept for simple slicing
     with torch.inference_mode(), engine.lock:
-        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
+        ids, mask = left_padded(seqs, pad, dev)
         out = engine.model(
             input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
             past_key_values=make_cache(engine.config, engine.kv_dtype), cache_position=torch.arange(width, device=dev),

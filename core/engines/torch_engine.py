@@ -158,11 +158,19 @@ def make_cache(config, kv_dtype: KVDtype) -> DynamicCache:
     return cache
 
 
-
 # Prompts share a prefill pass when left padding adds at most this many tokens to it; the passes then decode as one
 # batch (on a CPU a decode step costs ~0.1 s, most of it reading the weights, the same for one row or eight).
 PREFILL_PAD_TOKENS = 256
 JOINABLE = (DynamicLayer, DynamicSlidingWindowLayer, _FP8Layer, _FP8SlidingLayer)
+
+
+def left_padded(rows: list[list[int]], pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids as one batch, each row left-padded with `pad` to the longest (so every row's next token lands in the
+    same column), and the attention mask that hides the padding."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask
 
 
 def _left_pad_join(parts: list[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
@@ -193,6 +201,7 @@ def join_caches(parts: list[DynamicCache], where: torch.Tensor, config, kv_dtype
         if hasattr(layer, "cumulative_length"):  # sliding-window layers: tokens seen, the longest row's
             layer.cumulative_length = max(s.cumulative_length for s in srcs)
     return joined
+
 
 def cache_bytes(cache: DynamicCache) -> int:
     total = 0
@@ -346,11 +355,8 @@ class TorchEngine:
             self._ensure_loaded()
             dev = self.device.kind
             batch = len(ids)
-            width = max(len(i) for i in ids)
             pad = self.tokenizer.pad_token_id or 0
-            # Left padding so every row's next token lands in the same column.
-            input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids], device=dev)
-            mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=dev)
+            input_ids, mask = left_padded(ids, pad, dev)
             gen = torch.Generator(device=dev)
             if params.seed is not None:
                 gen.manual_seed(params.seed)
@@ -365,15 +371,10 @@ class TorchEngine:
                 stop_if_asked(should_stop, gens, done)
                 if step == 0 and len(groups) > 1:
                     logits, cache = self._prefill_groups(ids, groups, pad)
-                    past = width
+                    past = input_ids.shape[1]
                 else:
-                    q = input_ids.shape[1]
-                    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -q:]
-                    logits = self.model(
-                        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        cache_position=torch.arange(past, past + q, device=dev), use_cache=True, logits_to_keep=1,
-                    ).logits[:, -1, :]
-                    past += q
+                    logits = self._last_logits(input_ids, mask, cache, past)
+                    past += input_ids.shape[1]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
                 nxt = self._pick(logprobs, params, gen)
                 k = params.top_logprobs
@@ -387,6 +388,16 @@ class TorchEngine:
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
             self.last_kv_bytes = cache_bytes(cache)
 
+    def _last_logits(self, input_ids, mask, cache: DynamicCache, past: int) -> torch.Tensor:
+        """One forward pass of the new tokens `input_ids` after `past` cached columns (`mask` covers both) into
+        `cache`: the logits of each row's last position."""
+        q = input_ids.shape[1]
+        return self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, -q:],
+            past_key_values=cache, cache_position=torch.arange(past, past + q, device=input_ids.device),
+            use_cache=True, logits_to_keep=1,
+        ).logits[:, -1, :]
+
     def _prefill_groups(self, ids: list[list[int]], groups: list[list[int]], pad: int):
         """The first step of a batch whose prompts differ in length: each group of similar lengths is prefilled in
         its own pass (a long prompt would pad every short one to its length), then the caches join into one for the
@@ -395,15 +406,8 @@ class TorchEngine:
         dev = self.device.kind
         logits, parts = [], []
         for group in groups:
-            rows = [ids[i] for i in group]
-            width = max(len(r) for r in rows)
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dev)
             cache = make_cache(self.config, self.kv_dtype)
-            logits.append(self.model(
-                input_ids=torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dev), attention_mask=mask,
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache,
-                cache_position=torch.arange(width, device=dev), use_cache=True, logits_to_keep=1,
-            ).logits[:, -1, :])
+            logits.append(self._last_logits(*left_padded([ids[i] for i in group], pad, dev), cache, 0))
             parts.append(cache)
         order = [i for g in groups for i in g]  # row of the concatenated groups -> row of the batch
         where = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=dev)
