@@ -2,9 +2,9 @@
 
 Flow per prompt:
 1. the reference greedy-generates N tokens with top-k logprobs; the candidate does the same (free-running metrics);
-2. both sides score the reference continuation teacher-forced: one forward pass per prompt and side, prompts of
-   similar length batched together, logits computed only for the continuation (the vocabulary projection dominates
-   a small model's cost, so prompt positions are skipped);
+2. both sides score the reference continuation teacher-forced: prompts of similar length batched together, logits
+   computed only for the continuation (the vocabulary projection dominates a small model's cost, so prompt positions
+   are skipped); a torch side runs only the continuation tokens, over the cache its generation's prompt pass left;
 3. core.compare.agreement turns ids, top-k dicts and (torch) full distributions into metrics, bands and a verdict.
 
 Sides are torch in-process (each precision loaded once; the same engine object is reused when both sides are the
@@ -120,6 +120,22 @@ def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> 
         return list(pool.map(lambda it: engine.score(it[0], it[1], top_k), items))
 
 
+def _generate(engine, texts: list[str], params: GenerationParams, stop):
+    """Generations, and the prompt pass kept for scoring where the engine keeps one (the torch engine; else None)."""
+    keeping = getattr(engine, "generate_keeping_prompt_pass", None)
+    if keeping is not None:
+        return keeping(texts, params, should_stop=stop)
+    return engine.generate(texts, params, should_stop=stop), None
+
+
+def _score(engine, kept, idx: list[int], items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+    """Teacher-forced scores of prompts idx: after the kept prompt pass where there is one (only the continuations
+    run; the compare's long prompt is not prefilled a second time), else score_many."""
+    if kept is not None:
+        return engine.score_after_prompt_pass(kept, idx, [c for _, c in items], top_k, full=True)
+    return score_many(engine, items, top_k)
+
+
 def _with_target(score: Score) -> list[dict[int, float]]:
     return [{**ag.normalize_topk(d), tok: lp} if not math.isnan(lp) else ag.normalize_topk(d)
             for d, tok, lp in zip(score.top_logprobs, score.continuation_ids, score.target_logprobs)]
@@ -166,9 +182,9 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
 
     t_start = time.perf_counter()
     progress(0.0, f"Reference ({reference.label}) generating {max_new_tokens} tokens for {len(prompts)} prompts")
-    ref_gens = timed("reference_generate", lambda: ref_engine.generate(texts, params, should_stop=stop))
+    ref_gens, ref_kept = timed("reference_generate", lambda: _generate(ref_engine, texts, params, stop))
     progress(0.35, f"Candidate ({candidate.label}) generating")
-    cand_gens = timed("candidate_generate", lambda: cand_engine.generate(texts, params, should_stop=stop))
+    cand_gens, cand_kept = timed("candidate_generate", lambda: _generate(cand_engine, texts, params, stop))
 
     # Teacher-forced: both sides score the reference continuation. Prompts whose reference output is empty
     # (immediate EOS) have nothing to score.
@@ -183,8 +199,8 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
         items = [(ref_gens[i].prompt_ids, ref_gens[i].token_ids) for i in idx]
         progress(0.7 + 0.25 * n / len(groups), f"Scoring the reference continuation teacher-forced "
                                                f"(batch {n + 1}/{len(groups)}, {len(idx)} prompts)")
-        rs = timed("_r", lambda: score_many(ref_engine, items, top_k))
-        cs = timed("_c", lambda: score_many(cand_engine, items, top_k))
+        rs = timed("_r", lambda: _score(ref_engine, ref_kept, idx, items, top_k))
+        cs = timed("_c", lambda: _score(cand_engine, cand_kept, idx, items, top_k))
         t["reference_score"] += t.pop("_r")
         t["candidate_score"] += t.pop("_c")
         t0 = time.perf_counter()

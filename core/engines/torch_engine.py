@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -203,6 +204,18 @@ def join_caches(parts: list[DynamicCache], where: torch.Tensor, config, kv_dtype
     return joined
 
 
+@dataclass
+class PromptPass:
+    """What a generation's prompt pass computed, kept for scoring continuations of the same prompts afterwards: a
+    copy of the cache as it stood before the first decode step, the attention mask over its columns (left padding
+    hidden), and each row's log-probabilities at its last prompt position (which predict the first new token)."""
+
+    cache: DynamicCache
+    mask: torch.Tensor
+    first_logprobs: torch.Tensor
+    prompt_ids: list[list[int]]
+
+
 def cache_bytes(cache: DynamicCache) -> int:
     total = 0
     for layer in cache.layers:
@@ -323,6 +336,17 @@ class TorchEngine:
         yield from self._decode([ids], params.validated(), [Generation(ids)], None)
 
     def generate(self, prompts, params: GenerationParams, on_step=None, should_stop=None) -> list[Generation]:
+        return self._generate(prompts, params, on_step, should_stop, None)
+
+    def generate_keeping_prompt_pass(self, prompts, params: GenerationParams,
+                                     should_stop=None) -> tuple[list[Generation], PromptPass | None]:
+        """`generate`, and what its prompt pass computed, for `score_after_prompt_pass` (None where this model's
+        cache layers cannot be copied row by row)."""
+        kept: list[PromptPass] = []
+        gens = self._generate(prompts, params, None, should_stop, kept)
+        return gens, (kept[0] if kept else None)
+
+    def _generate(self, prompts, params: GenerationParams, on_step, should_stop, kept: list | None):
         params = params.validated()
         if not prompts:
             raise InputError("Give at least one prompt.")
@@ -330,7 +354,7 @@ class TorchEngine:
             raise InputError("A prompt is empty; type some text.")
         ids = [self.encode(p) for p in prompts]
         gens = [Generation(i) for i in ids]
-        for event in self._decode(ids, params, gens, should_stop):
+        for event in self._decode(ids, params, gens, should_stop, kept):
             if on_step:
                 on_step(event)
         for g in gens:
@@ -349,7 +373,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def _decode(self, ids: list[list[int]], params: GenerationParams, gens: list[Generation],
-                should_stop) -> Iterator[StreamEvent]:
+                should_stop, kept: list | None = None) -> Iterator[StreamEvent]:
         self._check_lengths(ids, params)
         with self.lock, self._run_peak():
             self._ensure_loaded()
@@ -376,6 +400,10 @@ class TorchEngine:
                     logits = self._last_logits(input_ids, mask, cache, past)
                     past += input_ids.shape[1]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
+                if step == 0 and kept is not None and all(type(layer) in JOINABLE for layer in cache.layers):
+                    rows = torch.arange(batch, device=dev)  # a copy: the decode steps append to `cache`
+                    kept.append(PromptPass(join_caches([cache], rows, self.config, self.kv_dtype), mask, logprobs,
+                                           ids))
                 nxt = self._pick(logprobs, params, gen)
                 k = params.top_logprobs
                 emitted, now = append_step(gens, done, nxt, logprobs.gather(1, nxt[:, None])[:, 0],
@@ -441,6 +469,42 @@ class TorchEngine:
             logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n + 1).logits[0]
             lp = torch.log_softmax(logits[:n].float(), dim=-1)
             return score_from_logprobs(lp, continuation_ids, top_k, full)
+
+    @torch.inference_mode()
+    def score_after_prompt_pass(self, kept: PromptPass, rows: list[int], continuations: list[list[int]],
+                                top_k: int = 8, full: bool = False) -> list[Score]:
+        """Teacher-forced scores of continuations[j] after the prompt of row rows[j] of a kept prompt pass: only
+        the continuation goes through the model, its first token's prediction is the pass's own last position, and
+        the prompt's K/V come from the kept cache, so a long prompt is not run again. The same function as `score`
+        on the same ids (equal up to float rounding: tests/engines/test_torch_engine.py)."""
+        if not rows or any(not c for c in continuations) or len(rows) != len(continuations):
+            raise InputError("Scoring needs a non-empty continuation for each prompt.")
+        with self.lock, self._run_peak():
+            self._ensure_loaded()
+            dev = self.device.kind
+            where = torch.tensor(rows, device=dev)
+            n = max(len(c) for c in continuations) - 1  # tokens to feed: each continuation but its last
+            rest = None
+            if n:
+                pad = self.tokenizer.pad_token_id or 0
+                # right padding: it follows every real token, so causal attention keeps it out of their positions
+                ids = torch.tensor([list(c[:-1]) + [pad] * (n + 1 - len(c)) for c in continuations], device=dev)
+                mask = torch.cat([kept.mask.index_select(0, where), torch.ones_like(ids)], dim=1)
+                past = kept.mask.shape[1]
+                logits = self.model(
+                    input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1)[:, -n:],
+                    # a copy of the kept rows: the pass appends to the cache it is given
+                    past_key_values=join_caches([kept.cache], where, self.config, self.kv_dtype),
+                    cache_position=torch.arange(past, past + n, device=dev), use_cache=True,
+                ).logits
+                rest = torch.log_softmax(logits.float(), dim=-1)
+            scores = []
+            for j, (r, cont) in enumerate(zip(rows, continuations)):
+                lp = kept.first_logprobs[r:r + 1]
+                if len(cont) > 1:
+                    lp = torch.cat([lp, rest[j, :len(cont) - 1]])
+                scores.append(score_from_logprobs(lp, cont, top_k, full))
+            return scores
 
     # ---- memory ----
     @contextlib.contextmanager
