@@ -1,5 +1,6 @@
 """Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
-weight-only FP8 linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a
+the same on the CUDA cores (`--parts cores`: kernel_variants.attn_split_cores under each launch), weight-only FP8
+linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a
 long prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as
 soon as it ends. Results: docs/PERFORMANCE.md, "decode attention over the E4M3 cache".
 
@@ -106,6 +107,50 @@ def part_attention():
         except Exception as exc:
             res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
             log(f"  attention {name}: {res[name]}")
+    return res
+
+
+def part_cores():
+    """Decode attention over the E4M3 cache without the tensor cores (kernel_variants.attn_split_cores) under each
+    launch, against the kernel in use: time, bits, error against float32 attention over the same E4M3 values."""
+    S = attn_setup()
+    hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+    calls, out = attn_calls(S)
+    fp8_now = K.AttnWorkspace.CONFIG[True]
+    now = calls[f"fp8 T{fp8_now[0]} w{fp8_now[1]} s{fp8_now[2]}"][0]
+    nbytes = B * hkv * S["length"] * (d * 2 + 8)
+    now()
+    ref = out.clone()
+    L, g = S["length"], hq // hkv
+    kf = (S["k8"][:, :, :L].float() * S["ks"][:, :, :L, None]).repeat_interleave(g, 1)
+    vf = (S["v8"][:, :, :L].float() * S["vs"][:, :, :L, None]).repeat_interleave(g, 1)
+    w = torch.softmax(torch.einsum("bhd,bhtd->bht", S["q"].float(), kf) / math.sqrt(d), dim=-1)
+    exact = torch.einsum("bht,bhtd->bhd", w, vf).reshape(out.shape)
+    del kf, vf, w
+    cands = {"in use": now}
+    for rnd in (True, False):
+        for bt in (16, 32, 64):
+            for warps in (2, 4, 8):
+                for per_sm in (4, 8):
+                    for stages in ((2, 3) if bt == 32 else (2,)):
+                        ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
+                        cands[f"cores {'round' if rnd else 'fold'} T{bt} w{warps} s{stages} x{per_sm}"] = (
+                            functools.partial(V.decode_attention_cores, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
+                                              S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d), rnd))
+    res = {}
+    for name, fn in cands.items():
+        try:
+            fn()
+            err = float((out.float() - exact).norm() / exact.norm())
+            diff = float((out.float() - ref.float()).abs().max())
+            ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+            res[name] = dict(us=ms * 1000, gbs=nbytes / (ms / 1000) / 1e9, max_diff_vs_in_use=diff,
+                             rel_err_vs_float32=err)
+            log(f"  {name}: {ms * 1000:.1f} us, {nbytes / (ms / 1000) / 1e9:.0f} GB/s, max diff {diff:.2e}, "
+                f"error vs float32 {err:.5f}")
+        except Exception as exc:
+            res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            log(f"  {name}: {res[name]}")
     return res
 
 
@@ -287,6 +332,8 @@ def main():
         try:
             if part == "attention":
                 RESULTS[part] = part_attention()
+            elif part == "cores":
+                RESULTS[part] = part_cores()
             elif part == "wo":
                 RESULTS[part] = part_wo()
             elif part == "ncu":

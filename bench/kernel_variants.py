@@ -2,6 +2,8 @@
 rows: E4M3 read as int32 words and unpacked in registers (vector loads instead of Triton's byte-wise shared-memory
 loads), measured no faster on the H200 (docs/PERFORMANCE.md), so it stays here as the record of what was tried; and
 the f16 dot not swapped (activation rows as the first operand), no faster at 64 rows (2026-12-02).
+Decode attention over the E4M3 cache on the CUDA cores (`attn_split_cores`), 5-170x slower than the tensor-core
+kernel at 32K x batch 8 (2026-12-02), stays as the record too.
 (The dot in float16, measured here on 2026-12-02, won and is now kernels.py's weight-only path; decode attention
 from int32 words, no faster, is in the history: bench/kernel_variants.py at commit 1d95ca3.)"""
 import triton
@@ -66,3 +68,76 @@ def linear_wo_f16_rows(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm
     acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out_ptrs, acc.to(tl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def attn_split_cores(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, SPLIT_LEN,
+                     S, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
+                     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                     BLOCK_T: tl.constexpr, ROUND: tl.constexpr):
+    """kernels._attn_split_kernel over an E4M3 cache without the tensor cores: a group's G query rows (4 for Llama-3)
+    fill a quarter of the smallest MMA tile, and Triton feeds E4M3 tiles to the MMA one shared-memory byte at a time,
+    so here the scores and p.v are float32 multiply-adds over tiles loaded straight into registers. ROUND: K/V rounded
+    to bf16 after the scale and p to bf16, as the tensor-core kernel and the eager FP8 cache do; else each token's
+    scale is folded into its score and its p (one multiply per token, not per element)."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    kvh = bh % HKV
+    length = tl.load(pos_ptr + b) + 1
+    start = split * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, length)
+    offs_g = tl.arange(0, G)
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + (b * HQ + kvh * G + offs_g[:, None]) * D + offs_d[None, :]).to(tl.float32)
+    m = tl.full([G], float("-inf"), tl.float32)
+    l = tl.zeros([G], tl.float32)
+    acc = tl.zeros([G, D], tl.float32)
+    base = b * stride_cb + kvh * stride_ch
+    sbase = b * stride_sb + kvh * stride_sh
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        tmask = offs_t < end
+        kv_off = base + offs_t[:, None] * stride_ct + offs_d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=tmask[:, None], other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + kv_off, mask=tmask[:, None], other=0.0).to(tl.float32)
+        ks = tl.load(ks_ptr + sbase + offs_t, mask=tmask, other=0.0)
+        vs = tl.load(vs_ptr + sbase + offs_t, mask=tmask, other=0.0)
+        if ROUND:
+            k = (k * ks[:, None]).to(tl.bfloat16).to(tl.float32)
+            v = (v * vs[:, None]).to(tl.bfloat16).to(tl.float32)
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale
+        else:
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * (ks * qk_scale)[None, :]
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        if ROUND:
+            pv = p.to(tl.bfloat16).to(tl.float32)
+        else:
+            pv = p * vs[None, :]
+        acc = acc * alpha[:, None] + tl.sum(pv[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    row = (b * HQ + kvh * G + offs_g) * S + split
+    tl.store(m_ptr + row, m)
+    tl.store(l_ptr + row, l)
+    tl.store(acc_ptr + row[:, None] * D + offs_d[None, :], acc)
+
+
+def decode_attention_cores(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws, hq, hkv, d, sm_scale,
+                           round_: bool = True):
+    """kernels.decode_attention for an E4M3 cache through attn_split_cores (ws: its AttnWorkspace, whose block_t
+    and num_warps it takes), then the same combine kernel."""
+    from core.engines.fast import kernels as K
+
+    B = q.shape[0]
+    attn_split_cores[(B * hkv, ws.splits)](
+        q, k_cache, v_cache, k_scale, v_scale, pos, ws.m, ws.l, ws.acc, sm_scale * 1.4426950408889634, ws.split_len,
+        ws.splits, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), k_scale.stride(1),
+        HQ=hq, HKV=hkv, G=hq // hkv, D=d, BLOCK_T=ws.block_t, ROUND=round_, num_warps=ws.num_warps,
+        num_stages=ws.num_stages)
+    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, PDL=False)
+    return out
