@@ -39,6 +39,28 @@ def test_the_eager_engine_names_itself_and_its_gpu():
         engine.unload()
 
 
+def test_the_eager_engine_scores_over_its_kept_prompt_pass_on_cuda():
+    """The precision compare's scoring over a generation's prompt pass, on CUDA: prompts of different lengths
+    (prefilled apart, caches joined on the GPU), rows in another order; the same function as a full pass."""
+    import numpy as np
+
+    from core.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine(ModelSpec("synthetic", "llama-3-8b"), Precision.FP32, KVDtype.AUTO)
+    try:
+        prompts = ["a short prompt", "a long prompt, " * 40, "another short one"]
+        gens, kept = engine.generate_keeping_prompt_pass(
+            prompts, GenerationParams(max_new_tokens=5, top_logprobs=5, stop_at_eos=False))
+        assert kept is not None and kept.cache.layers[0].keys.is_cuda
+        rows = [1, 2, 0]
+        conts = [gens[r].token_ids[:n] for r, n in zip(rows, (5, 3, 1))]
+        for r, cont, s in zip(rows, conts, engine.score_after_prompt_pass(kept, rows, conts, top_k=5, full=True)):
+            whole = engine.score(gens[r].prompt_ids, cont, top_k=5, full=True)
+            assert np.abs(s.full_logprobs - whole.full_logprobs).max() < 1e-3
+    finally:
+        engine.unload()
+
+
 def test_vllm_would_see_this_gpus_real_capability():
     """CUDA vLLM is not installed on the GPU machine: check the device the vLLM engine would read (real NVML) and
     the command line and rules it would get there."""
