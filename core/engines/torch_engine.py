@@ -213,7 +213,6 @@ class PromptPass:
     cache: DynamicCache
     mask: torch.Tensor
     first_logprobs: torch.Tensor
-    prompt_ids: list[list[int]]
 
 
 def cache_bytes(cache: DynamicCache) -> int:
@@ -402,8 +401,7 @@ class TorchEngine:
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
                 if step == 0 and kept is not None and all(type(layer) in JOINABLE for layer in cache.layers):
                     rows = torch.arange(batch, device=dev)  # a copy: the decode steps append to `cache`
-                    kept.append(PromptPass(join_caches([cache], rows, self.config, self.kv_dtype), mask, logprobs,
-                                           ids))
+                    kept.append(PromptPass(join_caches([cache], rows, self.config, self.kv_dtype), mask, logprobs))
                 nxt = self._pick(logprobs, params, gen)
                 k = params.top_logprobs
                 emitted, now = append_step(gens, done, nxt, logprobs.gather(1, nxt[:, None])[:, 0],

@@ -108,7 +108,8 @@ def _die_with_parent() -> None:
 
 @dataclass
 class AppServer:
-    """One `streamlit run` of the app on 127.0.0.1, in its own process group."""
+    """One `streamlit run` of the app on 127.0.0.1, in its own process group, with the checkout's
+    .streamlit/config.toml as the README's command has it (its file watcher off among the rest)."""
 
     app: str
     db: Path
@@ -128,8 +129,7 @@ class AppServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("wb")
         cmd = [sys.executable, "-m", "streamlit", "run", self.app, "--server.port", str(self.port),
-               "--server.address", "127.0.0.1", "--server.headless", "true", "--server.fileWatcherType", "none",
-               "--server.runOnSave", "false", "--browser.gatherUsageStats", "false"]
+               "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=_die_with_parent)
         out.close()

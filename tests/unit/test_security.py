@@ -80,6 +80,11 @@ def test_usage_statistics_are_off(config):
     assert config["browser"]["gatherUsageStats"] is False
 
 
+def test_the_server_does_not_watch_the_checkout_for_changes(config):
+    # the watcher walks the virtual environment inside the checkout and slowed every run ~3x (config.toml says why)
+    assert config["server"]["fileWatcherType"] == "none"
+
+
 # ---- trust_remote_code ------------------------------------------------------------------------------------------
 def test_no_code_trusts_remote_code_unless_a_user_turned_it_on():
     bad = []
