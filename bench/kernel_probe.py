@@ -80,34 +80,44 @@ def attn_calls(S):
     return calls, out
 
 
+def float32_attention(S, shape):
+    """Attention in float32 over the dequantized E4M3 cache: how far each kernel is from the exact function."""
+    L, g = S["length"], S["hq"] // S["hkv"]
+    kf = (S["k8"][:, :, :L].float() * S["ks"][:, :, :L, None]).repeat_interleave(g, 1)
+    vf = (S["v8"][:, :, :L].float() * S["vs"][:, :, :L, None]).repeat_interleave(g, 1)
+    w = torch.softmax(torch.einsum("bhd,bhtd->bht", S["q"].float(), kf) / math.sqrt(S["d"]), dim=-1)
+    return torch.einsum("bht,bhtd->bhd", w, vf).reshape(shape)
+
+
+def measure_each(calls: dict, out, ref, exact) -> dict:
+    """name -> (callable writing `out`, bytes it reads; ref/exact None to skip the comparisons): median time,
+    bandwidth, whether out equals ref and by how much it differs, and its error against exact."""
+    res = {}
+    for name, (fn, nbytes, compared) in calls.items():
+        try:
+            fn()
+            same = bool(torch.equal(out, ref)) if compared else None
+            diff = float((out.float() - ref.float()).abs().max()) if compared else None
+            err = float((out.float() - exact).norm() / exact.norm()) if compared else None
+            ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
+            res[name] = dict(us=ms * 1000, gbs=nbytes / (ms / 1000) / 1e9, identical=same, max_diff=diff,
+                             rel_err_vs_float32=err)
+            log(f"  {name}: {ms * 1000:.1f} us, {nbytes / (ms / 1000) / 1e9:.0f} GB/s, identical {same}, "
+                f"max diff {diff}, error vs float32 {err}")
+        except Exception as exc:
+            res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            log(f"  {name}: {res[name]}")
+    return res
+
+
 def part_attention():
     S = attn_setup()
     calls, out = attn_calls(S)
     calls["fp8 before"][0]()
     ref = out.clone()
-    # float32 attention over the dequantized cache: how far each kernel is from the exact function
-    L, g = S["length"], S["hq"] // S["hkv"]
-    kf = (S["k8"][:, :, :L].float() * S["ks"][:, :, :L, None]).repeat_interleave(g, 1)
-    vf = (S["v8"][:, :, :L].float() * S["vs"][:, :, :L, None]).repeat_interleave(g, 1)
-    w = torch.softmax(torch.einsum("bhd,bhtd->bht", S["q"].float(), kf) / math.sqrt(S["d"]), dim=-1)
-    exact = torch.einsum("bht,bhtd->bhd", w, vf).reshape(out.shape)
-    del kf, vf, w
-    res = {}
-    for name, (fn, nbytes) in calls.items():
-        try:
-            fn()
-            same = bool(torch.equal(out, ref)) if name.startswith("fp8") else None
-            diff = float((out.float() - ref.float()).abs().max()) if name.startswith("fp8") else None
-            ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
-            err = float((out.float() - exact).norm() / exact.norm()) if name.startswith("fp8") else None
-            res[name] = dict(us=ms * 1000, gbs=nbytes / (ms / 1000) / 1e9, identical_to_before=same, max_diff=diff,
-                             rel_err_vs_float32=err)
-            log(f"  attention {name}: {ms * 1000:.1f} us, {nbytes / (ms / 1000) / 1e9:.0f} GB/s, identical {same}, "
-                f"error vs float32 {err}")
-        except Exception as exc:
-            res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log(f"  attention {name}: {res[name]}")
-    return res
+    exact = float32_attention(S, out.shape)
+    return measure_each({name: (fn, nbytes, name.startswith("fp8")) for name, (fn, nbytes) in calls.items()},
+                        out, ref, exact)
 
 
 def part_cores():
@@ -117,17 +127,11 @@ def part_cores():
     hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
     calls, out = attn_calls(S)
     fp8_now = K.AttnWorkspace.CONFIG[True]
-    now = calls[f"fp8 T{fp8_now[0]} w{fp8_now[1]} s{fp8_now[2]}"][0]
-    nbytes = B * hkv * S["length"] * (d * 2 + 8)
+    now, nbytes = calls[f"fp8 T{fp8_now[0]} w{fp8_now[1]} s{fp8_now[2]}"]
     now()
     ref = out.clone()
-    L, g = S["length"], hq // hkv
-    kf = (S["k8"][:, :, :L].float() * S["ks"][:, :, :L, None]).repeat_interleave(g, 1)
-    vf = (S["v8"][:, :, :L].float() * S["vs"][:, :, :L, None]).repeat_interleave(g, 1)
-    w = torch.softmax(torch.einsum("bhd,bhtd->bht", S["q"].float(), kf) / math.sqrt(d), dim=-1)
-    exact = torch.einsum("bht,bhtd->bhd", w, vf).reshape(out.shape)
-    del kf, vf, w
-    cands = {"in use": now}
+    exact = float32_attention(S, out.shape)
+    cands = {"in use": (now, nbytes, True)}
     for rnd in (True, False):
         for bt in (16, 32, 64):
             for warps in (2, 4, 8):
@@ -136,22 +140,8 @@ def part_cores():
                         ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
                         cands[f"cores {'round' if rnd else 'fold'} T{bt} w{warps} s{stages} x{per_sm}"] = (
                             functools.partial(V.decode_attention_cores, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
-                                              S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d), rnd))
-    res = {}
-    for name, fn in cands.items():
-        try:
-            fn()
-            err = float((out.float() - exact).norm() / exact.norm())
-            diff = float((out.float() - ref.float()).abs().max())
-            ms = triton.testing.do_bench(fn, warmup=20, rep=200, return_mode="median")
-            res[name] = dict(us=ms * 1000, gbs=nbytes / (ms / 1000) / 1e9, max_diff_vs_in_use=diff,
-                             rel_err_vs_float32=err)
-            log(f"  {name}: {ms * 1000:.1f} us, {nbytes / (ms / 1000) / 1e9:.0f} GB/s, max diff {diff:.2e}, "
-                f"error vs float32 {err:.5f}")
-        except Exception as exc:
-            res[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log(f"  {name}: {res[name]}")
-    return res
+                                              S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d), rnd), nbytes, True)
+    return measure_each(cands, out, ref, exact)
 
 
 WO_CFGS = [(64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4), (32, 256, 4, 4),
