@@ -91,7 +91,7 @@ if submitted:
 
 res = ss.get("cmp_result")
 if res is None:
-    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 20 s for "
+    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 17 s for "
             "FP32 against FP8 W8A8, once both are loaded (measured in docs/PERFORMANCE.md).")
     st.stop()
 
