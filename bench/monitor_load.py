@@ -103,7 +103,9 @@ def main() -> None:
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = AppServer("app.py", Path(tmp) / "h.sqlite", Path(tmp) / "app.log", root=args.root.resolve()).start()
+        # the file watcher off also in checkouts from before .streamlit/config.toml turned it off
+        server = AppServer("app.py", Path(tmp) / "h.sqlite", Path(tmp) / "app.log", root=args.root.resolve(),
+                           env={"STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}).start()
         rows = []
         try:
             with sync_playwright() as pw:

@@ -11,7 +11,9 @@ sys.path.insert(0, sys.argv[1])  # the app and test helpers of the checkout meas
 from playwright.sync_api import sync_playwright
 from tests.e2e.helpers import CHROMIUM, CHROMIUM_ARGS, AppServer, goto, metric_value, new_page, wait_idle
 
-srv = AppServer("app.py", Path(tempfile.mkdtemp()) / "h.sqlite", Path(tempfile.mkdtemp()) / "server.log").start()
+# the file watcher off in both checkouts, also in those from before .streamlit/config.toml turned it off
+srv = AppServer("app.py", Path(tempfile.mkdtemp()) / "h.sqlite", Path(tempfile.mkdtemp()) / "server.log",
+                env={"STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}).start()
 out = {"repo": sys.argv[1]}
 try:
     with sync_playwright() as p:

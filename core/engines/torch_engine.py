@@ -340,7 +340,7 @@ class TorchEngine:
     def generate_keeping_prompt_pass(self, prompts, params: GenerationParams,
                                      should_stop=None) -> tuple[list[Generation], PromptPass | None]:
         """`generate`, and what its prompt pass computed, for `score_after_prompt_pass` (None where this model's
-        cache layers cannot be copied row by row)."""
+        cache layers cannot be copied row by row or the copy would not fit: `_can_keep`)."""
         kept: list[PromptPass] = []
         gens = self._generate(prompts, params, None, should_stop, kept)
         return gens, (kept[0] if kept else None)
@@ -399,7 +399,7 @@ class TorchEngine:
                     logits = self._last_logits(input_ids, mask, cache, past)
                     past += input_ids.shape[1]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
-                if step == 0 and kept is not None and all(type(layer) in JOINABLE for layer in cache.layers):
+                if step == 0 and kept is not None and self._can_keep(cache):
                     rows = torch.arange(batch, device=dev)  # a copy: the decode steps append to `cache`
                     kept.append(PromptPass(join_caches([cache], rows, self.config, self.kv_dtype), mask, logprobs))
                 nxt = self._pick(logprobs, params, gen)
@@ -413,6 +413,13 @@ class TorchEngine:
                 input_ids = nxt[:, None]
                 mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=dev)], dim=1)
             self.last_kv_bytes = cache_bytes(cache)
+
+    def _can_keep(self, cache: DynamicCache) -> bool:
+        """Whether a copy of the prompt pass's cache can be kept: its layers join row by row, and the copy takes at
+        most a quarter of the memory free now (a compare holds one side's copy while the other side generates,
+        beside that side's own cache and copy; past that, scoring runs the prompts again instead)."""
+        return (all(type(layer) in JOINABLE for layer in cache.layers)
+                and cache_bytes(cache) <= available_bytes(self.device) // 4)
 
     def _last_logits(self, input_ids, mask, cache: DynamicCache, past: int) -> torch.Tensor:
         """One forward pass of the new tokens `input_ids` after `past` cached columns (`mask` covers both) into

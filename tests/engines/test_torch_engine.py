@@ -114,6 +114,24 @@ def test_scores_after_the_kept_prompt_pass_match_a_full_pass(engine_cache, kv):
         e.score_after_prompt_pass(kept, [0], [[]])
 
 
+def test_a_prompt_pass_too_big_to_copy_is_not_kept_and_the_compare_scores_anyway(engine_cache, monkeypatch):
+    """With too little free memory for a copy of the cache, no prompt pass is kept and the compare scores with full
+    passes, to the same numbers as over a kept pass (FP32: equal to float rounding)."""
+    from core.compare import run as cp
+    from core.engines import torch_engine
+
+    e = engine_cache("fp32")
+    params = GenerationParams(max_new_tokens=4, top_logprobs=5, stop_at_eos=False)
+    kept_result = cp.compare(e, e, PROMPTS[:2], max_new_tokens=4, top_k=5)
+    monkeypatch.setattr(torch_engine, "available_bytes", lambda device: 1000)
+    assert e.generate_keeping_prompt_pass(PROMPTS[:2], params)[1] is None
+    full_result = cp.compare(e, e, PROMPTS[:2], max_new_tokens=4, top_k=5)
+    for a, b in zip(kept_result.prompts, full_result.prompts):
+        assert a.ref_ids == b.ref_ids and a.tf.top1_agree == b.tf.top1_agree
+        for da, db in zip(a.ref_tf_topk, b.ref_tf_topk):
+            assert da.keys() == db.keys() and max(abs(da[t] - db[t]) for t in da) < 1e-4
+
+
 def test_fp8_weights_are_e4m3_and_lm_head_embeddings_stay_base(engine_cache):
     e = engine_cache("fp8")
     linears = [m for m in e.model.modules() if isinstance(m, fp8.FP8Linear)]
