@@ -269,6 +269,7 @@ def main() -> None:
             if args.out:
                 Path(args.out, "tuned_linears.json").write_text(json.dumps(
                     [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
+                Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
     elif not args.no_tune:
         t0 = time.perf_counter()
         tuned_rows = tune.tune_model(dims, precisions, batches, log=log)

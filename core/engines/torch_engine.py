@@ -421,15 +421,19 @@ class TorchEngine:
         return (all(type(layer) in JOINABLE for layer in cache.layers)
                 and cache_bytes(cache) <= available_bytes(self.device) // 4)
 
-    def _last_logits(self, input_ids, mask, cache: DynamicCache, past: int) -> torch.Tensor:
+    def _forward(self, input_ids, mask, cache: DynamicCache, past: int, keep: int) -> torch.Tensor:
         """One forward pass of the new tokens `input_ids` after `past` cached columns (`mask` covers both) into
-        `cache`: the logits of each row's last position."""
+        `cache`: the logits of each row's last `keep` positions. Positions count each row's real tokens, so a
+        left-padded row starts at 0 and the pad columns sit at 0 too (the mask keeps them out)."""
         q = input_ids.shape[1]
         return self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, -q:],
             past_key_values=cache, cache_position=torch.arange(past, past + q, device=input_ids.device),
-            use_cache=True, logits_to_keep=1,
-        ).logits[:, -1, :]
+            use_cache=True, logits_to_keep=keep,
+        ).logits
+
+    def _last_logits(self, input_ids, mask, cache: DynamicCache, past: int) -> torch.Tensor:
+        return self._forward(input_ids, mask, cache, past, 1)[:, -1, :]
 
     def _prefill_groups(self, ids: list[list[int]], groups: list[list[int]], pad: int):
         """The first step of a batch whose prompts differ in length: each group of similar lengths is prefilled in
@@ -495,13 +499,9 @@ class TorchEngine:
                 # right padding: it follows every real token, so causal attention keeps it out of their positions
                 ids = torch.tensor([list(c[:-1]) + [pad] * (n + 1 - len(c)) for c in continuations], device=dev)
                 mask = torch.cat([kept.mask.index_select(0, where), torch.ones_like(ids)], dim=1)
-                past = kept.mask.shape[1]
-                logits = self.model(
-                    input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1)[:, -n:],
-                    # a copy of the kept rows: the pass appends to the cache it is given
-                    past_key_values=join_caches([kept.cache], where, self.config, self.kv_dtype),
-                    cache_position=torch.arange(past, past + n, device=dev), use_cache=True,
-                ).logits
+                # a copy of the kept rows: the pass appends to the cache it is given
+                cache = join_caches([kept.cache], where, self.config, self.kv_dtype)
+                logits = self._forward(ids, mask, cache, kept.mask.shape[1], n)
                 rest = torch.log_softmax(logits.float(), dim=-1)
             scores = []
             for j, (r, cont) in enumerate(zip(rows, continuations)):

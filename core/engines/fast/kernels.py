@@ -11,6 +11,8 @@ at the same precision. What is fused, and why:
   producing kernel, fp8 x fp8 dot).
   An optional SiLU(gate) * up prologue lets the down projection read the gate/up output directly (used at batch 1;
   with several rows the computed dot operand stalled the tensor-core pipeline, ~3x slower on the H200).
+  With SPLIT_K (several rows, narrow outputs) K is cut into slices whose float32 sums the tile's last program adds
+  in slice order.
 - `gemv`: the same for one activation row without tensor cores (plain FMA reduction), kept if it measures faster.
 - `gemv_prologue`: one row with the whole of K in one tile and the kernel before it folded in (add + RMSNorm, W8A8's
   activation quantization): the batch-1 step's q|k|v, o, gate|up and lm_head.
@@ -214,14 +216,15 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 
 
 @triton.jit
-def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE: tl.constexpr,
+def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE: tl.constexpr,
                  SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                  EVEN: tl.constexpr, F16_DOT: tl.constexpr):
-    """The [BLOCK_N, BLOCK_M] float32 sum of one program of `_linear_kernel`, before any scale."""
+    """The [BLOCK_N, BLOCK_M] float32 sum over k in [k_lo, k_hi) (k_lo a multiple of BLOCK_K) of one program of
+    `_linear_kernel`, before any scale."""
     offs_k = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + k_lo + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN:
             w = tl.load(w_ptrs)
         else:
@@ -243,29 +246,59 @@ def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MO
 
 # M is not specialized so that batch 1 and batch 8 share one compiled kernel per configuration
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                   MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
+                   stride_om, MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    """out = x @ w^T for a [BLOCK_N, BLOCK_M] tile. With SPLIT_K > 1 the program computes one of SPLIT_K slices of
+    K: several programs per output tile keep more weight bytes in flight where N / BLOCK_N programs alone would
+    leave SMs idle (a 4096-wide output at 64 rows). Each writes its float32 sum to part_ptr; the last of a tile to
+    finish (a counter per tile) adds the slices in slice order, so the result does not depend on which finished
+    first, and sets the counter back to 0 for the next call."""
     if PDL:
         _pdl_enter()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    k_lo = 0
+    k_hi = K
+    if SPLIT_K > 1:
+        k_per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_lo = tl.program_id(2) * k_per
+        k_hi = tl.minimum(k_lo + k_per, K)
     # weight-only takes its dot in float16; the per-channel scale is applied to the f32 sum
-    acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE, SILU_X, BLOCK_N, BLOCK_M,
-                       BLOCK_K, EVEN, MODE == 1)
+    acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE, SILU_X,
+                       BLOCK_N, BLOCK_M, BLOCK_K, EVEN, MODE == 1)
     if MODE == 1:
         if tl.min((tl.abs(acc) < float("inf")).to(tl.int32)) == 0:
             # an activation past f16's range (or a non-finite input): this tile again with the bf16 dot
-            acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, MODE, SILU_X, BLOCK_N,
-                               BLOCK_M, BLOCK_K, EVEN, False)
+            acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE, SILU_X,
+                               BLOCK_N, BLOCK_M, BLOCK_K, EVEN, False)
+    mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+    if SPLIT_K == 1:
+        _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
+    else:
+        # part_ptr is [SPLIT_K, M, N] float32
+        part = part_ptr + offs_m[None, :] * N + offs_n[:, None]
+        tl.store(part + tl.program_id(2) * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's slice is written before the counter says so (release below)
+        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")  # from L2, not L1
+            tl.atomic_xchg(counter, 0)
+            _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
+
+
+@triton.jit
+def _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE: tl.constexpr):
+    """The scales (per channel, and per token for W8A8) on the float32 sum, then the bf16 result."""
     if MODE != 0:
         acc = acc * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)[:, None]
     if MODE == 2:
         acc = acc * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out_ptrs, acc.to(tl.bfloat16), mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+    tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(tl.bfloat16), mask=mask)
 
 
 @triton.jit
@@ -460,11 +493,42 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
     if cfg["kernel"] == "gemv":
         cfg = default_config(mode, M, N, K)
     bn, bk, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], block_m_for(M)
-    _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
-        x, w, dummy, xs, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), MODE=mode, SILU_X=silu_x,
-        BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=(N % bn == 0 and K % bk == 0),
+    split = cfg.get("SPLIT_K", 1)
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
+    part, counts = _split_workspace(out.device, split, M, N, grid[0] * grid[1]) if split > 1 else (out, out)
+    _linear_kernel[grid](
+        x, w, dummy, xs, out, part, counts, M, N, K, x.stride(0), w.stride(0), out.stride(0), MODE=mode,
+        SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split, EVEN=(N % bn == 0 and K % bk == 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_launch())
     return out
+
+
+# Split-K scratch, per (device, SPLIT_K, M, N, tiles): the slices' float32 sums and one counter per output tile (0
+# between calls: the last program of a tile resets it). Linears that share one must not run at once: eager calls
+# run on the device's default stream one after another; a captured graph replays on its own stream, so each
+# DecodeGraph makes its scratch inside its own `split_scratch_scope` (the table then lives as long as the graph).
+_SPLIT_SCRATCH = contextvars.ContextVar("split_scratch", default=None)
+_EAGER_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+@contextlib.contextmanager
+def split_scratch_scope(table: dict):
+    """Split-K linears launched inside keep their scratch in `table` (a graph's own)."""
+    token = _SPLIT_SCRATCH.set(table)
+    try:
+        yield
+    finally:
+        _SPLIT_SCRATCH.reset(token)
+
+
+def _split_workspace(device, split: int, m: int, n: int, tiles: int):
+    table = _SPLIT_SCRATCH.get()
+    table = _EAGER_SCRATCH if table is None else table
+    key = (device, split, m, n, tiles)
+    if key not in table:
+        table[key] = (torch.empty(split, m, n, dtype=torch.float32, device=device),
+                      torch.zeros(tiles, dtype=torch.int32, device=device))
+    return table[key]
 
 
 def _linear_torch(x, w, w_scale, x_scale, out, mode, silu_x):

@@ -528,6 +528,7 @@ class DecodeGraph:
         self.sm_scale = 1.0 / math.sqrt(d.head_dim)
         self.graph = None
         self.out = None
+        self.split_scratch: dict = {}  # the split-K linears' scratch, this graph's own (kernels.split_scratch_scope)
         if use_graph:
             self._capture()
 
@@ -616,12 +617,12 @@ class DecodeGraph:
         one_row = self.cache.batch == 1  # programmatic dependent launch measured faster there only (kernels.pdl_scope)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), K.pdl_scope(one_row):
+        with torch.cuda.stream(s), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch):
             for _ in range(2):
                 self._body()
         torch.cuda.current_stream().wait_stream(s)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), K.pdl_scope(one_row):
+        with torch.cuda.graph(self.graph), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch):
             self.out = self._body()
 
     @torch.inference_mode()

@@ -27,11 +27,24 @@ GEMV = [("gemv", 8, 1024, 4, 1), ("gemv", 16, 512, 4, 1), ("gemv", 4, 2048, 4, 1
         ("gemv", 32, 256, 4, 3)]
 LARGE_M = [("dot", 64, 128, 4, 4), ("dot", 64, 64, 4, 5), ("dot", 128, 128, 8, 3), ("dot", 32, 128, 4, 4),
            ("dot", 64, 256, 4, 3), ("dot", 128, 256, 8, 3), ("dot", 32, 256, 4, 4), ("dot", 64, 128, 4, 3)]
+# (kernel, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K): K cut into slices, for outputs too narrow to give
+# every SM a program with enough bytes in flight (4096 columns in 64-wide tiles are 64 programs on 132 SMs)
+SPLIT = {
+    "small": [("dot", 32, 256, 4, 4, 2), ("dot", 64, 256, 4, 3, 2), ("dot", 64, 256, 4, 3, 4),
+              ("dot", 64, 512, 8, 3, 2)],
+    "large": [("dot", 32, 128, 4, 4, 2), ("dot", 64, 128, 4, 4, 2), ("dot", 64, 128, 4, 4, 4),
+              ("dot", 128, 128, 8, 3, 2), ("dot", 128, 128, 8, 3, 4), ("dot", 64, 256, 4, 3, 2),
+              ("dot", 128, 256, 8, 3, 2)],
+}
 
 
 def candidates(mode: int, m: int) -> list[dict]:
-    rows = (SMALL_M + (GEMV if m == 1 else [])) if K.block_m_for(m) < 64 else LARGE_M
+    large = K.block_m_for(m) >= 64
+    rows = LARGE_M if large else SMALL_M + (GEMV if m == 1 else [])
     out = [dict(kernel=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s) for k, bn, bk, w, s in rows]
+    if m > 1:
+        out += [dict(kernel=k, BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, SPLIT_K=sk)
+                for k, bn, bk, w, s, sk in SPLIT["large" if large else "small"]]
     if mode in (K.MODE_BF16, K.MODE_W8A8):
         out.append(dict(kernel="torch"))
     return out
