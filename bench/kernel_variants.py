@@ -138,6 +138,7 @@ def decode_attention_cores(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws, 
         ws.splits, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale.stride(0), k_scale.stride(1),
         HQ=hq, HKV=hkv, G=hq // hkv, D=d, BLOCK_T=ws.block_t, ROUND=round_, num_warps=ws.num_warps,
         num_stages=ws.num_stages)
-    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
-                                      SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, PDL=False)
+    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out, ws.splits, D=d,
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
+                                      PDL=False)
     return out

@@ -218,10 +218,11 @@ def test_engine_synthetic_shape(monkeypatch):
         engine.unload()
 
 
-@pytest.mark.parametrize("silu_x", [False, True])
-def test_weight_only_linear_past_f16_range(silu_x):
+@pytest.mark.parametrize("silu_x, given_f16", [(False, False), (True, False), (False, True)])
+def test_weight_only_linear_past_f16_range(silu_x, given_f16):
     """Weight-only FP8 takes its dot in f16: a row with an activation past f16's range (65504) still gets the bf16
-    dot's result (the kernel takes such tiles again in bf16), the other rows too, and no inf."""
+    dot's result (the kernel takes such tiles again in bf16, from the bf16 activations also when their f16 copy,
+    inf there, was given), the other rows too, and no inf."""
     from core import fp8
     from core.engines.fast import kernels as K
 
@@ -232,7 +233,7 @@ def test_weight_only_linear_past_f16_range(silu_x):
     x[1, 7] = 3e5  # past f16's range; with silu_x, the gate of column 7
     out = torch.empty(4, 256, device="cuda", dtype=torch.bfloat16)
     cfg = dict(kernel="dot", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
-    K.linear(x, q, s, None, out, K.MODE_WO, silu_x=silu_x, cfg=cfg)
+    K.linear(x, q, s, None, out, K.MODE_WO, silu_x=silu_x, cfg=cfg, x16=x.to(torch.float16) if given_f16 else None)
     a = x.float()
     if silu_x:
         g, u = a.chunk(2, dim=-1)

@@ -101,8 +101,9 @@ def _pdl_enter():
 
 # --------------------------------------------------------------------------------------------- norm, activation
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps, HAS_DELTA: tl.constexpr,
-                        WANT_H: tl.constexpr, WANT_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, h16_ptr, N, eps, HAS_DELTA: tl.constexpr,
+                        WANT_H: tl.constexpr, WANT_SCALE: tl.constexpr, WANT_H16: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
     if PDL:
         _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
@@ -120,6 +121,8 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, N, eps, HAS_DE
     h = ((xf * rstd).to(tl.bfloat16).to(tl.float32) * w).to(tl.bfloat16)
     if WANT_H:
         tl.store(h_ptr + row * N + offs, h, mask=mask)
+    if WANT_H16:
+        tl.store(h16_ptr + row * N + offs, h.to(tl.float16), mask=mask)
     if WANT_SCALE:
         _quantize_row(h, s_ptr, q_ptr, row, N, offs, mask)
 
@@ -135,8 +138,8 @@ def _quantize_row(v, s_ptr, q_ptr, row, N, offs, mask):
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_A: tl.constexpr, WANT_SCALE: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, a16_ptr, I, WANT_A: tl.constexpr, WANT_SCALE: tl.constexpr,
+                     WANT_A16: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         _pdl_enter()
     row = tl.program_id(0).to(tl.int64)  # row * N passes 2^31 in a long prefill (125K tokens x 28,672)
@@ -147,6 +150,8 @@ def _silu_mul_kernel(gu_ptr, a_ptr, s_ptr, q_ptr, I, WANT_A: tl.constexpr, WANT_
     a = ((g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16)
     if WANT_A:
         tl.store(a_ptr + row * I + offs, a, mask=mask)
+    if WANT_A16:
+        tl.store(a16_ptr + row * I + offs, a.to(tl.float16), mask=mask)
     if WANT_SCALE:
         _quantize_row(a, s_ptr, q_ptr, row, I, offs, mask)
 
@@ -165,29 +170,32 @@ def _row_warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
 
 
-def add_rmsnorm(x, delta, weight, eps, h_out, scale_out=None, q_out=None):
+def add_rmsnorm(x, delta, weight, eps, h_out, scale_out=None, q_out=None, h16_out=None):
     """x += delta (in place, when delta is given); h_out = RMSNorm(x) * weight; with scale_out and q_out also
     h quantized per row to E4M3 (W8A8's activation quantization). h_out may be None when only the E4M3 copy is
-    read (W8A8's prompt pass: at 8K tokens the unread bf16 copies were ~4 GB of writes per pass)."""
+    read (W8A8's prompt pass: at 8K tokens the unread bf16 copies were ~4 GB of writes per pass). h16_out: h in
+    f16 too, for weight-only linears (`linear`'s x16)."""
     assert h_out is not None or q_out is not None
     M, N = x.shape
     block = triton.next_power_of_2(N)
     _add_rmsnorm_kernel[(M,)](x, delta if delta is not None else x, weight, h_out if h_out is not None else x,
-                              scale_out if scale_out is not None else x, q_out if q_out is not None else x, N, eps,
-                              HAS_DELTA=delta is not None, WANT_H=h_out is not None,
-                              WANT_SCALE=scale_out is not None, BLOCK=block, num_warps=_row_warps(block), **_launch())
+                              scale_out if scale_out is not None else x, q_out if q_out is not None else x,
+                              h16_out if h16_out is not None else x, N, eps, HAS_DELTA=delta is not None,
+                              WANT_H=h_out is not None, WANT_SCALE=scale_out is not None,
+                              WANT_H16=h16_out is not None, BLOCK=block, num_warps=_row_warps(block), **_launch())
     return h_out
 
 
-def silu_mul(gu, a_out, scale_out=None, q_out=None):
+def silu_mul(gu, a_out, scale_out=None, q_out=None, a16_out=None):
     """a_out = SiLU(gate) * up of the [M, 2I] gate/up output; with scale_out and q_out also a quantized per row to
-    E4M3; a_out may be None when only that copy is read."""
+    E4M3; a_out may be None when only that copy is read. a16_out: a in f16 too (`linear`'s x16)."""
     assert a_out is not None or q_out is not None
     M, two_i = gu.shape
     block = triton.next_power_of_2(two_i // 2)
     a = a_out if a_out is not None else gu
     _silu_mul_kernel[(M,)](gu, a, scale_out if scale_out is not None else a, q_out if q_out is not None else a,
-                           two_i // 2, WANT_A=a_out is not None, WANT_SCALE=scale_out is not None, BLOCK=block,
+                           a16_out if a16_out is not None else a, two_i // 2, WANT_A=a_out is not None,
+                           WANT_SCALE=scale_out is not None, WANT_A16=a16_out is not None, BLOCK=block,
                            num_warps=_row_warps(block), **_launch())
     return a_out
 
@@ -216,11 +224,11 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 
 
 @triton.jit
-def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE: tl.constexpr,
-                 SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN: tl.constexpr, F16_DOT: tl.constexpr):
+def _linear_tile(x_ptr, x16_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn,
+                 MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN: tl.constexpr, F16_DOT: tl.constexpr, X16: tl.constexpr):
     """The [BLOCK_N, BLOCK_M] float32 sum over k in [k_lo, k_hi) (k_lo a multiple of BLOCK_K) of one program of
-    `_linear_kernel`, before any scale."""
+    `_linear_kernel`, before any scale. With X16 the f16 dot reads x16_ptr, the activations already in f16."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + k_lo + offs_k[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -229,7 +237,10 @@ def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, s
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
-        x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
+        if F16_DOT and X16:
+            x = _load_x(x16_ptr, offs_m, k0 + offs_k, M, K, stride_xm, False)
+        else:
+            x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
         if MODE == 1:
             if F16_DOT:
                 # E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the limit:
@@ -246,9 +257,10 @@ def _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, s
 
 # M is not specialized so that batch 1 and batch 8 share one compiled kernel per configuration
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-                   stride_om, MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+def _linear_kernel(x_ptr, x16_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
+                   stride_wn, stride_om, MODE: tl.constexpr, SILU_X: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, X16: tl.constexpr,
+                   EVEN: tl.constexpr, PDL: tl.constexpr):
     """out = x @ w^T for a [BLOCK_N, BLOCK_M] tile. With SPLIT_K > 1 the program computes one of SPLIT_K slices of
     K: several programs per output tile keep more weight bytes in flight where N / BLOCK_N programs alone would
     leave SMs idle (a 4096-wide output at 64 rows). Each writes its float32 sum to part_ptr; the last of a tile to
@@ -267,13 +279,13 @@ def _linear_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, count_ptr, M
         k_lo = tl.program_id(2) * k_per
         k_hi = tl.minimum(k_lo + k_per, K)
     # weight-only takes its dot in float16; the per-channel scale is applied to the f32 sum
-    acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE, SILU_X,
-                       BLOCK_N, BLOCK_M, BLOCK_K, EVEN, MODE == 1)
+    acc = _linear_tile(x_ptr, x16_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE,
+                       SILU_X, BLOCK_N, BLOCK_M, BLOCK_K, EVEN, MODE == 1, X16)
     if MODE == 1:
         if tl.min((tl.abs(acc) < float("inf")).to(tl.int32)) == 0:
             # an activation past f16's range (or a non-finite input): this tile again with the bf16 dot
-            acc = _linear_tile(x_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn, MODE, SILU_X,
-                               BLOCK_N, BLOCK_M, BLOCK_K, EVEN, False)
+            acc = _linear_tile(x_ptr, x16_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, stride_xm, stride_wn,
+                               MODE, SILU_X, BLOCK_N, BLOCK_M, BLOCK_K, EVEN, False, X16)
     mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
     if SPLIT_K == 1:
         _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
@@ -443,11 +455,13 @@ def config_for(mode: int, m: int, n: int, k: int) -> dict:
     return TUNED.get((mode, m_key(m), n, k)) or default_config(mode, m, n, k)
 
 
-def linear(x, w, w_scale, x_scale, out, mode: int, silu_x: bool = False, cfg: dict | None = None):
+def linear(x, w, w_scale, x_scale, out, mode: int, silu_x: bool = False, cfg: dict | None = None, x16=None):
     """out[M, N] = x[M, K] @ w[N, K]^T (* per-channel w_scale, * per-token x_scale for W8A8), bf16 out.
 
     W8A8: x is the E4M3 activation and x_scale its per-token scale (from add_rmsnorm / silu_mul / row_quant).
     With silu_x, x is [M, 2K] holding gate then up, and the kernel uses SiLU(gate) * up as its input.
+    Weight-only: x16, when given, is x already in f16 (written beside x by the kernel that made it), which the f16
+    dot then reads instead of converting x in every program; x itself is read only for a tile past f16's range.
     """
     N, K = w.shape
     M = x.shape[0]
@@ -455,7 +469,7 @@ def linear(x, w, w_scale, x_scale, out, mode: int, silu_x: bool = False, cfg: di
     if cfg.get("kernel") != "torch" and (mode, N, K, M) in _FAILED:
         return _linear_torch(x, w, w_scale, x_scale, out, mode, silu_x)
     try:
-        return _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg)
+        return _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg, x16)
     except Exception as exc:
         if cfg.get("kernel") == "torch" or not _is_compile_error(exc):
             raise
@@ -475,7 +489,7 @@ def _is_compile_error(exc: Exception) -> bool:
     return name in compile_errors or "triton" in type(exc).__module__
 
 
-def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
+def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg, x16=None):
     N, K = w.shape
     M = x.shape[0]
     dummy = w_scale if w_scale is not None else out
@@ -496,9 +510,12 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg):
     split = cfg.get("SPLIT_K", 1)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
     part, counts = _split_workspace(out.device, split, M, N, grid[0] * grid[1]) if split > 1 else (out, out)
+    use_x16 = x16 is not None and mode == MODE_WO and not silu_x
+    assert not use_x16 or x16.stride() == x.stride()
     _linear_kernel[grid](
-        x, w, dummy, xs, out, part, counts, M, N, K, x.stride(0), w.stride(0), out.stride(0), MODE=mode,
-        SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split, EVEN=(N % bn == 0 and K % bk == 0),
+        x, x16 if use_x16 else x, w, dummy, xs, out, part, counts, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+        MODE=mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split, X16=use_x16,
+        EVEN=(N % bn == 0 and K % bk == 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_launch())
     return out
 
@@ -689,8 +706,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_pt
 
 
 @triton.jit
-def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, D: tl.constexpr, SP: tl.constexpr, CH: tl.constexpr,
-                         PDL: tl.constexpr):
+def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, out16_ptr, S, D: tl.constexpr, SP: tl.constexpr,
+                         CH: tl.constexpr, WANT_OUT16: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         _pdl_enter()
     bh = tl.program_id(0)
@@ -709,7 +726,10 @@ def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, S, D: tl.constexpr, SP:
         a = tl.load(acc_ptr + (bh * S + offs_c[:, None]) * D + offs_d[None, :], mask=cmask[:, None], other=0.0)
         out += tl.sum(a * w[:, None], axis=0)
         denom += w * lc
-    tl.store(out_ptr + bh * D + offs_d, (out / tl.sum(denom, axis=0)).to(tl.bfloat16))
+    o = (out / tl.sum(denom, axis=0)).to(tl.bfloat16)
+    tl.store(out_ptr + bh * D + offs_d, o)
+    if WANT_OUT16:
+        tl.store(out16_ptr + bh * D + offs_d, o.to(tl.float16))
 
 
 class AttnWorkspace:
@@ -737,8 +757,10 @@ class AttnWorkspace:
         self.acc = torch.empty(batch * hq * self.splits * d, dtype=torch.float32, device=device)
 
 
-def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWorkspace, hq, hkv, d, sm_scale):
-    """q [B, hq, d] bf16 -> out [B, hq*d] bf16, attending to cache positions 0..pos[b] of row b."""
+def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWorkspace, hq, hkv, d, sm_scale,
+                     out16=None):
+    """q [B, hq, d] bf16 -> out [B, hq*d] bf16, attending to cache positions 0..pos[b] of row b; out16: the same in
+    f16 too (`linear`'s x16)."""
     B = q.shape[0]
     g = hq // hkv
     fp8 = k_scale is not None
@@ -751,6 +773,7 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         # the E4M3 split kernel runs without it: with it, a batch-1 step at 32K tokens got slower on the H200
         # (W8A8 4.01 -> 4.54 ms), where the bf16-cache one got faster (4.19 -> 4.07)
         num_warps=ws.num_warps, num_stages=ws.num_stages, **_launch(allowed=not fp8))
-    _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, ws.splits, D=d,
-                                    SP=triton.next_power_of_2(ws.splits), CH=16, num_warps=4, **_launch())
+    _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out16 if out16 is not None else out, ws.splits, D=d,
+                                    SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=out16 is not None,
+                                    num_warps=4, **_launch())
     return out

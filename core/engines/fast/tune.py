@@ -86,8 +86,9 @@ def _weights(mode: int, n: int, k: int, copies: int, device):
 
 
 @torch.inference_mode()
-def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print) -> list[dict]:
-    """Time every candidate for one (mode, M, N, K); store the fastest in kernels.TUNED; return all timings."""
+def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print, x16: bool | None = None) -> list[dict]:
+    """Time every candidate for one (mode, M, N, K); store the fastest in kernels.TUNED; return all timings.
+    x16 (default: weight-only at several rows, as DecodeGraph runs it): the activations are also given in f16."""
     elem = 2 if mode == K.MODE_BF16 else 1
     wbytes = n * k * elem
     copies = max(2, min(32, math.ceil(4 * L2_BYTES / wbytes)))
@@ -97,6 +98,9 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print) -> l
     if mode == K.MODE_W8A8:  # the linear reads activations already in E4M3
         xs = x.float().abs().amax(dim=1).clamp(min=1e-12) / K.E4M3_MAX
         x = (x.float() / xs[:, None]).to(torch.float8_e4m3fn)
+    if x16 is None:
+        x16 = mode == K.MODE_WO and m > 1
+    x_f16 = x.to(torch.float16) if x16 else None
     out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
     ref = None
     rows = []
@@ -108,7 +112,7 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print) -> l
                     K._linear_torch(x, w, s, xs, out, mode, False)
             else:
                 def call(w, s, cfg=cfg):
-                    K._linear_triton(x, w, s, xs, out, mode, False, cfg)
+                    K._linear_triton(x, w, s, xs, out, mode, False, cfg, x_f16)
             calls = [functools.partial(call, w, s) for w, s in ws]
             calls[0]()
             got = out.float().clone()
@@ -123,7 +127,8 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print) -> l
             continue
         # bytes a call must move: the weight (+ scales), activations in, result out
         moved = wbytes + (n * 4 if mode != K.MODE_BF16 else 0) + m * k * x.element_size() + m * n * 2
-        rows.append(dict(mode=mode, m=m, n=n, k=k, cfg=cfg, us=us, gbs=moved / us / 1e3, rel_err_vs_first=err))
+        rows.append(dict(mode=mode, m=m, n=n, k=k, cfg=cfg, us=us, gbs=moved / us / 1e3, rel_err_vs_first=err,
+                         x16=bool(x16)))
     if rows:
         best = min(rows, key=lambda r: r["us"])
         K.TUNED[(mode, K.m_key(m), n, k)] = best["cfg"]
