@@ -148,6 +148,36 @@ WO_CFGS = [(64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3),
            (128, 128, 4, 3), (64, 512, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
 
 
+def part_splits():
+    """Decode attention with more or fewer KV splits (AttnWorkspace's programs per SM at the longest length), for
+    the E4M3 and the bf16 cache at 32K tokens, batch 8 and 1: time, and error against float32 attention over the
+    same E4M3 values (the split count changes the order in which tiles are summed, not the function)."""
+    res = {}
+    for batch in (8, 1):
+        S = attn_setup(batch=batch)
+        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+        out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
+        tok = B * hkv * S["length"]
+        exact = float32_attention(S, out.shape)
+        calls = {}
+        for kv, launches in (("fp8", [(64, 2, 3), (128, 4, 3), (32, 2, 3)]), ("bf16", [(64, 4, 2)])):
+            fp8 = kv == "fp8"
+            for bt, warps, stages in launches:
+                for per_sm in (2, 4, 8, 16, 32):
+                    ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
+                    fn = functools.partial(K.decode_attention, S["q"], S["k8" if fp8 else "kb"],
+                                           S["v8" if fp8 else "vb"], S["ks"] if fp8 else None,
+                                           S["vs"] if fp8 else None, S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d))
+                    name = f"b{batch} {kv} T{bt} w{warps} s{stages} x{per_sm} ({ws.splits} splits)"
+                    calls[name] = (fn, tok * (d * 2 + 8) if fp8 else tok * d * 4, fp8)
+        first = next(iter(calls.values()))[0]
+        first()
+        res.update(measure_each(calls, out, out.clone(), exact))
+        del S
+        torch.cuda.empty_cache()
+    return res
+
+
 @torch.inference_mode()
 def part_wo():
     K.load_tuned()
@@ -324,6 +354,8 @@ def main():
                 RESULTS[part] = part_attention()
             elif part == "cores":
                 RESULTS[part] = part_cores()
+            elif part == "splits":
+                RESULTS[part] = part_splits()
             elif part == "wo":
                 RESULTS[part] = part_wo()
             elif part == "ncu":
