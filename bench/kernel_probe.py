@@ -191,7 +191,8 @@ def part_wo():
                 copies = max(2, min(32, math.ceil(4 * tune.L2_BYTES / (n * k * (2 if mode == 0 else 1)))))
                 ws = tune._weights(mode, n, k, copies, "cuda")
                 cfg = K.config_for(mode, m, n, k)
-                calls = [functools.partial(K.linear, x, w, s, None, out, mode, False, cfg) for w, s in ws]
+                x16 = x.to(torch.float16) if mode == K.MODE_WO else None  # as DecodeGraph gives it at several rows
+                calls = [functools.partial(K.linear, x, w, s, None, out, mode, False, cfg, x16) for w, s in ws]
                 calls[0]()
                 ref = out.clone()
                 row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))

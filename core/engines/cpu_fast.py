@@ -46,13 +46,20 @@ class PackedLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
 
 
+def packs_bf16() -> bool:
+    """Whether oneDNN takes bf16 weights on this CPU (torch's check: AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Without
+    it bf16 linears stay plain: oneDNN refuses to reorder them (an AVX2-only AMD EPYC, 2026-12-02), and where it
+    would emulate bf16 it is no faster than F.linear."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def pack_linears(model: nn.Module, spare_bytes: int) -> int:
     """Swap every plain float32/bfloat16 nn.Linear (quantized layers are other classes and stay) for a PackedLinear.
     A packed Linear frees its plain weight, except an lm_head tied to the input embedding (Gemma's), whose weight the
     embedding still reads: its packed copy is extra memory, taken only while twice its size stays spare (the fit
     check counted the model without it)."""
-    if model.dtype is torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return 0  # without AVX-512 BF16 / AMX oneDNN emulates bf16 and is no faster than F.linear
+    if model.dtype is torch.bfloat16 and not packs_bf16():
+        return 0
     embedding = model.get_input_embeddings()
     tied = embedding.weight if embedding is not None else None
     count = 0

@@ -9,7 +9,7 @@ import torch
 
 from core.engines import cpu_fast
 from core.engines.base import GenerationParams
-from tests.engines.ties import assert_same_tokens_until_a_tie
+from tests.engines.ties import assert_same_tokens_until_a_tie, common_prefix
 
 pytestmark = pytest.mark.skipif(not cpu_fast.enabled(), reason="oneDNN is not available in this torch build")
 
@@ -36,7 +36,9 @@ def reference_engine():
 
 def test_labels_say_which_path_ran(engine_cache, reference_engine):
     fast = engine_cache("bf16")
-    assert "oneDNN-packed linears" in fast.ran and "matmul decode attention" in fast.ran
+    assert "matmul decode attention" in fast.ran
+    # bf16 linears are packed only where oneDNN takes bf16 weights (AVX-512 machines, not an AVX2-only EPYC)
+    assert ("oneDNN-packed linears" in fast.ran) is cpu_fast.packs_bf16()
     assert reference_engine.ran == "torch eager on CPU"
     assert not any(isinstance(m, cpu_fast.PackedLinear) for m in reference_engine.model.modules())
 
@@ -44,11 +46,14 @@ def test_labels_say_which_path_ran(engine_cache, reference_engine):
 def test_same_greedy_tokens_in_a_padded_batch(engine_cache, reference_engine):
     fast = engine_cache("bf16").generate(PROMPTS, GREEDY)
     ref = reference_engine.generate(PROMPTS, GREEDY)
-    assert assert_same_tokens_until_a_tie(fast, ref) <= 1  # none parted when measured; only a tie may
+    # none parted on AVX-512 machines; on an AVX2-only EPYC one row parted at a near-tie (2026-12-02)
+    assert assert_same_tokens_until_a_tie(fast, ref) <= 1
     for f, r in zip(fast, ref):
         # BF16 rounding: single positions differ by up to ~0.1 nats (as the reference path alone differs between
-        # batch 1 and a padded batch); both are as far from FP32 (0.007-0.010 nats on average, measured)
-        assert np.abs(np.subtract(f.logprobs, r.logprobs)).mean() < 0.03
+        # batch 1 and a padded batch); both are as far from FP32 (0.007-0.010 nats on average, measured). Compared
+        # while the tokens agree: after a parting the texts, and so their log-probabilities, go their own ways.
+        n = common_prefix(f.token_ids, r.token_ids)
+        assert np.abs(np.subtract(f.logprobs[:n], r.logprobs[:n])).mean() < 0.03
 
 
 def test_same_tokens_past_the_sliding_window(engine_cache, reference_engine):
@@ -67,22 +72,30 @@ def test_same_teacher_forced_scores(engine_cache, reference_engine):
     assert [max(d, key=d.get) for d in fast.top_logprobs] == [max(d, key=d.get) for d in ref.top_logprobs]
 
 
-def test_packed_linear_keeps_its_weight_and_output():
+@pytest.mark.parametrize("dtype", [
+    torch.float32,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not cpu_fast.packs_bf16(),
+                                                          reason="oneDNN does not take bf16 weights on this CPU")),
+])
+def test_packed_linear_keeps_its_weight_and_output(dtype):
     g = torch.Generator().manual_seed(0)
-    for dtype in (torch.float32, torch.bfloat16):
-        lin = torch.nn.Linear(96, 40, bias=True).to(dtype)
-        packed = cpu_fast.PackedLinear(lin)
-        x = torch.randn(3, 5, 96, generator=g).to(dtype)
-        assert torch.equal(packed.weight, lin.weight)  # the layer analysis (core/quant.py) reads it back exactly
-        assert isinstance(packed, torch.nn.Linear)
-        with torch.inference_mode():
-            assert torch.allclose(packed(x).float(), lin(x).float(), atol=1e-2 if dtype is torch.bfloat16 else 1e-5)
+    lin = torch.nn.Linear(96, 40, bias=True).to(dtype)
+    packed = cpu_fast.PackedLinear(lin)
+    x = torch.randn(3, 5, 96, generator=g).to(dtype)
+    assert torch.equal(packed.weight, lin.weight)  # the layer analysis (core/quant.py) reads it back exactly
+    assert isinstance(packed, torch.nn.Linear)
+    with torch.inference_mode():
+        assert torch.allclose(packed(x).float(), lin(x).float(), atol=1e-2 if dtype is torch.bfloat16 else 1e-5)
 
 
 def test_memory_report_counts_the_packed_weights(engine_cache, reference_engine):
     fast, ref = engine_cache("bf16").memory_report(), reference_engine.memory_report()
-    # Gemma ties lm_head to the embedding: packing gives lm_head its own copy (262,144 x 640 bf16 = 320 MiB)
-    assert fast.weights_bytes > ref.weights_bytes
+    lm_head_bytes = 262_144 * 640 * 2
+    if cpu_fast.packs_bf16():
+        # Gemma ties lm_head to the embedding: packing gives lm_head its own copy (262,144 x 640 bf16 = 320 MiB)
+        assert fast.weights_bytes > ref.weights_bytes
+    else:  # nothing packed: the same weights (and the fused norms' precomputed scales)
+        assert ref.weights_bytes <= fast.weights_bytes < ref.weights_bytes + lm_head_bytes
 
 
 def test_a_tied_lm_head_is_packed_only_with_memory_to_spare():

@@ -99,7 +99,9 @@ def test_kernel_path_gives_the_eager_tokens_and_distributions(engine_cache, prec
     with fp8_cpu.turned_off():
         eager = e.generate(PROMPTS, GREEDY)
         assert "dequantized eagerly" in e.ran
-    assert assert_same_tokens_until_a_tie(fast, eager) <= 1
+    # every parting at a near-tie (checked by the helper); how many depends on the CPU's rounding paths: at most one
+    # of the three rows on AVX-512 machines, two on an AVX2-only AMD EPYC (2026-12-02, W8A8)
+    assert assert_same_tokens_until_a_tie(fast, eager) <= 2
     # Teacher-forced, full vocabulary: the two paths' distributions over a 32-token continuation.
     long = e.generate(PROMPTS, GenerationParams(max_new_tokens=32, top_logprobs=0, stop_at_eos=False))
     same, kls = [], []

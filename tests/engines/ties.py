@@ -22,3 +22,13 @@ def assert_same_tokens_until_a_tie(gens_a, gens_b) -> int:
                 parted += 1
                 break
     return parted
+
+
+def common_prefix(ids_a, ids_b) -> int:
+    """How many leading tokens two generations share."""
+    n = 0
+    for x, y in zip(ids_a, ids_b):
+        if x != y:
+            break
+        n += 1
+    return n

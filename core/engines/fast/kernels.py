@@ -521,9 +521,10 @@ def _linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg, x16=None):
 
 
 # Split-K scratch, per (device, SPLIT_K, M, N, tiles): the slices' float32 sums and one counter per output tile (0
-# between calls: the last program of a tile resets it). Linears that share one must not run at once: eager calls
-# run on the device's default stream one after another; a captured graph replays on its own stream, so each
-# DecodeGraph makes its scratch inside its own `split_scratch_scope` (the table then lives as long as the graph).
+# between calls: the last program of a tile resets it). A launch writes and reads its scratch within itself, so two
+# launches may share one only if they cannot overlap: eager calls share the process's table and run on the default
+# stream, one after another; a graph may replay on another stream while a second graph replays, so each DecodeGraph
+# makes its scratch inside its own `split_scratch_scope` (the table then lives as long as the graph).
 _SPLIT_SCRATCH = contextvars.ContextVar("split_scratch", default=None)
 _EAGER_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -543,6 +544,9 @@ def _split_workspace(device, split: int, m: int, n: int, tiles: int):
     table = _EAGER_SCRATCH if table is None else table
     key = (device, split, m, n, tiles)
     if key not in table:
+        if torch.cuda.is_current_stream_capturing():
+            # the counters' zero-fill would only be recorded into the graph, never run before an eager call
+            raise RuntimeError("split-K scratch must be made before graph capture: run the step once first")
         table[key] = (torch.empty(split, m, n, dtype=torch.float32, device=device),
                       torch.zeros(tiles, dtype=torch.int32, device=device))
     return table[key]
