@@ -31,10 +31,12 @@ def by_id(run):
 def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
     before = scrape(prom_stack.main.base_url)
     t0 = time.time()
-    time.sleep(4)  # Prometheus stores samples with the "before" counts between t0 + 1 and t0 + 4 (1 s scrapes)
+    # Prometheus stores samples with the "before" counts between t0 + 1 and t0 + 6 (1 s scrapes; on a loaded 2-core
+    # machine a scrape can come seconds late, and with 4 s here one CI run's window held no "before" sample)
+    time.sleep(6)
     prom_stack.main.generate(["The capital of France is", "Water boils at"],
                              GenerationParams(max_new_tokens=8, stop_at_eos=False))
-    time.sleep(max(0.0, t0 + 12 - time.time()))
+    time.sleep(max(0.0, t0 + 14 - time.time()))
     after = scrape(prom_stack.main.base_url)
     # On a loaded machine the requests can end just before the query, after Prometheus's last scrape: wait until it
     # holds a scrape with the "after" counts, then let the window start between t0 + 1 and t0 + 2, before the requests.
