@@ -15,12 +15,11 @@ def assert_same_tokens_until_a_tie(gens_a, gens_b) -> int:
     returns how many parted (the caller bounds it). Needs top_logprobs >= 2."""
     parted = 0
     for a, b in zip(gens_a, gens_b, strict=True):
-        for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
-            if x != y:
-                near = min(margin(a.top_logprobs[i]), margin(b.top_logprobs[i]))
-                assert near <= TIE_NATS, f"parted at token {i} with a margin of {near:.3f} nats: not a near-tie"
-                parted += 1
-                break
+        i = common_prefix(a.token_ids, b.token_ids)
+        if i < min(len(a.token_ids), len(b.token_ids)):
+            near = min(margin(a.top_logprobs[i]), margin(b.top_logprobs[i]))
+            assert near <= TIE_NATS, f"parted at token {i} with a margin of {near:.3f} nats: not a near-tie"
+            parted += 1
     return parted
 
 
