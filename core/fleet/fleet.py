@@ -72,12 +72,14 @@ class FleetSnapshot:
         return next((r for r in self.replicas if r.name == name), None)
 
 
-def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m") -> FleetSnapshot:
-    """One refresh. Raises TriageError subclasses for what a user must fix (URL, auth, selector, nothing found)."""
+def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
+            at: float | None = None) -> FleetSnapshot:
+    """One refresh, evaluated now or at unix time `at` (the window ends there). Raises TriageError subclasses for what
+    a user must fix (URL, auth, selector, nothing found)."""
     matchers = parse_selector(selector)
     label = check_label_name(replica_label, "replica label")
     window, window_s = parse_window(window)
-    t0, cost0, now = time.perf_counter(), Cost(**asdict(prom.cost)), time.time()
+    t0, cost0, now = time.perf_counter(), Cost(**asdict(prom.cost)), time.time() if at is None else at
     present = {s.labels.get("__name__", ""): s.value for s in prom.query(discovery_query(matchers), now)}
     names = Names.resolve(set(present))
     if not names.get("running"):
