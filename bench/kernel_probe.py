@@ -178,6 +178,36 @@ def part_splits():
     return res
 
 
+def part_vt():
+    """Decode attention over the E4M3 cache with V stored transposed ([B, H, D, T], kernel_variants.attn_split_vt),
+    each launch, rounding like the eager cache or with the scales folded, against the kernel in use; batch 8 and 1."""
+    res = {}
+    for batch in (8, 1):
+        S = attn_setup(batch=batch)
+        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+        out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
+        nbytes = B * hkv * S["length"] * (d * 2 + 8)
+        v8t = S["v8"].transpose(2, 3).contiguous()
+        bt, warps, stages, per_sm = K.AttnWorkspace.CONFIG[True]
+        now = functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"], out,
+                                workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm), hq, hkv, d,
+                                1 / math.sqrt(d))
+        now()
+        ref = out.clone()
+        exact = float32_attention(S, out.shape)
+        calls = {f"b{batch} in use": (now, nbytes, True)}
+        for fold in (False, True):
+            for bt, warps, stages in ((64, 2, 3), (64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 3), (32, 2, 3)):
+                ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, 4)
+                calls[f"b{batch} vt {'fold' if fold else 'round'} T{bt} w{warps} s{stages}"] = (
+                    functools.partial(V.decode_attention_vt, S["q"], S["k8"], v8t, S["ks"], S["vs"], S["pos"], out,
+                                      ws, hq, hkv, d, 1 / math.sqrt(d), fold), nbytes, True)
+        res.update(measure_each(calls, out, ref, exact))
+        del S, v8t
+        torch.cuda.empty_cache()
+    return res
+
+
 @torch.inference_mode()
 def part_wo():
     K.load_tuned()
@@ -355,6 +385,8 @@ def main():
                 RESULTS[part] = part_attention()
             elif part == "cores":
                 RESULTS[part] = part_cores()
+            elif part == "vt":
+                RESULTS[part] = part_vt()
             elif part == "splits":
                 RESULTS[part] = part_splits()
             elif part == "wo":

@@ -142,3 +142,76 @@ def decode_attention_cores(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws, 
                                       SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
                                       PDL=False)
     return out
+
+
+@triton.jit
+def attn_split_vt(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, SPLIT_LEN,
+                  S, stride_cb, stride_ch, stride_ct, stride_vb, stride_vh, stride_vd, stride_sb, stride_sh,
+                  HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                  BLOCK_T: tl.constexpr, FOLD: tl.constexpr):
+    """kernels._attn_split_kernel over an E4M3 cache whose V is stored transposed, [B, H, D, T]: in p.v the tokens
+    are the dot's reduction axis, and with V token-major each thread's pair of reduction elements are 128 bytes apart,
+    so Triton reads the E4M3 V tile from shared memory one byte at a time; token-contiguous V puts the pairs side by
+    side, as K's are. FOLD: each token's scale goes into its score and its p instead of into every element."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    kvh = bh % HKV
+    length = tl.load(pos_ptr + b) + 1
+    start = split * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, length)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    gmask = offs_g < G
+    q = tl.load(q_ptr + (b * HQ + kvh * G + offs_g[:, None]) * D + offs_d[None, :], mask=gmask[:, None], other=0.0)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    base = b * stride_cb + kvh * stride_ch
+    vbase = b * stride_vb + kvh * stride_vh
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        tmask = offs_t < end
+        k = tl.load(k_ptr + base + offs_t[:, None] * stride_ct + offs_d[None, :], mask=tmask[:, None], other=0.0)
+        vt = tl.load(v_ptr + vbase + offs_d[:, None] * stride_vd + offs_t[None, :], mask=tmask[None, :], other=0.0)
+        ks = tl.load(ks_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
+        vs = tl.load(vs_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
+        if FOLD:
+            s = tl.dot(q, tl.trans(k.to(tl.bfloat16))) * (ks * qk_scale)[None, :]
+        else:
+            k = (k.to(tl.float32) * ks[:, None]).to(tl.bfloat16)
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        if FOLD:
+            acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.bfloat16), tl.trans(vt.to(tl.bfloat16)))
+        else:
+            vt = (vt.to(tl.float32) * vs[None, :]).to(tl.bfloat16)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), tl.trans(vt))
+        m = m_new
+    row = (b * HQ + kvh * G + offs_g) * S + split
+    tl.store(m_ptr + row, m, mask=gmask)
+    tl.store(l_ptr + row, l, mask=gmask)
+    tl.store(acc_ptr + row[:, None] * D + offs_d[None, :], acc, mask=gmask[:, None])
+
+
+def decode_attention_vt(q, k_cache, v_cache_t, k_scale, v_scale, pos, out, ws, hq, hkv, d, sm_scale,
+                        fold: bool = False):
+    """kernels.decode_attention for an E4M3 cache through attn_split_vt (v_cache_t: [B, H, D, T])."""
+    from core.engines.fast import kernels as K
+
+    B = q.shape[0]
+    g = hq // hkv
+    attn_split_vt[(B * hkv, ws.splits)](
+        q, k_cache, v_cache_t, k_scale, v_scale, pos, ws.m, ws.l, ws.acc, sm_scale * 1.4426950408889634, ws.split_len,
+        ws.splits, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache_t.stride(0), v_cache_t.stride(1),
+        v_cache_t.stride(2), k_scale.stride(0), k_scale.stride(1),
+        HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FOLD=fold,
+        num_warps=ws.num_warps, num_stages=ws.num_stages)
+    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out, ws.splits, D=d,
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
+                                      PDL=False)
+    return out
