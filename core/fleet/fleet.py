@@ -74,8 +74,9 @@ class FleetSnapshot:
 
 def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
             at: float | None = None) -> FleetSnapshot:
-    """One refresh, evaluated now or at unix time `at` (the window ends there). Raises TriageError subclasses for what
-    a user must fix (URL, auth, selector, nothing found)."""
+    """One refresh, evaluated now or at unix time `at` (the window ends there; the targets' health is Prometheus's
+    current one either way). Raises TriageError subclasses for what a user must fix (URL, auth, selector, nothing
+    found)."""
     matchers = parse_selector(selector)
     label = check_label_name(replica_label, "replica label")
     window, window_s = parse_window(window)
@@ -98,7 +99,7 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
         results = {col: f.result() for col, f in futures.items()}
         targets = targets_f.result()
         version = build_f.result()
-    replicas = _join(results, label, gpu_key, targets, now)
+    replicas = _join(results, label, gpu_key, targets, time.time())  # the targets API tells only of now
     gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
                                                                                          "dram_bw_pct")) else ""
     med = rank(replicas)
