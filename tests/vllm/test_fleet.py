@@ -28,25 +28,25 @@ def by_id(run):
     return {f.check_id: f for f in run.result.findings}
 
 
-def _stored_counts(url: str, promql: str, span_s: int) -> dict[float, float]:
-    """The raw samples {timestamp: value} Prometheus holds for one series over the last span_s seconds."""
-    body = Prometheus(url)._get("/api/v1/query", {"query": f"{promql}[{span_s}s]"}, query=True)
-    series = body.get("result", [])
-    assert len(series) == 1, (promql, series)
-    return {float(t): float(v) for t, v in series[0]["values"]}
+HISTOGRAMS = (("ttft", "time_to_first_token_seconds"), ("itl", "inter_token_latency_seconds"))
+
+
+def _raw_series(url: str, promql: str, span_s: int, at: float | None = None) -> list[tuple[dict, dict[float, float]]]:
+    """The raw samples Prometheus holds for each series of `promql` over span_s seconds up to `at` (default now):
+    [(labels, {timestamp: value})]."""
+    params = {"query": f"{promql}[{span_s}s]"} | ({"time": f"{at:.3f}"} if at is not None else {})
+    body = Prometheus(url)._get("/api/v1/query", params, query=True)
+    return [(r["metric"], {float(t): float(v) for t, v in r["values"]}) for r in body.get("result", [])]
 
 
 def _stored_rise(url: str, promql: str, start: float, end: float) -> Histogram:
     """A histogram's rise between its raw samples at `start` and the last one at or before `end`, as Prometheus
     stored them (bucket series summed per bound)."""
-    body = Prometheus(url)._get("/api/v1/query", {"query": f"{promql}[{int(end - start) + 2}s]", "time": f"{end:.3f}"},
-                                query=True)
     by_le: dict[float, float] = {}
-    for series in body.get("result", []):
-        values = {float(t): float(v) for t, v in series["values"]}
+    for labels, values in _raw_series(url, promql, int(end - start) + 2, end):
         first, last = values.get(start), values[max(t for t in values if t <= end)]
         assert first is not None, (start, sorted(values))
-        le = float(series["metric"]["le"])
+        le = float(labels["le"])
         by_le[le] = by_le.get(le, 0.0) + last - first
     buckets = sorted(by_le.items())
     return Histogram(buckets, buckets[-1][1] if buckets else 0.0, 0.0)
@@ -73,8 +73,7 @@ def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
                              GenerationParams(max_new_tokens=8, stop_at_eos=False))
     after = _settled_scrape(prom_stack.main.base_url)
     inst = prom_stack.instances["main"]
-    counts = {key: f'vllm:{name}_count{{instance="{inst}"}}'
-              for key, name in (("ttft", "time_to_first_token_seconds"), ("itl", "inter_token_latency_seconds"))}
+    counts = {key: f'vllm:{name}_count{{instance="{inst}"}}' for key, name in HISTOGRAMS}
     for key, promql in counts.items():
         _wait_for_samples(prom_stack.url, promql, after.histograms[key].count, timeout_s=30)
     # rate() extrapolates each bucket to the window's start unless that would take it below zero, so buckets that
@@ -82,7 +81,11 @@ def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
     # holding the "before" counts (1 ms ahead of it: Prometheus 2 includes a range's start, 3 does not) and holds
     # scrapes up to its end, the last with the "after" counts. The sample is found by its values, not the clock: on
     # a loaded 2-core machine scrapes come late.
-    stored = {key: _stored_counts(prom_stack.url, promql, int(time.time() - t0) + 30) for key, promql in counts.items()}
+    stored = {}
+    for key, promql in counts.items():
+        series = _raw_series(prom_stack.url, promql, int(time.time() - t0) + 30)
+        assert len(series) == 1, (promql, series)
+        stored[key] = series[0][1]
     both = sorted(set(stored["ttft"]) & set(stored["itl"]))
     ts_before = max((t for t in both if all(stored[k][t] == before.histograms[k].count for k in counts)), default=None)
     assert ts_before is not None, (before.histograms["ttft"].count, before.histograms["itl"].count, stored)
@@ -92,7 +95,7 @@ def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
     snap = collect(Prometheus(prom_stack.url), '{job="vllm"}', window=f"{window_s}s", at=at)
     row = snap.replica(inst)
     assert row is not None and row.up is True, [r.name for r in snap.replicas]
-    for key, name in (("ttft", "time_to_first_token_seconds"), ("itl", "inter_token_latency_seconds")):
+    for key, name in HISTOGRAMS:
         # Prometheus stored the server's own observations: the histogram's rise over the window holds as many as the
         # server's pages taken around the requests.
         stored_rise = _stored_rise(prom_stack.url, f'vllm:{name}_bucket{{instance="{inst}"}}', ts_before, at)
