@@ -66,7 +66,8 @@ def describe(exc: Exception, url: str, timeout_s: float) -> str:
     if isinstance(exc, requests.exceptions.SSLError):
         return f"TLS with {url} failed ({text[:200]}). Use http:// for a plain vLLM server."
     if "RemoteDisconnected" in text or "BadStatusLine" in text or "Connection aborted" in text:
-        return f"{url} closed the connection without a valid HTTP answer: this port is not an HTTP server."
+        return (f"{url} closed the connection without a valid HTTP answer: the server dropped it (overloaded or "
+                "restarting), or this port is not an HTTP server.")
     return f"Request to {url} failed: {text[:300]}"
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,10 @@ from core.errors import InputError
 from diagnostics.context import CheckContext, GpuWindow, Series
 
 SCRAPE_EVERY_S = 1.0
-SCRAPE_TIMEOUT_S = 3.0
+# Prometheus's default scrape_timeout. vLLM's API server answers /metrics from the same event loop that streams
+# tokens, so under load it answers late (over 3 s on a loaded 2-core CPU host), not never.
+SCRAPE_TIMEOUT_S = 10.0
+FINAL_WAIT_S = SCRAPE_TIMEOUT_S + 5.0  # the connect timeout's 5 s on top
 
 
 def vllm_base_url(url: str) -> str:
@@ -81,7 +85,10 @@ def runtime_cuda(vllm_python: str | None) -> dict[str, tuple[int, int]]:
 # --- the window ----------------------------------------------------------------------------------------------------
 
 class WindowCollector:
-    """Marks a window on the shared sampler and scrapes vLLM during it. Call begin(), poll() often, then context()."""
+    """Marks a window on the shared sampler and scrapes vLLM during it. Call begin(), poll() often, then context().
+
+    Scrapes run on a thread, one at a time (as Prometheus never scrapes a target twice at once): a slow answer holds
+    up neither the window's ticks nor counts as a failure before SCRAPE_TIMEOUT_S; ticks due meanwhile are skipped."""
 
     def __init__(self, sampler: Any, vllm_url: str | None = None, scrape_every_s: float = SCRAPE_EVERY_S):
         self.sampler = sampler
@@ -90,9 +97,11 @@ class WindowCollector:
         self.snapshots: list[Any] = []
         self.scrapes = 0
         self.last_error: str | None = None
+        self.slowest_answer_s: float | None = None
         self._t0_wall = self._t0_mono = 0.0
         self._t1_wall: float | None = None
         self._next_scrape = 0.0
+        self._in_flight: threading.Thread | None = None
 
     def begin(self) -> None:
         self._t0_wall, self._t0_mono = time.time(), time.monotonic()
@@ -106,19 +115,36 @@ class WindowCollector:
         return time.monotonic() - self._t0_mono
 
     def poll(self, final: bool = False) -> None:
-        """Scrape vLLM if one is due (or always, for the final scrape that closes the window)."""
-        if not self.vllm_url or (not final and time.monotonic() < self._next_scrape):
+        """Start a scrape of vLLM if one is due and none is in flight. `final` closes the window with a scrape: the
+        one in flight if any (it started inside the window), else a new one; it waits for that answer."""
+        if not self.vllm_url:
             return
-        self._next_scrape = time.monotonic() + self.scrape_every_s
+        busy = self._in_flight is not None and self._in_flight.is_alive()
+        if not busy and (final or time.monotonic() >= self._next_scrape):
+            self._next_scrape = time.monotonic() + self.scrape_every_s
+            self.scrapes += 1
+            self._in_flight = threading.Thread(target=self._scrape, name="vllm-scrape", daemon=True)
+            self._in_flight.start()
+        if final and self._in_flight is not None:
+            # requests' read timeout bounds each wait for bytes, not the whole answer: a trickling server is cut here
+            self._in_flight.join(FINAL_WAIT_S)
+            if self._in_flight.is_alive():
+                self.last_error = f"{self.vllm_url}/metrics sent no complete answer within {FINAL_WAIT_S:g} s."
+            self._in_flight = None
+
+    def _scrape(self) -> None:
         from core.telemetry.vllm_metrics import scrape
 
-        self.scrapes += 1
+        t = time.monotonic()
         try:
             snap = scrape(self.vllm_url, timeout_s=SCRAPE_TIMEOUT_S)
         except Exception as exc:  # RemoteError, MetricsError, or anything the network throws
             self.last_error = str(exc) or type(exc).__name__
             return
-        self.snapshots.append(dataclasses.replace(snap, t=snap.t - self._t0_mono))
+        took = time.monotonic() - t
+        self.slowest_answer_s = max(took, self.slowest_answer_s or 0.0)
+        if self._t1_wall is None:  # an answer after the window closed (a cut trickle) is not part of it
+            self.snapshots.append(dataclasses.replace(snap, t=snap.t - self._t0_mono))
 
     def context(self, **inputs: Any) -> CheckContext:
         """The readings since begin() as a CheckContext; `inputs` are the user's (launch_cmd, flag_lint, ...)."""
@@ -173,6 +199,7 @@ class WindowCollector:
             vllm_snapshots=tuple(self.snapshots),
             vllm_error=self.last_error,
             vllm_scrapes=self.scrapes,
+            vllm_slowest_answer_s=self.slowest_answer_s,
             **inputs,
         )
 
@@ -182,5 +209,6 @@ class WindowCollector:
                  f"(achieved {stats.achieved_hz:.1f} Hz)."]
         if self.vllm_url:
             notes.append(f"vLLM: {self.vllm_url}/metrics scraped every {self.scrape_every_s:g} s "
-                         f"({len(self.snapshots)} of {self.scrapes} scrapes answered).")
+                         f"({len(self.snapshots)} of {self.scrapes} scrapes answered"
+                         + (f", the slowest in {self.slowest_answer_s:.2f} s" if self.slowest_answer_s else "") + ").")
         return notes

@@ -72,6 +72,7 @@ class CheckContext:
     vllm_snapshots: tuple["VllmSnapshot", ...] = ()  # successful scrapes; snapshot.t is seconds since window start
     vllm_error: str | None = None  # the last scrape error, if any scrape failed
     vllm_scrapes: int = 0  # scrapes attempted
+    vllm_slowest_answer_s: float | None = None  # the slowest /metrics answer: a busy API server answers late
     # What the user told us
     launch_cmd: str | None = None
     requested_precision: str | None = None  # given explicitly (--precision); else fp8.capability reads the launch cmd

@@ -7,6 +7,8 @@ from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fai
 KV_FULL = 0.95  # kv_cache_usage_perc (a 0-1 fraction) at or above this is "near 100%"
 KV_HIGH = 0.90
 
+SLOW_ANSWER_S = 1.0  # a /metrics answer slower than the checklist's scrape interval is worth a word
+
 NO_URL = "vLLM URL: none given (--vllm-url, or the URL field on the page)"
 
 
@@ -23,6 +25,8 @@ def decide_reachable(ctx: CheckContext) -> Outcome:
         return skip(NO_URL)
     ok, tried = len(ctx.vllm_snapshots), ctx.vllm_scrapes
     evidence = {"url": ctx.vllm_url, "scrapes_ok": ok, "scrapes": tried, "last_error": ctx.vllm_error or ""}
+    if ctx.vllm_slowest_answer_s is not None:
+        evidence["slowest_answer_s"] = round(ctx.vllm_slowest_answer_s, 3)
     remedy = ("Give the server's base URL (http://HOST:PORT, the one clients use); check it is up with "
               "`curl URL/metrics`, and that no proxy or firewall is in between.")
     if ok == 0:
@@ -31,7 +35,10 @@ def decide_reachable(ctx: CheckContext) -> Outcome:
     if ok < tried:
         return warn(f"{tried - ok} of {tried} scrapes of {ctx.vllm_url}/metrics failed (last: {ctx.vllm_error}).",
                     "An overloaded or restarting server answers late; " + remedy, evidence=evidence)
-    return passed(f"{ctx.vllm_url}/metrics answered all {tried} scrapes.", evidence=evidence)
+    slow = ctx.vllm_slowest_answer_s
+    late = (f" The slowest took {slow:.1f} s: the API server answers /metrics on the event loop that streams "
+            "tokens, so a busy server answers late.") if slow is not None and slow >= SLOW_ANSWER_S else ""
+    return passed(f"{ctx.vllm_url}/metrics answered all {tried} scrapes.{late}", evidence=evidence)
 
 
 def decide_metrics_off(ctx: CheckContext) -> Outcome:

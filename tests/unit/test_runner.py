@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,10 @@ def sampler():
 
 class _Metrics(http.server.BaseHTTPRequestHandler):
     body = b""
+    delay_s = 0.0
 
     def do_GET(self):  # noqa: N802 (http.server's name)
+        time.sleep(self.delay_s)
         if self.path != "/metrics":
             self.send_error(404)
             return
@@ -47,11 +50,12 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def metrics_server():
-    """A loopback server answering /metrics with a real vLLM scrape; yields a function taking the fixture name."""
+    """A loopback server answering /metrics with a real vLLM scrape; yields a function taking the fixture name (and
+    how long each answer waits: a busy vLLM API server answers late)."""
     servers = []
 
-    def serve(fixture: str) -> str:
-        handler = type("H", (_Metrics,), {"body": (FIXTURES / fixture).read_bytes()})
+    def serve(fixture: str, delay_s: float = 0.0) -> str:
+        handler = type("H", (_Metrics,), {"body": (FIXTURES / fixture).read_bytes(), "delay_s": delay_s})
         srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
@@ -109,6 +113,16 @@ def test_server_with_stats_passes_metrics_off_and_decides_kv(sampler, metrics_se
     assert f["vllm.unknown_flags"].status is Status.PASS
     # no requests were running in the scrapes: GPU idle cannot blame the host (no GPU here anyway)
     assert f["gpu.idle"].status is Status.SKIP
+
+
+def test_a_server_answering_late_is_reachable_and_its_slowest_answer_shown(sampler, metrics_server):
+    # 3.5 s: past the 3 s a scrape once had, within Prometheus's default scrape_timeout (10 s). The scrape in flight
+    # when the 2 s window ends closes it; no second one starts meanwhile.
+    url = metrics_server("vllm-0.32-cpu-metrics-after-3-requests.txt", delay_s=3.5)
+    f = by_id(runner.run(2, vllm_url=url, sampler=sampler))["vllm.reachable"]
+    assert f.status is Status.PASS, f.verdict
+    assert f.evidence["scrapes"] == f.evidence["scrapes_ok"] == 1
+    assert f.evidence["slowest_answer_s"] >= 3.5 and "slowest took" in f.verdict
 
 
 def test_unreachable_server_fails_reachable_only(sampler):
