@@ -18,7 +18,6 @@ from torch import nn
 from torch.nn import functional as F
 
 ATTENTION = "triage_cpu_decode"
-PACKABLE = (torch.float32, torch.bfloat16)
 
 
 def enabled() -> bool:
@@ -49,24 +48,25 @@ class PackedLinear(nn.Linear):
 
 
 class Float32PackedLinear(PackedLinear):
-    """A bf16 Linear on a CPU where oneDNN has no bf16 (AVX2-only). Several rows (a prompt, a batch) go through a
-    float32 copy of the weight, packed (every bf16 value is a float32: the same weights), with the input upcast
-    (exact) and the product rounded to bf16 once, which is a bf16 GEMM's arithmetic (float32 accumulation) at the
-    float32 GEMM's speed. One row (a batch-1 decode step) is a GEMV, bound by memory, and reads the bf16 weight, half
-    the bytes. Costs the float32 copy's memory. On an AVX2-only AMD EPYC torch's bf16 GEMM ran [128 x 640] x
-    [640 x 2048] in 20.6 ms against 3.0 ms in float32 (docs/PERFORMANCE.md, "BF16 on a CPU without bf16 GEMMs")."""
+    """A bf16 or fp16 Linear on a CPU where oneDNN has no GEMM in that type (AVX2-only). Several rows (a prompt, a
+    batch) go through a float32 copy of the weight, packed (every bf16 and fp16 value is a float32: the same weights),
+    with the input upcast (exact) and the product rounded to the half type once, which is a half-precision GEMM's
+    arithmetic (float32 accumulation) at the float32 GEMM's speed. One row (a batch-1 decode step) is a GEMV, bound by
+    memory, and reads the half weight, half the bytes. Costs the float32 copy's memory. On an AVX2-only AMD EPYC
+    torch's bf16 GEMM ran [128 x 640] x [640 x 2048] in 20.6 ms against 3.0 ms in float32 (docs/PERFORMANCE.md, "BF16
+    on a CPU without bf16 GEMMs")."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear, torch.float32)
-        self.bf16_weight, self.bf16_bias = linear.weight, linear.bias  # a tied lm_head's is the embedding's
+        self.half_weight, self.half_bias = linear.weight, linear.bias  # a tied lm_head's is the embedding's
 
     @property
     def weight(self) -> torch.Tensor:
-        return self.bf16_weight
+        return self.half_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == x.shape[-1]:
-            return F.linear(x, self.bf16_weight, self.bf16_bias)
+            return F.linear(x, self.half_weight, self.half_bias)
         return super().forward(x.float()).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -80,21 +80,38 @@ def packs_bf16() -> bool:
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def packs_fp16() -> bool:
+    """Whether oneDNN has fp16 GEMMs on this CPU (AVX-512 FP16 or AMX-FP16). Where it has, fp16 linears stay plain
+    `nn.Linear`: packing them natively was never measured on such a CPU."""
+    return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+
+
+def _packing(dtype: torch.dtype) -> str | None:
+    """How a plain Linear of this dtype is packed: "native", "float32" (a half type oneDNN cannot multiply here, through
+    a float32 copy), or None (it stays plain)."""
+    if dtype is torch.float32 or (dtype is torch.bfloat16 and packs_bf16()):
+        return "native"
+    if dtype is torch.bfloat16 or (dtype is torch.float16 and not packs_fp16()):
+        return "float32"
+    return None
+
+
 def pack_linears(model: nn.Module, spare_bytes: int) -> tuple[int, int]:
-    """Swap every plain float32/bfloat16 nn.Linear (quantized layers are other classes and stay) for a PackedLinear,
-    or, for bf16 on a CPU where oneDNN has no bf16, a Float32PackedLinear. A packed Linear frees its plain weight,
-    except an lm_head tied to the input embedding (Gemma's), whose weight the embedding still reads, and a bf16 one
-    packed as float32, which keeps it for one-row products. What a packed copy adds is taken only while twice that
-    stays spare (the fit check counted the plain model). Returns (linears packed, of them as float32)."""
-    upcast = model.dtype is torch.bfloat16 and not packs_bf16()
+    """Swap every plain nn.Linear (quantized layers are other classes and stay) for a PackedLinear (float32, and bf16
+    where oneDNN has bf16), or, for bf16 or fp16 that oneDNN cannot multiply here, a Float32PackedLinear. A packed
+    Linear frees its plain weight, except an lm_head tied to the input embedding (Gemma's), whose weight the embedding
+    still reads, and a half one packed as float32, which keeps it for one-row products. What a packed copy adds is
+    taken only while twice that stays spare (the fit check counted the plain model). Returns (linears packed, of them
+    as float32)."""
     embedding = model.get_input_embeddings()
     tied = embedding.weight if embedding is not None else None
-    count = 0
+    count = as_float32_count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or child.weight.dtype not in PACKABLE:
+            how = _packing(child.weight.dtype) if type(child) is nn.Linear else None
+            if how is None:
                 continue
-            as_float32 = upcast and child.weight.dtype is torch.bfloat16
+            as_float32 = how == "float32"
             size = child.weight.numel() * (4 if as_float32 else child.weight.element_size())
             extra = size if as_float32 or child.weight is tied else 0
             if 2 * extra > spare_bytes:
@@ -102,7 +119,8 @@ def pack_linears(model: nn.Module, spare_bytes: int) -> tuple[int, int]:
             spare_bytes -= extra
             setattr(parent, name, Float32PackedLinear(child) if as_float32 else PackedLinear(child))
             count += 1
-    return count, count if upcast else 0
+            as_float32_count += as_float32
+    return count, as_float32_count
 
 
 class GemmaRMSNorm(nn.Module):
@@ -200,7 +218,8 @@ def speed_up(model: nn.Module, spare_bytes: int) -> list[str]:
         applied.append("matmul decode attention")
     packed, as_float32 = pack_linears(model, spare_bytes)
     if as_float32:
-        applied.append(f"{packed} oneDNN-packed linears (bf16 weights as float32: this CPU has no bf16 GEMM)")
+        kind = "bf16" if model.dtype is torch.bfloat16 else "fp16"
+        applied.append(f"{packed} oneDNN-packed linears ({kind} weights as float32: this CPU has no {kind} GEMM)")
     elif packed:
         applied.append(f"{packed} oneDNN-packed linears")
     if fuse_norms(model):

@@ -122,21 +122,24 @@ def test_a_tied_lm_head_is_packed_only_with_memory_to_spare():
         assert (n, as_float32) == (2 * 7 + packed, 0)  # every layer's seven linears either way
 
 
-def test_bf16_linears_go_through_float32_where_onednn_has_no_bf16(monkeypatch):
-    """On an AVX2-only CPU: several rows through the float32 copy give the bf16 product up to its rounding (float32
-    accumulation both ways), one row reads the bf16 weight as before, bit for bit; the weights read back exactly."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_linears_go_through_float32_where_onednn_cannot_multiply_them(monkeypatch, dtype):
+    """On an AVX2-only CPU: several rows through the float32 copy give the half-precision product up to its rounding
+    (float32 accumulation both ways), one row reads the half weight as before, bit for bit; the weights read back
+    exactly. Forced here, so CPUs whose oneDNN has bf16 or fp16 GEMMs run it too."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     monkeypatch.setattr(cpu_fast, "packs_bf16", lambda: False)
+    monkeypatch.setattr(cpu_fast, "packs_fp16", lambda: False)
     config = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=True)
     torch.manual_seed(0)
-    plain = Gemma3ForCausalLM(config).to(torch.bfloat16).eval()
-    model = Gemma3ForCausalLM(config).to(torch.bfloat16).eval()
+    plain = Gemma3ForCausalLM(config).to(dtype).eval()
+    model = Gemma3ForCausalLM(config).to(dtype).eval()
     model.load_state_dict(plain.state_dict())
     assert cpu_fast.pack_linears(model, 1 << 30) == (2 * 7 + 1, 2 * 7 + 1)
     assert isinstance(model.lm_head, cpu_fast.Float32PackedLinear)
-    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied, no bf16 copy
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # still tied, no half copy
     assert torch.equal(model.model.layers[0].mlp.down_proj.weight, plain.model.layers[0].mlp.down_proj.weight)
     ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
