@@ -18,7 +18,8 @@ class Precision(str, Enum):
     FP8 = "fp8"  # E4M3 W8A8: per-output-channel weight scales, dynamic per-token activation scales
     FP8_WEIGHT_ONLY = "fp8-wo"  # E4M3 weights, upcast to the base dtype for the matmul (W8A16)
     # Integer precisions (core/quant.py), torch engine only; lm_head and embeddings stay at the base dtype.
-    INT8 = "int8"  # W8A8: per-output-channel weight scales, dynamic per-token activation scales, torch._int_mm
+    # W8A8: per-output-channel weight scales, dynamic per-token activation scales, int8 products (core/quant.py: int_mm)
+    INT8 = "int8"
     INT8_WEIGHT_ONLY = "int8-wo"  # int8 weights, upcast to the base dtype for each matmul (W8A16)
     INT4 = "int4"  # weight-only, groups of 128 along the input, asymmetric (zero point), two weights a byte
     INT4_AWQ = "int4-awq"  # the same storage after activation-aware per-input-channel scaling (AWQ)
@@ -52,7 +53,7 @@ _LABELS = {
     Precision.FP16: "FP16",
     Precision.FP8: "FP8 E4M3 (W8A8)",
     Precision.FP8_WEIGHT_ONLY: "FP8 E4M3 weight-only (W8A16)",
-    Precision.INT8: "INT8 W8A8 (torch._int_mm)",
+    Precision.INT8: "INT8 W8A8",
     Precision.INT8_WEIGHT_ONLY: "INT8 weight-only (W8A16)",
     Precision.INT4: "INT4 weight-only, g128 asymmetric",
     Precision.INT4_AWQ: "INT4 AWQ weight-only, g128 asymmetric",

@@ -1,4 +1,4 @@
-"""Integer weight quantization for the torch engine: INT8 W8A8 (torch._int_mm), INT8 weight-only, INT4 weight-only in
+"""Integer weight quantization for the torch engine: INT8 W8A8 (int8 products), INT8 weight-only, INT4 weight-only in
 groups of 128 along the input (asymmetric, zero point: the AWQ/GPTQ layout, two weights packed in a byte) and INT4
 after AWQ's activation-aware per-input-channel scaling, searched on a calibration text.
 
@@ -55,11 +55,41 @@ def int8_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+# int8 x int8 products summed over this many inputs stay below 2^24 (127^2 * 1024 = 16,516,096): every partial sum
+# a float32 GEMM forms, in any order, is an integer it holds exactly
+EXACT_FLOAT32_K = 1024
+FLOAT32_ROUTE = "torch._int_mm for one row, exact float32 GEMMs for several (this CPU has no int8 dot products)"
+
+
+def cpu_has_int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX-INT8; aarch64 asimddp/i8mm).
+    Without them torch._int_mm runs a plain loop: [128 x 640] x [640 x 2048] took 94.7 ms on an AVX2-only AMD EPYC,
+    where the same int8 values as float32 took 3.0 ms (docs/PERFORMANCE.md, "INT8 W8A8 on a CPU without VNNI")."""
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith(("flags", "Features"))), "").split()
+    except OSError:
+        return True  # unknown: keep torch._int_mm
+    return not flags or any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"))
+
+
+def int_mm_in_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [m, k] @ int8 [k, n] -> int32 [m, n] through float32 GEMMs over chunks of EXACT_FLOAT32_K inputs, each
+    exact (see EXACT_FLOAT32_K), summed in int32: torch._int_mm's result bit for bit."""
+    acc = None
+    for start in range(0, a.shape[1], EXACT_FLOAT32_K):
+        part = (a[:, start:start + EXACT_FLOAT32_K].float() @ b[start:start + EXACT_FLOAT32_K].float()).to(torch.int32)
+        acc = part if acc is None else acc + part
+    return acc
+
+
 def int_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, str]:
     """int8 [m, k] @ int8 [k, n] -> int32 [m, n], and the kernel that ran. torch._int_mm runs on the CPU for every
-    shape tried (torch 2.13); on CUDA it needs m > 16 (rows are zero-padded to 17) and k, n multiples of 8. Where it
+    shape tried (torch 2.13), but without int8 dot products (`cpu_has_int8_dot`) it is slower than exact float32
+    GEMMs from two rows on; on CUDA it needs m > 16 (rows are zero-padded to 17) and k, n multiples of 8. Where it
     cannot run, the product is computed in floating point (exact on the CPU in float64) and the name says so."""
     m = a.shape[0]
+    if not a.is_cuda and not _CPU_INT8_DOT:  # one row: torch._int_mm's loop is a little faster (0.80 against 0.98 ms)
+        return (torch._int_mm(a, b) if m == 1 else int_mm_in_float32(a, b)), FLOAT32_ROUTE
     try:
         if a.is_cuda and m <= 16:
             padded = torch.cat([a, a.new_zeros((17 - m, a.shape[1]))])
@@ -71,10 +101,13 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, str]:
         return (a.double() @ b.double()).to(torch.int32), "float64 matmul (torch._int_mm refused the shape)"
 
 
+_CPU_INT8_DOT = cpu_has_int8_dot()
+
+
 class Int8Linear(nn.Module):
     """A Linear whose weight lives in int8 with per-output-channel float32 scales.
 
-    w8a8=True: activations are quantized per token on the fly (dynamic scales) and multiplied with torch._int_mm.
+    w8a8=True: activations are quantized per token on the fly (dynamic scales) and multiplied in int8 (`int_mm`).
     w8a8=False: weight-only; the weight is upcast to the activation dtype for each matmul.
     """
 
@@ -86,7 +119,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", q)  # [out, in]
         self.register_buffer("weight_scale", scale)  # [out, 1] float32
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-        self.kernel = "int8 dequantize + F.linear" if not w8a8 else "torch._int_mm"
+        on_cpu_loop = not q.is_cuda and not _CPU_INT8_DOT
+        self.kernel = ("int8 dequantize + F.linear" if not w8a8 else FLOAT32_ROUTE if on_cpu_loop
+                       else "torch._int_mm")  # W8A8: what int_mm returns once it ran
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.weight_int8.float() * self.weight_scale).to(dtype)

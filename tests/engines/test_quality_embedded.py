@@ -60,7 +60,7 @@ def test_quality_table_on_the_sample_prose(engine_cache, cache_dir, monkeypatch)
     # Measured on this document (windows of 64): fp8 ~0.02, int8 ~0.035, int4 ~0.4 nats; margins of 3x and more.
     assert rows["fp8"]["kld"]["mean"] * 3 < rows["int4"]["kld"]["mean"]
     assert rows["int8"]["kld"]["mean"] * 3 < rows["int4"]["kld"]["mean"]
-    assert rows["int8"]["kernels"] == ["torch._int_mm"]
+    assert rows["int8"]["kernels"] == ["torch._int_mm" if quant.cpu_has_int8_dot() else quant.FLOAT32_ROUTE]
     assert rows["int4"]["weights_bytes"] < rows["int8"]["weights_bytes"] < ref["weights_bytes"]
 
     again = _run(engine_cache, cache_dir, monkeypatch, "int8")

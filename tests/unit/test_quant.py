@@ -35,7 +35,7 @@ def test_int8_rows_and_int_mm_match_a_float_matmul():
     assert layer.weight_int8.dtype == torch.int8 and layer.weight_scale.shape == (64, 1)
     x = torch.randn(3, 5, 256)
     out = layer(x)
-    assert layer.kernel == "torch._int_mm"
+    assert layer.kernel == ("torch._int_mm" if quant.cpu_has_int8_dot() else quant.FLOAT32_ROUTE)
     ref = lin(x)
     assert (out - ref).norm() / ref.norm() < 0.02
     wo = quant.Int8Linear(lin, w8a8=False)
@@ -43,7 +43,33 @@ def test_int8_rows_and_int_mm_match_a_float_matmul():
     a = torch.randint(-127, 127, (5, 64), dtype=torch.int8)
     b = torch.randint(-127, 127, (64, 32), dtype=torch.int8)
     got, kernel = quant.int_mm(a, b)
-    assert torch.equal(got, a.int() @ b.int()) and kernel == "torch._int_mm"
+    assert torch.equal(got, a.int() @ b.int()) and kernel == layer.kernel
+
+
+@pytest.mark.parametrize("k", [640, 1024, 1025, 2048, 3000])
+def test_int8_products_in_float32_are_torch_int_mm_bit_for_bit(k):
+    """Chunks of 1,024 inputs keep every float32 partial sum an exact integer, at the worst case too (every product
+    127 * 127 of one sign, past 2^24 over 2,048 inputs) and with rows of any count."""
+    g = torch.Generator().manual_seed(k)
+    for m in (1, 7, 64):
+        a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+        b = torch.randint(-127, 128, (k, 48), dtype=torch.int8, generator=g)
+        a[0], b[:, 0] = 127, 127  # row 0 x column 0: 127^2 * k
+        exact = torch._int_mm(a, b)
+        assert exact[0, 0] == 127 * 127 * k
+        assert torch.equal(quant.int_mm_in_float32(a, b), exact)
+
+
+def test_int8_linear_gives_the_same_bits_through_either_product(monkeypatch):
+    torch.manual_seed(0)
+    lin = nn.Linear(2048, 96, bias=True).to(torch.bfloat16)
+    layer = quant.Int8Linear(lin, w8a8=True)
+    x = torch.randn(2, 9, 2048).to(torch.bfloat16)
+    monkeypatch.setattr(quant, "_CPU_INT8_DOT", True)
+    via_int_mm = layer(x)
+    assert layer.kernel == "torch._int_mm"
+    monkeypatch.setattr(quant, "_CPU_INT8_DOT", False)
+    assert torch.equal(layer(x), via_int_mm) and layer.kernel == quant.FLOAT32_ROUTE
 
 
 def test_awq_search_never_worse_than_plain_int4_on_its_calibration():
@@ -97,7 +123,8 @@ def test_integer_precisions_are_refused_by_vllm_and_the_fast_path():
         assert unsupported_reasons(p, KVDtype.AUTO, Device(), engine="torch") == []
         h200 = Device("cuda", "H200", (9, 0))
         assert any("eager torch engine" in r for r in fast_decode_unavailable_reasons(h200, p, KVDtype.AUTO))
-    assert "torch._int_mm" in Precision.INT8.label
+    # which int8 product ran depends on the CPU or GPU: the layers record it (quant.kernels), not the label
+    assert Precision.INT8.label == "INT8 W8A8"
 
 
 def test_kl_rows_topk_is_zero_for_identity_and_never_above_the_full_kl():
