@@ -87,8 +87,8 @@ def runtime_cuda(vllm_python: str | None) -> dict[str, tuple[int, int]]:
 class WindowCollector:
     """Marks a window on the shared sampler and scrapes vLLM during it. Call begin(), poll() often, then context().
 
-    Scrapes run on a thread, one at a time (as Prometheus never scrapes a target twice at once): a slow answer holds
-    up neither the window's ticks nor counts as a failure before SCRAPE_TIMEOUT_S; ticks due meanwhile are skipped."""
+    Scrapes run on a thread, one at a time (as Prometheus never scrapes a target twice at once): a slow answer does
+    not hold up the window's ticks and fails only past SCRAPE_TIMEOUT_S; ticks due meanwhile are skipped."""
 
     def __init__(self, sampler: Any, vllm_url: str | None = None, scrape_every_s: float = SCRAPE_EVERY_S):
         self.sampler = sampler
