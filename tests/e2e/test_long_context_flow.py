@@ -57,11 +57,17 @@ def test_uploaded_markdown_is_counted_and_a_binary_file_gets_a_clear_error(app_s
     assert not errors_on(page)
 
 
+SAMPLE_SHOWN_JS = """() => [...document.querySelectorAll('textarea[aria-label="Document"]')]
+    .some(t => t.value.startsWith('# Sample long document'))"""
+
+
 def test_a_built_sample_runs_and_shows_ttft_and_itl(app_server, page, history_db):
     before = {r.id for r in history_db.list_runs("longdoc")}
     open_page(app_server, page)
     set_number(page, "Sample size (tokens)", 256)
     page.get_by_role("button", name="Build a sample document").click()
+    # waited for by its content: on a loaded 2-core machine the click's rerun can start after wait_idle's settle time
+    page.wait_for_function(SAMPLE_SHOWN_JS, timeout=180_000)
     wait_idle(page, 180)
     assert page.get_by_role("textbox", name="Document").input_value().startswith("# Sample long document")
     set_number(page, "New tokens per run", 3)
