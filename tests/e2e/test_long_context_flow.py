@@ -31,6 +31,14 @@ def upload(page, name: str, data: bytes, mime: str) -> None:
     wait_idle(page, 180)
 
 
+def wait_for_document(page, start: str) -> None:
+    """Until the Document box holds text starting with `start`: on a loaded 2-core machine the rerun an upload or a
+    click starts can begin after wait_idle's settle time, and the box is read too early (seen in CI, 2026-12-02)."""
+    page.wait_for_function("s => [...document.querySelectorAll('textarea[aria-label=\"Document\"]')]"
+                           ".some(t => t.value.startsWith(s))", arg=start, timeout=180_000)
+    wait_idle(page, 180)
+
+
 def set_number(page, label: str, value: int) -> None:
     box = page.get_by_label(label)
     box.fill(str(value))
@@ -41,6 +49,7 @@ def set_number(page, label: str, value: int) -> None:
 def test_uploaded_markdown_is_counted_and_a_binary_file_gets_a_clear_error(app_server, page):
     open_page(app_server, page)
     upload(page, "incident.md", MD.encode(), "text/markdown")
+    wait_for_document(page, MD[:40])
     assert page.get_by_role("textbox", name="Document").input_value() == MD
     assert metric_value(page, "Characters") == f"{len(MD):,}"
     assert int(metric_value(page, "Tokens").replace(",", "")) > 100
@@ -57,18 +66,12 @@ def test_uploaded_markdown_is_counted_and_a_binary_file_gets_a_clear_error(app_s
     assert not errors_on(page)
 
 
-SAMPLE_SHOWN_JS = """() => [...document.querySelectorAll('textarea[aria-label="Document"]')]
-    .some(t => t.value.startsWith('# Sample long document'))"""
-
-
 def test_a_built_sample_runs_and_shows_ttft_and_itl(app_server, page, history_db):
     before = {r.id for r in history_db.list_runs("longdoc")}
     open_page(app_server, page)
     set_number(page, "Sample size (tokens)", 256)
     page.get_by_role("button", name="Build a sample document").click()
-    # waited for by its content: on a loaded 2-core machine the click's rerun can start after wait_idle's settle time
-    page.wait_for_function(SAMPLE_SHOWN_JS, timeout=180_000)
-    wait_idle(page, 180)
+    wait_for_document(page, "# Sample long document")
     assert page.get_by_role("textbox", name="Document").input_value().startswith("# Sample long document")
     set_number(page, "New tokens per run", 3)
     page.get_by_role("button", name=re.compile(r"^Run: prefill [\d,]+ tokens \+ 3 new")).click()
