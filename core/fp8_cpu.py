@@ -14,22 +14,16 @@ torch 2.13 converts float8_e4m3fn to bf16/float on the CPU one element at a time
   as ten small torch ops a Linear they took about as long as the products. (On a prompt the same passes in C, single
   threaded, were slower than torch's.)
 
-Built once per machine with the system C compiler (`cc -O3 -march=native`) into the cache folder, keyed by a hash of
-the source and the compiler flags; where there is no compiler or no x86 vector unit it is not used and FP8Linear falls
-back to its eager path (`available()` says why). Single-threaded on purpose: the work is ~1 byte a parameter and one
-core keeps up with it, and a second OpenMP runtime next to torch's would fight it for the same 2 cores.
+Built once per machine with the system C compiler (`cc -O3 -march=native`, core/cbuild.py) into the cache folder;
+where there is no compiler or no x86 vector unit it is not used and FP8Linear falls back to its eager path
+(`available()` says why). Single-threaded on purpose: the work is ~1 byte a parameter and one core keeps up with it,
+and a second OpenMP runtime next to torch's would fight it for the same 2 cores.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
+
+from core import cbuild
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -280,45 +274,7 @@ void triage_fp8_to_bf16(const uint8_t* q, int64_t n, uint16_t* out) {
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-lm"]
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_why_not: str | None = None
-
-
-def _cache_dir() -> Path:
-    from core.models import cache_dir
-
-    return cache_dir() / "kernels"
-
-
-def _cpu_id() -> str:
-    """The CPU model and flags: -march=native code is only valid on the CPU it was built for."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
-
-
-def _build() -> ctypes.CDLL:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise OSError("no C compiler (cc or gcc) on PATH")
-    key = hashlib.sha256("\n".join([_SOURCE, " ".join(_FLAGS), cc, _cpu_id()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"triage_fp8_{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "fp8.c"
-            src.write_text(_SOURCE)
-            out = Path(tmp) / target.name
-            proc = subprocess.run([cc, *_FLAGS, "-o", str(out), str(src)], capture_output=True, text=True, timeout=120)
-            if proc.returncode != 0:
-                raise OSError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
-            os.replace(out, target)  # atomic: a concurrent builder writes the same bytes
-    lib = ctypes.CDLL(str(target))
+def _declare(lib: ctypes.CDLL) -> str | None:
     lib.triage_fp8_isa.restype = ctypes.c_int
     lib.triage_fp8_gemv.restype = None
     lib.triage_fp8_gemv.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -330,51 +286,15 @@ def _build() -> ctypes.CDLL:
     lib.triage_fp8_to_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.triage_fp8_to_bf16.restype = None
     lib.triage_fp8_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    return lib
+    return None if lib.triage_fp8_isa() else "this CPU has neither AVX-512 nor AVX2 with F16C and FMA"
 
 
-def library() -> ctypes.CDLL | None:
-    """The built kernel library, or None (then `why_not()` says why). Built at most once per process."""
-    global _lib, _why_not
-    if _lib is not None or _why_not is not None:
-        return _lib
-    with _lock:
-        if _lib is None and _why_not is None:
-            if os.environ.get("TRIAGE_FP8_CPU_KERNEL", "1") == "0":
-                _why_not = "turned off by TRIAGE_FP8_CPU_KERNEL=0"
-                return None
-            try:
-                lib = _build()
-            except (OSError, subprocess.SubprocessError) as exc:
-                _why_not = f"the FP8 CPU kernel could not be built ({exc})"
-                return None
-            if lib.triage_fp8_isa() == 0:
-                _why_not = "this CPU has neither AVX-512 nor AVX2 with F16C and FMA"
-                return None
-            _lib = lib
-    return _lib
-
-
-_off = threading.local()
-
-
-@contextlib.contextmanager
-def turned_off():
-    """Within this block (this thread only) FP8Linear takes its eager path: for benchmarks and tests that compare."""
-    _off.on, before = True, getattr(_off, "on", False)
-    try:
-        yield
-    finally:
-        _off.on = before
-
-
-def available() -> bool:
-    return not getattr(_off, "on", False) and library() is not None
-
-
-def why_not() -> str | None:
-    library()
-    return _why_not
+_LIBRARY = cbuild.Library("triage_fp8", _SOURCE, _declare, "TRIAGE_FP8_CPU_KERNEL", "the FP8 CPU kernel")
+library = _LIBRARY.get
+# Within this block (this thread only) FP8Linear takes its eager path: for benchmarks and tests that compare.
+turned_off = _LIBRARY.turned_off
+available = _LIBRARY.available
+why_not = _LIBRARY.why_not
 
 
 def isa() -> str:

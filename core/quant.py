@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core import fp8
+from core import cbuild, fp8, int_cpu
 from core.precision import Precision
 
 GROUP = 128  # INT4 group size along the input dimension
@@ -65,11 +65,8 @@ def cpu_has_int8_dot() -> bool:
     """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX-INT8; aarch64 asimddp/i8mm).
     Without them torch._int_mm runs a plain loop: [128 x 640] x [640 x 2048] took 94.7 ms on an AVX2-only AMD EPYC,
     where the same int8 values as float32 took 3.0 ms (docs/PERFORMANCE.md, "INT8 W8A8 on a CPU without VNNI")."""
-    try:
-        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith(("flags", "Features"))), "").split()
-    except OSError:
-        return True  # unknown: keep torch._int_mm
-    return not flags or any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"))
+    flags = cbuild.cpu_flags()
+    return flags is None or any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"))
 
 
 def int_mm_in_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -104,12 +101,44 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, str]:
 _CPU_INT8_DOT = cpu_has_int8_dot()
 
 
+def _cpu_kernel_label(torch_label: str) -> str:
+    """What a weight-only layer on the CPU runs, once `_weight_only_cpu` has taken its bf16 activations."""
+    if not int_cpu.available():
+        return torch_label
+    several = "float32 GEMMs of those values (this CPU has no bf16 GEMM)" if not cbuild.packs_bf16() else "F.linear"
+    return (f"C GEMV from the codes for up to {int_cpu.GEMV_ROWS} rows; for more, weights dequantized in C + "
+            f"{several} (core/int_cpu.py)")
+
+
+def _weight_only_cpu(layer: nn.Module, x: torch.Tensor, gemv: Callable[[torch.Tensor], torch.Tensor] | None,
+                     weights: Callable[[bool], torch.Tensor]) -> torch.Tensor | None:
+    """A weight-only layer's product on the CPU through core/int_cpu.py, or None where that kernel does not apply
+    (not bf16, not on the CPU, not built). Up to GEMV_ROWS rows (decode steps): `gemv(x2d)`, which multiplies from the
+    codes without writing the weights (None: this layer cannot). More rows (a prompt): `weights(as_float32)`, the very
+    bf16 values `dequantized(bf16)` gives, into a GEMM; on a CPU without bf16 GEMMs those values as float32 and the
+    product rounded once, which is a bf16 GEMM's arithmetic (float32 accumulation) at float32 speed, as
+    cpu_fast.Float32PackedLinear does for BF16's linears."""
+    if x.dtype is not torch.bfloat16 or x.device.type != "cpu" or not int_cpu.available():
+        layer.kernel = layer.TORCH_KERNEL
+        return None
+    layer.kernel = _cpu_kernel_label(layer.TORCH_KERNEL)
+    rows = x.numel() // x.shape[-1]
+    if rows <= int_cpu.GEMV_ROWS and gemv is not None and layer.bias is None:
+        return gemv(x.reshape(rows, -1).contiguous()).reshape(*x.shape[:-1], -1)
+    if not cbuild.packs_bf16():
+        bias = None if layer.bias is None else layer.bias.float()
+        return F.linear(x.float(), weights(True), bias).to(x.dtype)
+    return F.linear(x, weights(False), layer.bias)
+
+
 class Int8Linear(nn.Module):
     """A Linear whose weight lives in int8 with per-output-channel float32 scales.
 
     w8a8=True: activations are quantized per token on the fly (dynamic scales) and multiplied in int8 (`int_mm`).
-    w8a8=False: weight-only; the weight is upcast to the activation dtype for each matmul.
+    w8a8=False: weight-only; the weight is upcast to the activation dtype for each matmul (in C on the CPU).
     """
+
+    TORCH_KERNEL = "int8 dequantize + F.linear"
 
     def __init__(self, linear: nn.Linear, w8a8: bool):
         super().__init__()
@@ -120,15 +149,21 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", scale)  # [out, 1] float32
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
         on_cpu_loop = not q.is_cuda and not _CPU_INT8_DOT
-        self.kernel = ("int8 dequantize + F.linear" if not w8a8 else FLOAT32_ROUTE if on_cpu_loop
-                       else "torch._int_mm")  # W8A8: what int_mm returns once it ran
+        if not w8a8:
+            self.kernel = self.TORCH_KERNEL if q.is_cuda else _cpu_kernel_label(self.TORCH_KERNEL)
+        else:
+            self.kernel = FLOAT32_ROUTE if on_cpu_loop else "torch._int_mm"  # what int_mm returns once it ran
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.weight_int8.float() * self.weight_scale).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.w8a8:
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
+            gemv = (lambda x2: int_cpu.int8_gemv(x2, self.weight_int8, self.weight_scale)
+                    ) if self.in_features % 16 == 0 else None  # the GEMV's vector loop takes 16 inputs at a time
+            out = _weight_only_cpu(self, x, gemv, lambda as_float32: int_cpu.int8_weights(
+                self.weight_int8, self.weight_scale, as_float32))
+            return F.linear(x, self.dequantized(x.dtype), self.bias) if out is None else out
         shape = x.shape
         xq, xs = int8_rows(x.reshape(-1, shape[-1]))
         acc, self.kernel = int_mm(xq, self.weight_int8.t())
@@ -172,6 +207,8 @@ class Int4Linear(nn.Module):
     `input_scale` (AWQ): the codes hold W * diag(s); the dequantized weight is divided by s again, which is the same
     as scaling the activations by 1/s (AWQ folds that into the previous op)."""
 
+    TORCH_KERNEL = "int4 unpack + dequantize + F.linear"
+
     def __init__(self, linear: nn.Linear, input_scale: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -185,7 +222,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight_zeros", zero)
         self.register_buffer("input_scale", None if input_scale is None else input_scale.half())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-        self.kernel = "int4 unpack + dequantize + F.linear"
+        self.kernel = self.TORCH_KERNEL if packed.is_cuda else _cpu_kernel_label(self.TORCH_KERNEL)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         w = dequantize_int4(self.weight_packed, self.weight_scales, self.weight_zeros, self.in_features)
@@ -194,7 +231,10 @@ class Int4Linear(nn.Module):
         return w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantized(x.dtype), self.bias)
+        codes = (self.weight_packed, self.weight_scales, self.weight_zeros, self.input_scale, self.in_features)
+        out = _weight_only_cpu(self, x, lambda x2: int_cpu.int4_gemv(x2, *codes),
+                               lambda as_float32: int_cpu.int4_weights(*codes, as_float32))
+        return F.linear(x, self.dequantized(x.dtype), self.bias) if out is None else out
 
     def extra_repr(self) -> str:
         awq = ", AWQ input scales" if self.input_scale is not None else ""

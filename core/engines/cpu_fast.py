@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from core.cbuild import packs_bf16, packs_fp16
+
 ATTENTION = "triage_cpu_decode"
 
 
@@ -71,19 +73,6 @@ class Float32PackedLinear(PackedLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed as float32"
-
-
-def packs_bf16() -> bool:
-    """Whether oneDNN takes bf16 weights on this CPU (torch's check: AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Without
-    it bf16 linears stay plain: oneDNN refuses to reorder them (an AVX2-only AMD EPYC, 2026-12-02), and where it
-    would emulate bf16 it is no faster than F.linear."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def packs_fp16() -> bool:
-    """Whether oneDNN has fp16 GEMMs on this CPU (AVX-512 FP16 or AMX-FP16). Where it has, fp16 linears stay plain
-    `nn.Linear`: packing them natively was never measured on such a CPU."""
-    return torch.ops.mkldnn._is_mkldnn_fp16_supported()
 
 
 def _packing(dtype: torch.dtype) -> str | None:

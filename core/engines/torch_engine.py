@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from core import fp8, fp8_cpu, quant
+from core import fp8, fp8_cpu, int_cpu, quant
 from core.engines import cpu_fast
 from core.engines.base import (
     ByteTokenizer,
@@ -278,6 +278,9 @@ class TorchEngine:
         if self.precision.is_fp8 and self.device.kind == "cpu":  # which FP8 Linear path executes (core/fp8.py)
             text += (f", FP8 linears through the C kernel ({fp8_cpu.isa()})" if fp8_cpu.available()
                      else ", FP8 linears dequantized eagerly")
+        if self.precision.is_int and self.precision is not Precision.INT8 and self.device.kind == "cpu":
+            text += (", integer weights dequantized in C (core/int_cpu.py)" if int_cpu.available()
+                     else ", integer weights dequantized by torch ops")
         return ", ".join([text] + self.cpu_fast)
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:

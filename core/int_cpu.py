@@ -1,0 +1,368 @@
+"""The integer weight-only layers on the CPU (core/quant.py's INT4 and INT8 weight-only linears) through a small C
+library: their weights are the very bf16 values their torch ops give, only computed without torch ops.
+
+Those layers dequantized every weight on every call: as torch ops (unpack the nibbles, stack, subtract the zero
+point, scale, round to bf16, into a fresh tensor) about 7 ms for one 2048 x 640 INT4 layer on a 2-core AMD EPYC,
+126 layers a decode step on the embedded model. Here:
+- up to GEMV_ROWS rows (decode steps): a GEMV from the codes (`int4_gemv`, `int8_gemv`): each weight row is
+  dequantized once into a buffer that stays in L1, or, for INT4 without AWQ, looked up by code from the group's 16
+  possible bf16 weights held in two AVX2 registers, and multiplied with every input row; no weight tensor is written.
+  The products are F.linear's on the same bf16 weights, summed in another order;
+- more rows (a prompt): the weights themselves (`int4_weights`, `int8_weights`), bit for bit what `dequantized(bf16)`
+  gives, into a buffer reused per thread and shape, for a GEMM.
+Plain C the compiler vectorizes for this CPU (`-march=native`), AVX2 intrinsics for the lookup; built once per
+machine (core/cbuild.py). Single-threaded, as core/fp8_cpu.py's kernel is. TRIAGE_INT_CPU_KERNEL=0 turns it off.
+Measured: docs/PERFORMANCE.md, "INT4 and INT8 weight-only on the CPU"; tests/engines/test_int_cpu.py.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from core import cbuild
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+/* float -> bf16 bits, round to nearest even as torch's .to(torch.bfloat16) (NaN: c10's 0x7FC0) */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+/* f rounded to bf16 (nearest even), as a float: the weight a bf16 tensor holds (weights are finite) */
+static inline float bf16_round(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+typedef float v8f __attribute__((vector_size(32)));
+
+static inline v8f load8(const float* p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* out[m, n] = bf16(sum_k x[m, k] * w[k]) for MB rows of x (float, row stride K, K a multiple of 16) and one weight
+   row w, as a bf16 GEMV computes it (bf16 products are exact in float; float sums, in this kernel's order). */
+static inline __attribute__((always_inline)) void dot_rows(const float* restrict x, int MB, int K,
+                                                           const float* restrict w, uint16_t* restrict out,
+                                                           int64_t stride) {
+    for (int m = 0; m < MB; m++) {
+        const float* xm = x + (int64_t)m * K;
+        v8f a0 = {0}, a1 = {0};
+        for (int k = 0; k < K; k += 16) {
+            a0 += load8(xm + k) * load8(w + k);
+            a1 += load8(xm + k + 8) * load8(w + k + 8);
+        }
+        a0 += a1;
+        float t = ((a0[0] + a0[4]) + (a0[1] + a0[5])) + ((a0[2] + a0[6]) + (a0[3] + a0[7]));
+        out[m * stride] = f32_to_bf16(t);
+    }
+}
+
+/* The few-row input as float, zero-padded from K to Kp inputs (row stride Kp). */
+static void rows_to_float(const uint16_t* restrict x, int M, int K, int Kp, float* restrict xf) {
+    for (int m = 0; m < M; m++) {
+        for (int k = 0; k < K; k++) {
+            uint32_t bits = (uint32_t)x[(int64_t)m * K + k] << 16;
+            memcpy(&xf[(int64_t)m * Kp + k], &bits, 4);
+        }
+        for (int k = K; k < Kp; k++) xf[(int64_t)m * Kp + k] = 0.0f;
+    }
+}
+
+#define DOT_ROWS_BLOCKS(x, M, K, w, out, N, n) \
+    for (int m0 = 0; m0 < M; m0 += 4) { \
+        int mb = M - m0 < 4 ? M - m0 : 4; \
+        const float* xb = x + (int64_t)m0 * K; \
+        uint16_t* ob = out + (int64_t)m0 * N + n; \
+        switch (mb) { /* constant row counts keep the accumulators in registers */ \
+            case 1: dot_rows(xb, 1, K, w, ob, N); break; \
+            case 2: dot_rows(xb, 2, K, w, ob, N); break; \
+            case 3: dot_rows(xb, 3, K, w, ob, N); break; \
+            default: dot_rows(xb, 4, K, w, ob, N); break; \
+        } \
+    }
+
+/* Store a row of float weights rounded to bf16, as bf16 bits (as_f32 = 0) or as the float32 of those bf16 values. */
+static inline void store_row(const float* restrict w, int K, int as_f32, void* restrict out, int64_t row) {
+    if (as_f32) {
+        uint32_t* restrict o = (uint32_t*)out + row * K;
+        for (int k = 0; k < K; k++) o[k] = (uint32_t)f32_to_bf16(w[k]) << 16;
+    } else {
+        uint16_t* restrict o = (uint16_t*)out + row * K;
+        for (int k = 0; k < K; k++) o[k] = f32_to_bf16(w[k]);
+    }
+}
+
+/* quant.dequantize_int4 then `/ input_scale` and `.to(bfloat16)`: w[n, k] = ((code - zero) * scale) [/ in_scale[k]],
+   codes two a byte (low nibble first) in groups of `group` along the padded input Kp; the first K inputs are kept.
+   scales: float16 [N, Kp / group], zeros: uint8 [N, Kp / group], in_scale: float16 [K] or NULL. work: Kp + K floats. */
+void triage_int4_dequant(const uint8_t* restrict packed, const uint16_t* restrict scales,
+                         const uint8_t* restrict zeros, const uint16_t* restrict in_scale, int N, int K, int Kp,
+                         int group, int as_f32, float* restrict work, void* restrict out) {
+    const int G = Kp / group;
+    float* restrict in_f = work + Kp;
+    if (in_scale)
+        for (int k = 0; k < K; k++) in_f[k] = f16_to_f32(in_scale[k]);
+    for (int n = 0; n < N; n++) {
+        const uint8_t* p = packed + (int64_t)n * (Kp / 2);
+        for (int g = 0; g < G; g++) {
+            const float s = f16_to_f32(scales[(int64_t)n * G + g]);
+            const float z = (float)zeros[(int64_t)n * G + g];
+            const uint8_t* restrict pg = p + g * (group / 2);
+            float* restrict wg = work + g * group;
+            for (int j = 0; j < group / 2; j++) {
+                wg[2 * j] = ((float)(pg[j] & 15) - z) * s;
+                wg[2 * j + 1] = ((float)(pg[j] >> 4) - z) * s;
+            }
+        }
+        if (in_scale)
+            for (int k = 0; k < K; k++) work[k] = work[k] / in_f[k];
+        store_row(work, K, as_f32, out, n);
+    }
+}
+
+/* One row of triage_int4_dequant's weights, rounded to bf16, as floats; zero past K (the padding). */
+static inline void int4_row(const uint8_t* restrict p, const uint16_t* restrict scales, const uint8_t* restrict zeros,
+                            const float* restrict in_f, int K, int Kp, int group, float* restrict w) {
+    for (int g = 0; g < Kp / group; g++) {
+        const float s = f16_to_f32(scales[g]);
+        const float z = (float)zeros[g];
+        const uint8_t* restrict pg = p + g * (group / 2);
+        float* restrict wg = w + g * group;
+        for (int j = 0; j < group / 2; j++) {
+            wg[2 * j] = ((float)(pg[j] & 15) - z) * s;
+            wg[2 * j + 1] = ((float)(pg[j] >> 4) - z) * s;
+        }
+    }
+    if (in_f)
+        for (int k = 0; k < K; k++) w[k] = w[k] / in_f[k];
+    for (int k = 0; k < K; k++) w[k] = bf16_round(w[k]);
+    for (int k = K; k < Kp; k++) w[k] = 0.0f;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define INT4_LUT 1
+/* table[idx] for 8 indexes 0..15 (bits above 3 are ignored), the table's 16 floats in two vectors */
+static inline __m256 lut16(__m256 lo, __m256 hi, __m256i idx) {
+    __m256 a = _mm256_permutevar8x32_ps(lo, idx);  /* uses bits 0-2 */
+    __m256 b = _mm256_permutevar8x32_ps(hi, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  /* bit 3 to the sign */
+}
+
+/* Without AWQ a group of an INT4 row has 16 weights at most, bf16((code - zero) * scale): they are looked up in
+   registers by code instead of computed one by one (four times fewer instructions a weight). x: MB rows, each the
+   even inputs then the odd ones (Kp / 2 each), matching the low and high nibbles of each byte. */
+static inline __attribute__((always_inline)) void int4_lut_rows(const float* restrict x, int MB, int Kp,
+        const uint8_t* restrict p, const uint16_t* restrict scales, const uint8_t* restrict zeros, int group,
+        uint16_t* restrict out, int64_t stride) {
+    __m256 al[4], ah[4];
+    for (int m = 0; m < MB; m++) al[m] = ah[m] = _mm256_setzero_ps();
+    const int half = Kp / 2;
+    float t[16];
+    for (int g = 0; g < Kp / group; g++) {
+        const float s = f16_to_f32(scales[g]);
+        const float z = (float)zeros[g];
+        for (int c = 0; c < 16; c++) t[c] = bf16_round(((float)c - z) * s);
+        const __m256 lo = _mm256_loadu_ps(t), hi = _mm256_loadu_ps(t + 8);
+        const int j0 = g * (group / 2);
+        for (int j = j0; j < j0 + group / 2; j += 8) {
+            const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + j)));
+            const __m256 wl = lut16(lo, hi, b);  /* low nibble: bits 4-7 shift out of the blend's mask */
+            const __m256 wh = lut16(lo, hi, _mm256_srli_epi32(b, 4));
+            for (int m = 0; m < MB; m++) {
+                al[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (int64_t)m * Kp + j), wl, al[m]);
+                ah[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (int64_t)m * Kp + half + j), wh, ah[m]);
+            }
+        }
+    }
+    for (int m = 0; m < MB; m++) {
+        __m256 a = _mm256_add_ps(al[m], ah[m]);
+        __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s4 = _mm_hadd_ps(s4, s4);
+        s4 = _mm_hadd_ps(s4, s4);
+        out[m * stride] = f32_to_bf16(_mm_cvtss_f32(s4));
+    }
+}
+#endif
+
+/* Int4Linear on M (few) bf16 rows without materializing its weights: out[M, N] bf16 = x @ W^T with W the bf16 values
+   of triage_int4_dequant, each row dequantized once into a buffer that stays in L1 and used by every input row.
+   work: M * Kp + Kp + K floats. */
+void triage_int4_gemv_bf16(const uint16_t* restrict x, int M, int K, const uint8_t* restrict packed,
+                           const uint16_t* restrict scales, const uint8_t* restrict zeros,
+                           const uint16_t* restrict in_scale, int N, int Kp, int group, float* restrict work,
+                           uint16_t* restrict out) {
+    float* xf = work;
+    float* w = work + (int64_t)M * Kp;
+    float* in_f = in_scale ? w + Kp : NULL;
+    rows_to_float(x, M, K, Kp, xf);
+#ifdef INT4_LUT
+    if (!in_scale && group % 16 == 0) {
+        for (int m = 0; m < M; m++) {  /* each row as its even inputs, then its odd ones */
+            float* xm = xf + (int64_t)m * Kp;
+            for (int j = 0; j < Kp / 2; j++) w[j] = xm[2 * j + 1];
+            for (int j = 0; j < Kp / 2; j++) xm[j] = xm[2 * j];
+            memcpy(xm + Kp / 2, w, sizeof(float) * (Kp / 2));
+        }
+        for (int n = 0; n < N; n++) {
+            const uint8_t* pn = packed + (int64_t)n * (Kp / 2);
+            const uint16_t* sn = scales + (int64_t)n * (Kp / group);
+            const uint8_t* zn = zeros + (int64_t)n * (Kp / group);
+            for (int m0 = 0; m0 < M; m0 += 4) {
+                int mb = M - m0 < 4 ? M - m0 : 4;
+                const float* xb = xf + (int64_t)m0 * Kp;
+                uint16_t* ob = out + (int64_t)m0 * N + n;
+                switch (mb) {  /* constant row counts keep the accumulators in registers */
+                    case 1: int4_lut_rows(xb, 1, Kp, pn, sn, zn, group, ob, N); break;
+                    case 2: int4_lut_rows(xb, 2, Kp, pn, sn, zn, group, ob, N); break;
+                    case 3: int4_lut_rows(xb, 3, Kp, pn, sn, zn, group, ob, N); break;
+                    default: int4_lut_rows(xb, 4, Kp, pn, sn, zn, group, ob, N); break;
+                }
+            }
+        }
+        return;
+    }
+#endif
+    if (in_scale)
+        for (int k = 0; k < K; k++) in_f[k] = f16_to_f32(in_scale[k]);
+    const int G = Kp / group;
+    for (int n = 0; n < N; n++) {
+        int4_row(packed + (int64_t)n * (Kp / 2), scales + (int64_t)n * G, zeros + (int64_t)n * G, in_f, K, Kp, group,
+                 w);
+        DOT_ROWS_BLOCKS(xf, M, Kp, w, out, N, n)
+    }
+}
+
+/* Int8Linear (weight-only) on M (few) bf16 rows, as triage_int4_gemv_bf16. K a multiple of 16 (the caller checks).
+   work: M * K + K floats. */
+void triage_int8_gemv_bf16(const uint16_t* restrict x, int M, int K, const int8_t* restrict q,
+                           const float* restrict scale, int N, float* restrict work, uint16_t* restrict out) {
+    float* xf = work;
+    float* w = work + (int64_t)M * K;
+    rows_to_float(x, M, K, K, xf);
+    for (int n = 0; n < N; n++) {
+        const int8_t* qn = q + (int64_t)n * K;
+        const float s = scale[n];
+        for (int k = 0; k < K; k++) w[k] = bf16_round((float)qn[k] * s);
+        DOT_ROWS_BLOCKS(xf, M, K, w, out, N, n)
+    }
+}
+
+/* Int8Linear.dequantized: w[n, k] = (q[n, k] * scale[n]) rounded to bf16. work: K floats. */
+void triage_int8_dequant(const int8_t* restrict q, const float* restrict scale, int N, int K, int as_f32,
+                         float* restrict work, void* restrict out) {
+    for (int n = 0; n < N; n++) {
+        const int8_t* qn = q + (int64_t)n * K;
+        const float s = scale[n];
+        for (int k = 0; k < K; k++) work[k] = (float)qn[k] * s;
+        store_row(work, K, as_f32, out, n);
+    }
+}
+"""
+
+
+def _declare(lib: ctypes.CDLL) -> str | None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.triage_int4_dequant.restype = None
+    lib.triage_int4_dequant.argtypes = [p, p, p, p, i, i, i, i, i, p, p]
+    lib.triage_int8_dequant.restype = None
+    lib.triage_int8_dequant.argtypes = [p, p, i, i, i, p, p]
+    lib.triage_int4_gemv_bf16.restype = None
+    lib.triage_int4_gemv_bf16.argtypes = [p, i, i, p, p, p, p, i, i, i, p, p]
+    lib.triage_int8_gemv_bf16.restype = None
+    lib.triage_int8_gemv_bf16.argtypes = [p, i, i, p, p, i, p, p]
+    return None
+
+
+_LIBRARY = cbuild.Library("triage_int", _SOURCE, _declare, "TRIAGE_INT_CPU_KERNEL", "the INT CPU kernel")
+# Within this block (this thread only) the integer layers dequantize with torch ops: for benchmarks and tests.
+turned_off = _LIBRARY.turned_off
+available = _LIBRARY.available
+why_not = _LIBRARY.why_not
+
+
+_scratch = threading.local()
+
+
+def _out(n: int, k: int, as_float32: bool) -> torch.Tensor:
+    """This thread's weight buffer of that shape, reused call after call: a fresh 2.6 MB tensor costs more in page
+    faults (~1.5 ms) than dequantizing into it (~0.45 ms for 2048 x 640 INT4). The weight is read by the matmul that
+    follows and by nothing after the next call of the same shape on this thread."""
+    key = (n, k, as_float32)
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    if key not in buffers:
+        buffers[key] = torch.empty((n, k), dtype=torch.float32 if as_float32 else torch.bfloat16)
+    return buffers[key]
+
+
+def int4_weights(packed, scales, zeros, input_scale, n_in: int, as_float32: bool = False) -> torch.Tensor:
+    """An Int4Linear's weight as `dequantized(torch.bfloat16)` gives it: bf16 [out, n_in], or (as_float32) those
+    same bf16 values as float32, for a float32 GEMM."""
+    n, kp = packed.shape[0], packed.shape[1] * 2
+    out = _out(n, n_in, as_float32)
+    work = torch.empty(kp + n_in, dtype=torch.float32)
+    with torch.profiler.record_function("int_cpu::int4_weights"):  # so profiler tables show the kernel's time
+        _LIBRARY.get().triage_int4_dequant(packed.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
+                                           None if input_scale is None else input_scale.data_ptr(), n, n_in, kp,
+                                           kp // scales.shape[1], int(as_float32), work.data_ptr(), out.data_ptr())
+    return out
+
+
+def int8_weights(q, scale, as_float32: bool = False) -> torch.Tensor:
+    """An Int8Linear's weight as `dequantized(torch.bfloat16)` gives it (or those bf16 values as float32)."""
+    n, k = q.shape
+    out = _out(n, k, as_float32)
+    work = torch.empty(k, dtype=torch.float32)
+    with torch.profiler.record_function("int_cpu::int8_weights"):
+        _LIBRARY.get().triage_int8_dequant(q.data_ptr(), scale.data_ptr(), n, k, int(as_float32), work.data_ptr(),
+                                           out.data_ptr())
+    return out
+
+
+GEMV_ROWS = 8  # up to this many rows (decode steps) multiply from the codes; more dequantize once for a GEMM
+
+
+def int4_gemv(x, packed, scales, zeros, input_scale, n_in: int) -> torch.Tensor:
+    """bf16 x [M, n_in] (M <= GEMV_ROWS, contiguous) @ an Int4Linear's bf16 weights^T -> bf16 [M, out], each weight row
+    dequantized once, in L1, for all M rows: no weight tensor is written. The same products as F.linear on
+    `int4_weights`, summed in another order."""
+    m, n, kp = x.shape[0], packed.shape[0], packed.shape[1] * 2
+    work = torch.empty(m * kp + kp + n_in, dtype=torch.float32)
+    out = torch.empty((m, n), dtype=torch.bfloat16)
+    with torch.profiler.record_function("int_cpu::int4_gemv"):
+        _LIBRARY.get().triage_int4_gemv_bf16(x.data_ptr(), m, n_in, packed.data_ptr(), scales.data_ptr(),
+                                             zeros.data_ptr(), None if input_scale is None else input_scale.data_ptr(),
+                                             n, kp, kp // scales.shape[1], work.data_ptr(), out.data_ptr())
+    return out
+
+
+def int8_gemv(x, q, scale) -> torch.Tensor:
+    """bf16 x [M, K] (M <= GEMV_ROWS, K a multiple of 16, contiguous) @ an Int8Linear's bf16 weights^T, as int4_gemv."""
+    m, (n, k) = x.shape[0], q.shape
+    work = torch.empty(m * k + k, dtype=torch.float32)
+    out = torch.empty((m, n), dtype=torch.bfloat16)
+    with torch.profiler.record_function("int_cpu::int8_gemv"):
+        _LIBRARY.get().triage_int8_gemv_bf16(x.data_ptr(), m, k, q.data_ptr(), scale.data_ptr(), n, work.data_ptr(),
+                                             out.data_ptr())
+    return out
