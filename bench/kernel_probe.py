@@ -178,6 +178,19 @@ def part_splits():
     return res
 
 
+def in_use(S):
+    """The E4M3 decode attention in use on setup S: (out, its call, its result, float32 attention over the same E4M3
+    values, the K/V bytes it reads)."""
+    hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+    out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
+    bt, warps, stages, per_sm = K.AttnWorkspace.CONFIG[True]
+    now = functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"], out,
+                            workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm), hq, hkv, d,
+                            1 / math.sqrt(d))
+    now()
+    return out, now, out.clone(), float32_attention(S, out.shape), B * hkv * S["length"] * (d * 2 + 8)
+
+
 def part_vt():
     """Decode attention over the E4M3 cache with V stored transposed ([B, H, D, T], kernel_variants.attn_split_vt),
     each launch, rounding like the eager cache or with the scales folded, against the kernel in use; batch 8 and 1."""
@@ -185,16 +198,8 @@ def part_vt():
     for batch in (8, 1):
         S = attn_setup(batch=batch)
         hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
-        out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
-        nbytes = B * hkv * S["length"] * (d * 2 + 8)
+        out, now, ref, exact, nbytes = in_use(S)
         v8t = S["v8"].transpose(2, 3).contiguous()
-        bt, warps, stages, per_sm = K.AttnWorkspace.CONFIG[True]
-        now = functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"], out,
-                                workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm), hq, hkv, d,
-                                1 / math.sqrt(d))
-        now()
-        ref = out.clone()
-        exact = float32_attention(S, out.shape)
         calls = {f"b{batch} in use": (now, nbytes, True)}
         for fold in (False, True):
             for bt, warps, stages in ((64, 2, 3), (64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 3), (32, 2, 3)):
@@ -204,6 +209,33 @@ def part_vt():
                                       ws, hq, hkv, d, 1 / math.sqrt(d), fold), nbytes, True)
         res.update(measure_each(calls, out, ref, exact))
         del S, v8t
+        torch.cuda.empty_cache()
+    return res
+
+
+def part_planes():
+    """Decode attention over the E4M3 cache read as int32 words, each word's bytes as four planes of head dims with a
+    dot each (kernel_variants.attn_split_planes), each launch, against the kernel in use and the bf16 cache's kernel;
+    32K tokens, batch 8 and 1."""
+    res = {}
+    for batch in (8, 1):
+        S = attn_setup(batch=batch)
+        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+        out, now, ref, exact, nbytes = in_use(S)
+        calls = {f"b{batch} in use": (now, nbytes, True),
+                 f"b{batch} bf16 cache": (functools.partial(
+                     K.decode_attention, S["q"], S["kb"], S["vb"], None, None, S["pos"], out,
+                     K.AttnWorkspace(B, hq, hkv, d, S["max_len"], "cuda", fp8=False), hq, hkv, d, 1 / math.sqrt(d)),
+                     B * hkv * S["length"] * d * 4, False)}
+        for bt, warps, stages in ((64, 2, 3), (64, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 2, 3),
+                                  (64, 2, 4), (128, 2, 3)):
+            for per_sm in (4, 8):
+                ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
+                calls[f"b{batch} planes T{bt} w{warps} s{stages} x{per_sm}"] = (
+                    functools.partial(V.decode_attention_planes, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
+                                      S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d)), nbytes, True)
+        res.update(measure_each(calls, out, ref, exact))
+        del S
         torch.cuda.empty_cache()
     return res
 
@@ -387,6 +419,8 @@ def main():
                 RESULTS[part] = part_cores()
             elif part == "vt":
                 RESULTS[part] = part_vt()
+            elif part == "planes":
+                RESULTS[part] = part_planes()
             elif part == "splits":
                 RESULTS[part] = part_splits()
             elif part == "wo":

@@ -3,9 +3,11 @@ rows: E4M3 read as int32 words and unpacked in registers (vector loads instead o
 loads), measured no faster on the H200 (docs/PERFORMANCE.md), so it stays here as the record of what was tried; and
 the f16 dot not swapped (activation rows as the first operand), no faster at 64 rows (2026-12-02).
 Decode attention over the E4M3 cache on the CUDA cores (`attn_split_cores`), 5-170x slower than the tensor-core
-kernel at 32K x batch 8 (2026-12-02), stays as the record too.
+kernel at 32K x batch 8 (2026-12-02), and over int32 words taken as four planes of head dims (`attn_split_planes`),
+1.4-1.6x slower (2026-12-02), stay as the record too.
 (The dot in float16, measured here on 2026-12-02, won and is now kernels.py's weight-only path; decode attention
 from int32 words, no faster, is in the history: bench/kernel_variants.py at commit 1d95ca3.)"""
+import torch
 import triton
 import triton.language as tl
 
@@ -210,6 +212,99 @@ def decode_attention_vt(q, k_cache, v_cache_t, k_scale, v_scale, pos, out, ws, h
         ws.splits, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache_t.stride(0), v_cache_t.stride(1),
         v_cache_t.stride(2), k_scale.stride(0), k_scale.stride(1),
         HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FOLD=fold,
+        num_warps=ws.num_warps, num_stages=ws.num_stages)
+    K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out, ws.splits, D=d,
+                                      SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
+                                      PDL=False)
+    return out
+
+
+@triton.jit
+def _e4m3_plane(w, i: tl.constexpr, scale):
+    """Byte i of each int32 word of E4M3 bytes -> bf16 rounded as FP8KV.read() rounds: (e4m3 * scale).to(bf16).
+    The byte's sign, exponent and mantissa are moved into f16's fields, which is the same value times 2^-8
+    (subnormals too; the cache holds no NaN), so multiplying by scale * 256 rounds once, as the reference does."""
+    b = (w >> (8 * i)) & 0xFF
+    h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
+    x = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return (x * (scale * 256.0)[:, None]).to(tl.bfloat16)
+
+
+@triton.jit
+def attn_split_planes(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, qk_scale, SPLIT_LEN,
+                      S, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh,
+                      HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                      BLOCK_T: tl.constexpr):
+    """kernels._attn_split_kernel over an E4M3 cache read as int32 words (k_ptr/v_ptr int32, strides in words), each
+    word's four bytes taken as four planes of head dims (d = 4j + i) with a dot each: no join or reshape of the
+    unpacked bytes, so each 32-bit shared-memory load feeds four dots, where Triton loads an E4M3 V tile for the
+    dot one byte at a time. Dequantized exactly as the kernel in use; the score sums in another order."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    kvh = bh % HKV
+    length = tl.load(pos_ptr + b) + 1
+    start = split * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, length)
+    offs_g = tl.arange(0, GP)
+    offs_w = tl.arange(0, D // 4)
+    gmask = offs_g < G
+    q_row = q_ptr + (b * HQ + kvh * G + offs_g[:, None]) * D + offs_w[None, :] * 4
+    q0 = tl.load(q_row + 0, mask=gmask[:, None], other=0.0)
+    q1 = tl.load(q_row + 1, mask=gmask[:, None], other=0.0)
+    q2 = tl.load(q_row + 2, mask=gmask[:, None], other=0.0)
+    q3 = tl.load(q_row + 3, mask=gmask[:, None], other=0.0)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l = tl.zeros([GP], tl.float32)
+    a0 = tl.zeros([GP, D // 4], tl.float32)
+    a1 = tl.zeros([GP, D // 4], tl.float32)
+    a2 = tl.zeros([GP, D // 4], tl.float32)
+    a3 = tl.zeros([GP, D // 4], tl.float32)
+    base = b * stride_cb + kvh * stride_ch
+    for t0 in range(start, end, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        tmask = offs_t < end
+        kv_off = base + offs_t[:, None] * stride_ct + offs_w[None, :]
+        kw = tl.load(k_ptr + kv_off, mask=tmask[:, None], other=0)
+        vw = tl.load(v_ptr + kv_off, mask=tmask[:, None], other=0)
+        ks = tl.load(ks_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
+        vs = tl.load(vs_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
+        s = tl.dot(q0, tl.trans(_e4m3_plane(kw, 0, ks)))
+        s = tl.dot(q1, tl.trans(_e4m3_plane(kw, 1, ks)), s)
+        s = tl.dot(q2, tl.trans(_e4m3_plane(kw, 2, ks)), s)
+        s = tl.dot(q3, tl.trans(_e4m3_plane(kw, 3, ks)), s)
+        s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        pb = p.to(tl.bfloat16)
+        a0 = tl.dot(pb, _e4m3_plane(vw, 0, vs), a0 * alpha[:, None])
+        a1 = tl.dot(pb, _e4m3_plane(vw, 1, vs), a1 * alpha[:, None])
+        a2 = tl.dot(pb, _e4m3_plane(vw, 2, vs), a2 * alpha[:, None])
+        a3 = tl.dot(pb, _e4m3_plane(vw, 3, vs), a3 * alpha[:, None])
+        m = m_new
+    row = (b * HQ + kvh * G + offs_g) * S + split
+    tl.store(m_ptr + row, m, mask=gmask)
+    tl.store(l_ptr + row, l, mask=gmask)
+    acc_row = acc_ptr + row[:, None] * D + offs_w[None, :] * 4
+    tl.store(acc_row + 0, a0, mask=gmask[:, None])
+    tl.store(acc_row + 1, a1, mask=gmask[:, None])
+    tl.store(acc_row + 2, a2, mask=gmask[:, None])
+    tl.store(acc_row + 3, a3, mask=gmask[:, None])
+
+
+def decode_attention_planes(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws, hq, hkv, d, sm_scale):
+    """kernels.decode_attention for an E4M3 cache through attn_split_planes."""
+    from core.engines.fast import kernels as K
+
+    B = q.shape[0]
+    g = hq // hkv
+    kw, vw = k_cache.view(torch.int32), v_cache.view(torch.int32)
+    attn_split_planes[(B * hkv, ws.splits)](
+        q, kw, vw, k_scale, v_scale, pos, ws.m, ws.l, ws.acc, sm_scale * 1.4426950408889634, ws.split_len,
+        ws.splits, kw.stride(0), kw.stride(1), kw.stride(2), k_scale.stride(0), k_scale.stride(1),
+        HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t,
         num_warps=ws.num_warps, num_stages=ws.num_stages)
     K._attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out, ws.splits, D=d,
                                       SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
