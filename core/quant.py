@@ -106,8 +106,7 @@ def _cpu_kernel_label(torch_label: str) -> str:
     if not int_cpu.available():
         return torch_label
     several = "float32 GEMMs of those values (this CPU has no bf16 GEMM)" if not cbuild.packs_bf16() else "F.linear"
-    return (f"C GEMV from the codes for up to {int_cpu.GEMV_ROWS} rows; for more, weights dequantized in C + "
-            f"{several} (core/int_cpu.py)")
+    return f"C GEMV from the codes for up to {int_cpu.GEMV_ROWS} rows; for more, weights dequantized in C + {several}"
 
 
 def _weight_only_cpu(layer: nn.Module, x: torch.Tensor, gemv: Callable[[torch.Tensor], torch.Tensor] | None,

@@ -279,7 +279,7 @@ class TorchEngine:
             text += (f", FP8 linears through the C kernel ({fp8_cpu.isa()})" if fp8_cpu.available()
                      else ", FP8 linears dequantized eagerly")
         if self.precision.is_int and self.precision is not Precision.INT8 and self.device.kind == "cpu":
-            text += (", integer weights dequantized in C (core/int_cpu.py)" if int_cpu.available()
+            text += (", integer weights dequantized in C" if int_cpu.available()
                      else ", integer weights dequantized by torch ops")
         return ", ".join([text] + self.cpu_fast)
 

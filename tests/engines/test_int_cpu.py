@@ -69,7 +69,7 @@ def test_int8_gemv_is_f_linear_on_the_same_weights(rows):
 @pytest.mark.parametrize("make", [lambda lin: quant.Int4Linear(lin), lambda lin: quant.Int8Linear(lin, w8a8=False)])
 def test_layers_give_the_torch_ops_products(make):
     layer = make(_linear(256, 640))
-    assert "core/int_cpu.py" in layer.kernel
+    assert layer.kernel.startswith("C GEMV from the codes")
     torch.manual_seed(1)
     few, several = torch.randn(2, 4, 640).bfloat16(), torch.randn(3, 7, 640).bfloat16()  # 8 rows: GEMV; 21: GEMM
     got_few, got_several = layer(few), layer(several)
