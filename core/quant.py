@@ -101,28 +101,30 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, str]:
 _CPU_INT8_DOT = cpu_has_int8_dot()
 
 
-def _cpu_kernel_label(torch_label: str) -> str:
+def _cpu_kernel_label(layer: nn.Module, gemv: bool) -> str:
     """What a weight-only layer on the CPU runs, once `_weight_only_cpu` has taken its bf16 activations."""
     if not int_cpu.available():
-        return torch_label
-    several = "float32 GEMMs of those values (this CPU has no bf16 GEMM)" if not cbuild.packs_bf16() else "F.linear"
-    return f"C GEMV from the codes for up to {int_cpu.GEMV_ROWS} rows; for more, weights dequantized in C + {several}"
+        return layer.TORCH_KERNEL
+    gemm = "float32 GEMMs of those values (this CPU has no bf16 GEMM)" if not cbuild.packs_bf16() else "F.linear"
+    if not gemv:
+        return f"weights dequantized in C + {gemm}"
+    return f"C GEMV from the codes for up to {int_cpu.GEMV_ROWS} rows; for more, weights dequantized in C + {gemm}"
 
 
 def _weight_only_cpu(layer: nn.Module, x: torch.Tensor, gemv: Callable[[torch.Tensor], torch.Tensor] | None,
                      weights: Callable[[bool], torch.Tensor]) -> torch.Tensor | None:
     """A weight-only layer's product on the CPU through core/int_cpu.py, or None where that kernel does not apply
-    (not bf16, not on the CPU, not built). Up to GEMV_ROWS rows (decode steps): `gemv(x2d)`, which multiplies from the
-    codes without writing the weights (None: this layer cannot). More rows (a prompt): `weights(as_float32)`, the very
-    bf16 values `dequantized(bf16)` gives, into a GEMM; on a CPU without bf16 GEMMs those values as float32 and the
-    product rounded once, which is a bf16 GEMM's arithmetic (float32 accumulation) at float32 speed, as
-    cpu_fast.Float32PackedLinear does for BF16's linears."""
+    (not bf16, not on the CPU, not built). Up to GEMV_ROWS rows (decode steps): `gemv(x2d)`, which multiplies from
+    the codes without writing the weights (None: this layer cannot, e.g. it has a bias). More rows (a prompt):
+    `weights(as_float32)`, the very bf16 values `dequantized(bf16)` gives, into a GEMM; on a CPU without bf16 GEMMs
+    those values as float32 and the product rounded once, which is a bf16 GEMM's arithmetic (float32 accumulation)
+    at float32 speed, as cpu_fast.Float32PackedLinear does for BF16's linears."""
     if x.dtype is not torch.bfloat16 or x.device.type != "cpu" or not int_cpu.available():
         layer.kernel = layer.TORCH_KERNEL
         return None
-    layer.kernel = _cpu_kernel_label(layer.TORCH_KERNEL)
+    layer.kernel = _cpu_kernel_label(layer, gemv is not None)
     rows = x.numel() // x.shape[-1]
-    if rows <= int_cpu.GEMV_ROWS and gemv is not None and layer.bias is None:
+    if rows <= int_cpu.GEMV_ROWS and gemv is not None:
         return gemv(x.reshape(rows, -1).contiguous()).reshape(*x.shape[:-1], -1)
     if not cbuild.packs_bf16():
         bias = None if layer.bias is None else layer.bias.float()
@@ -149,17 +151,21 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
         on_cpu_loop = not q.is_cuda and not _CPU_INT8_DOT
         if not w8a8:
-            self.kernel = self.TORCH_KERNEL if q.is_cuda else _cpu_kernel_label(self.TORCH_KERNEL)
+            self.kernel = self.TORCH_KERNEL if q.is_cuda else _cpu_kernel_label(self, self._gemv_fits())
         else:
             self.kernel = FLOAT32_ROUTE if on_cpu_loop else "torch._int_mm"  # what int_mm returns once it ran
+
+    def _gemv_fits(self) -> bool:
+        """int_cpu.int8_gemv takes no bias, and 16 inputs at a time."""
+        return self.bias is None and self.in_features % 16 == 0
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.weight_int8.float() * self.weight_scale).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.w8a8:
-            gemv = (lambda x2: int_cpu.int8_gemv(x2, self.weight_int8, self.weight_scale)
-                    ) if self.in_features % 16 == 0 else None  # the GEMV's vector loop takes 16 inputs at a time
+            gemv = ((lambda x2: int_cpu.int8_gemv(x2, self.weight_int8, self.weight_scale)) if self._gemv_fits()
+                    else None)
             out = _weight_only_cpu(self, x, gemv, lambda as_float32: int_cpu.int8_weights(
                 self.weight_int8, self.weight_scale, as_float32))
             return F.linear(x, self.dequantized(x.dtype), self.bias) if out is None else out
@@ -221,7 +227,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight_zeros", zero)
         self.register_buffer("input_scale", None if input_scale is None else input_scale.half())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-        self.kernel = self.TORCH_KERNEL if packed.is_cuda else _cpu_kernel_label(self.TORCH_KERNEL)
+        self.kernel = self.TORCH_KERNEL if packed.is_cuda else _cpu_kernel_label(self, self.bias is None)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         w = dequantize_int4(self.weight_packed, self.weight_scales, self.weight_zeros, self.in_features)
@@ -231,8 +237,8 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         codes = (self.weight_packed, self.weight_scales, self.weight_zeros, self.input_scale, self.in_features)
-        out = _weight_only_cpu(self, x, lambda x2: int_cpu.int4_gemv(x2, *codes),
-                               lambda as_float32: int_cpu.int4_weights(*codes, as_float32))
+        gemv = (lambda x2: int_cpu.int4_gemv(x2, *codes)) if self.bias is None else None  # the GEMV takes no bias
+        out = _weight_only_cpu(self, x, gemv, lambda as_float32: int_cpu.int4_weights(*codes, as_float32))
         return F.linear(x, self.dequantized(x.dtype), self.bias) if out is None else out
 
     def extra_repr(self) -> str:

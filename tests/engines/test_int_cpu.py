@@ -106,3 +106,15 @@ def test_embedded_model_gives_the_torch_ops_tokens(engine_cache, precision):
     # the same weights, the products summed in other orders (GEMV, float32 GEMMs where the CPU has no bf16 GEMM):
     # a parting at a near-tie is allowed
     assert assert_same_tokens_until_a_tie(fast, slow) <= 1
+
+
+@pytest.mark.parametrize("make", [lambda lin: quant.Int4Linear(lin), lambda lin: quant.Int8Linear(lin, w8a8=False)])
+def test_a_layer_with_a_bias_takes_the_dequantized_weights(make):
+    lin = torch.nn.Linear(100, 48).bfloat16()  # a bias the GEMV does not add; 100 inputs, not a multiple of 16
+    layer = make(lin)
+    assert layer.kernel.startswith("weights dequantized in C")
+    x = torch.randn(2, 100).bfloat16()
+    got = layer(x)
+    with int_cpu.turned_off():
+        ref = layer(x)
+    _within_one_bf16_step(got, ref)
