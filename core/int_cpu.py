@@ -10,8 +10,9 @@ point, scale, round to bf16, into a fresh tensor) about 7 ms for one 2048 x 640 
   The products are F.linear's on the same bf16 weights, summed in another order;
 - more rows (a prompt): the weights themselves (`int4_weights`, `int8_weights`), bit for bit what `dequantized(bf16)`
   gives, into a buffer reused per thread and shape, for a GEMM.
-Plain C the compiler vectorizes for this CPU (`-march=native`), AVX2 intrinsics for the lookup; built once per
-machine (core/cbuild.py). Single-threaded, as core/fp8_cpu.py's kernel is. TRIAGE_INT_CPU_KERNEL=0 turns it off.
+Plain C the compiler vectorizes for this CPU (`-march=native`), AVX2 intrinsics for the lookup (plain C without
+AVX2); built once per machine (core/cbuild.py). Single-threaded, as core/fp8_cpu.py's kernel is.
+TRIAGE_INT_CPU_KERNEL=0 turns it off.
 Measured: docs/PERFORMANCE.md, "INT4 and INT8 weight-only on the CPU"; tests/engines/test_int_cpu.py.
 """
 from __future__ import annotations
@@ -35,10 +36,22 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
+/* IEEE half bits -> float, exactly (scales are stored as float16; written out: older compilers have no _Float16) */
 static inline float f16_to_f32(uint16_t h) {
-    _Float16 v;
-    memcpy(&v, &h, 2);
-    return (float)v;
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    uint32_t bits;
+    float f;
+    if (e == 0) {  /* zero or subnormal: m * 2^-24, exact in float */
+        f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (e == 31) {
+        bits = sign | 0x7F800000u | (m << 13);  /* inf, NaN */
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* f rounded to bf16 (nearest even), as a float: the weight a bf16 tensor holds (weights are finite) */
