@@ -16,6 +16,7 @@ bytes whatever the rows hold. Weights are random (N(0, 0.02)): speed only, the t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,6 +57,22 @@ def copy_bandwidth(nbytes: int = 4 * 2**30, reps: int = 10) -> float:
     del a, b
     torch.cuda.empty_cache()
     return 2 * nbytes / statistics.median(times)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None):
+    """os.environ[name] = value inside (None: left as it is)."""
+    old = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 @torch.inference_mode()
@@ -230,6 +247,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="512,32768")
     ap.add_argument("--kv", default="auto,fp8")
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--fp8-kv-attention", default="cuda",
+                    help="cuda,triton: time the E4M3 cache's decode attention through attn_e4m3's CUDA kernel (as "
+                    "the engine runs it where it serves) and through the Triton kernel")
     ap.add_argument("--no-tune", action="store_true", help="use kernels.default_config instead of timing candidates")
     ap.add_argument("--tuned", help="a tuning table (skips tuning): the shipped "
                     "core/engines/fast/tuned_h200.json, or tuned_linears.json / the result JSON of an earlier run")
@@ -322,20 +342,28 @@ def main() -> None:
                     for b in fits:
                         rows.append(dict(precision=p, kv=kv, prompt=prompt, batch=b, status=f"error: {exc!r}"[:200]))
                     continue
-                for b in fits:
+                # with --fp8-kv-attention cuda,triton the E4M3 cache's decode attention is timed both ways,
+                # one after the other per batch: "fp8" rows as the engine runs it, "fp8-triton" rows on Triton
+                runs = [(kv, None)] if kv != "fp8" else [
+                    ("fp8" if a == "cuda" else "fp8-triton", "1" if a == "cuda" else "0")
+                    for a in args.fp8_kv_attention.split(",")]
+                for b, (kv_label, attn_env) in ((b, r) for b in fits for r in runs):
                     try:
-                        r = time_decode(m, cache, b, prompt, args.steps)
+                        with _env("TRIAGE_ATTN_E4M3_CUDA", attn_env):
+                            r = time_decode(m, cache, b, prompt, args.steps)
                     except Exception as exc:
-                        log(f"decode {p} kv={kv} prompt={prompt} batch={b} failed: {exc!r}")
+                        log(f"decode {p} kv={kv_label} prompt={prompt} batch={b} failed: {exc!r}")
                         traceback.print_exc()
-                        rows.append(dict(precision=p, kv=kv, prompt=prompt, batch=b, status=f"error: {exc!r}"[:200]))
+                        rows.append(dict(precision=p, kv=kv_label, prompt=prompt, batch=b,
+                                         status=f"error: {exc!r}"[:200]))
                         continue
                     fl = floor_ms(m, cache, b, prompt, args.steps, bw)
-                    row = dict(precision=p, kv=kv, prompt=prompt, batch=b, status="ok" if r["finite"] else "non-finite",
+                    row = dict(precision=p, kv=kv_label, prompt=prompt, batch=b,
+                               status="ok" if r["finite"] else "non-finite",
                                ms_per_step=r["ms_per_step"], tok_s=1000 * b / r["ms_per_step"], floor_ms=fl,
                                floor_frac=fl / r["ms_per_step"], prefill_s=prefill_s)
                     rows.append(row)
-                    log(f"{p:6s} kv={kv:4s} prompt={prompt:5d} batch={b:2d}: {r['ms_per_step']:7.3f} ms/step "
+                    log(f"{p:6s} kv={kv_label:4s} prompt={prompt:5d} batch={b:2d}: {r['ms_per_step']:7.3f} ms/step "
                         f"{row['tok_s']:8.1f} tok/s  floor {fl:6.3f} ms ({100 * row['floor_frac']:.0f}%)")
             del cache
             torch.cuda.empty_cache()

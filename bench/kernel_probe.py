@@ -39,8 +39,10 @@ def log(*a):
     print(*a, flush=True)
 
 
-def workspace(batch, hq, hkv, d, max_len, block_t, warps=4, stages=2, per_sm=4):
-    return K.AttnWorkspace(batch, hq, hkv, d, max_len, "cuda", fp8=True, config=(block_t, warps, stages, per_sm))
+def workspace(batch, hq, hkv, d, max_len, block_t, warps=4, stages=2, per_sm=4, cuda_e4m3=False):
+    """The Triton split kernel's workspace for these launch settings (cuda_e4m3: attn_e4m3's kernel's)."""
+    return K.AttnWorkspace(batch, hq, hkv, d, max_len, "cuda", fp8=True, config=(block_t, warps, stages, per_sm),
+                           cuda_e4m3=cuda_e4m3)
 
 
 def attn_setup(batch=8, length=32768, hq=32, hkv=8, d=128):
@@ -179,7 +181,7 @@ def part_splits():
 
 
 def in_use(S):
-    """The E4M3 decode attention in use on setup S: (out, its call, its result, float32 attention over the same E4M3
+    """The Triton E4M3 decode attention (the kernel in use before attn_e4m3) on setup S: (out, its call, its result, float32 attention over the same E4M3
     values, the K/V bytes it reads)."""
     hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
     out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
@@ -234,6 +236,33 @@ def part_planes():
                 calls[f"b{batch} planes T{bt} w{warps} s{stages} x{per_sm}"] = (
                     functools.partial(V.decode_attention_planes, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
                                       S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d)), nbytes, True)
+        res.update(measure_each(calls, out, ref, exact))
+        del S
+        torch.cuda.empty_cache()
+    return res
+
+
+def part_cuda():
+    """Decode attention over the E4M3 cache through attn_e4m3's CUDA kernel (16-byte loads turned into f16 MMA
+    operands in registers) at several programs per SM, against the Triton split kernel and the bf16 cache's kernel;
+    32K tokens at batch 8 and 1, and 4K tokens at batch 1."""
+    from core.engines.fast import attn_e4m3
+    res = {"why_not": attn_e4m3.why_not("cuda", 32, 8, 128)}
+    for batch, length in ((8, 32768), (1, 32768), (1, 4096)):
+        S = attn_setup(batch=batch, length=length)
+        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+        out, triton_now, ref, exact, nbytes = in_use(S)
+        tag = f"b{batch} {length // 1024}K"
+        calls = {f"{tag} triton": (triton_now, nbytes, True),
+                 f"{tag} bf16 cache": (functools.partial(
+                     K.decode_attention, S["q"], S["kb"], S["vb"], None, None, S["pos"], out,
+                     K.AttnWorkspace(B, hq, hkv, d, S["max_len"], "cuda", fp8=False), hq, hkv, d, 1 / math.sqrt(d)),
+                     B * hkv * S["length"] * d * 4, False)}
+        for warps, per_sm in ((4, 1), (4, 2), (4, 3), (4, 4), (4, 8), (2, 2), (2, 4), (2, 8), (8, 1), (8, 2)):
+            ws = workspace(B, hq, hkv, d, S["max_len"], 64, warps, 1, per_sm, cuda_e4m3=True)
+            calls[f"{tag} cuda w{warps} x{per_sm}"] = (
+                functools.partial(K.decode_attention, S["q"], S["k8"], S["v8"], S["ks"], S["vs"], S["pos"], out, ws,
+                                  hq, hkv, d, 1 / math.sqrt(d)), nbytes, True)
         res.update(measure_each(calls, out, ref, exact))
         del S
         torch.cuda.empty_cache()
@@ -419,6 +448,8 @@ def main():
                 RESULTS[part] = part_cores()
             elif part == "vt":
                 RESULTS[part] = part_vt()
+            elif part == "cuda":
+                RESULTS[part] = part_cuda()
             elif part == "planes":
                 RESULTS[part] = part_planes()
             elif part == "splits":

@@ -9,13 +9,15 @@ from core.precision import KVDtype, Precision
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("precision", [Precision.BF16, Precision.FP8])
-def test_synthetic_llama_gets_the_fast_engine(precision):
-    engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
+@pytest.mark.parametrize("precision,kv", [(Precision.BF16, KVDtype.AUTO), (Precision.FP8, KVDtype.AUTO),
+                                          (Precision.FP8, KVDtype.FP8)])
+def test_synthetic_llama_gets_the_fast_engine(precision, kv):
+    engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, kv)
     try:
         assert engine.name == "torch-fast" and engine.ran.startswith("torch fast path (CUDA graphs")
         assert "norms folded into the linears at batch 1" in engine.ran  # 4096 wide: DecodeGraph folds them
         assert ("prompt GEMMs with FP8 fast accumulation" in engine.ran) == (precision is Precision.FP8)
+        assert ("decode attention over the E4M3 cache in CUDA C++" in engine.ran) == (kv is KVDtype.FP8)
         print(engine.ran)
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s and g.ttft_s > 0
@@ -23,7 +25,6 @@ def test_synthetic_llama_gets_the_fast_engine(precision):
         assert engine.memory_report().weights_bytes > 0
     finally:
         engine.unload()
-
 
 
 def test_the_eager_engine_names_itself_and_its_gpu():

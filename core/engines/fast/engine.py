@@ -121,6 +121,13 @@ class FastLlamaEngine:
         extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
         if self.model.mode == "fp8" and fp8_fast_accum():
             extra += ", prompt GEMMs with FP8 fast accumulation"
+        if self.kv_dtype is KVDtype.FP8:
+            from core.engines.fast import attn_e4m3
+
+            d = self.model.dims
+            why = attn_e4m3.why_not(self.device.kind, d.heads, d.kv_heads, d.head_dim)
+            extra += (", decode attention over the E4M3 cache in CUDA C++ (NVRTC)" if why is None else
+                      f", decode attention over the E4M3 cache in Triton (the CUDA C++ kernel: {why})")
         return f"torch fast path (CUDA graphs, Triton kernels{extra}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:

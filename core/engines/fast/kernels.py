@@ -20,7 +20,7 @@ at the same precision. What is fused, and why:
   `rope_store_prompt` runs the same kernel over a prompt's tokens in the prompt pass.
 - `decode_attention`: split-KV ("flash-decoding") attention that reads only the valid length of the static cache,
   bf16 or E4M3 K/V with their scales, then a combine kernel over the splits; launched per K/V dtype
-  (`AttnWorkspace.CONFIG`).
+  (`AttnWorkspace.CONFIG`). Over an E4M3 cache the split runs as attn_e4m3.py's CUDA C++ kernel where it can.
 
 Importing this module needs triton; core/engines/fast/model.py imports it only on CUDA.
 """
@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from core.engines.fast import attn_e4m3
 from core.engines.fast.tuned_table import read_tuned_table
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
@@ -745,11 +746,19 @@ class AttnWorkspace:
     # batch 8 on the H200, same result bit for bit (bench/kernel_probe.py, 2026-12-01)
     CONFIG = {False: (64, 4, 2, 4), True: (64, 2, 3, 4)}
 
+    # E4M3 K/V through the CUDA kernel (attn_e4m3): 4 warps, programs per SM at the longest length
+    CUDA_E4M3_PER_SM = 2
+
     def __init__(self, batch: int, hq: int, hkv: int, d: int, max_len: int, device, sms: int | None = None,
-                 fp8: bool = False, config: tuple | None = None):
+                 fp8: bool = False, config: tuple | None = None, cuda_e4m3: bool | None = None):
+        dev = torch.device(device)
         if sms is None:  # the CPU case is Triton's interpreter, used only to check indexing
-            dev = torch.device(device)
             sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 8
+        if cuda_e4m3 is None:
+            cuda_e4m3 = fp8 and attn_e4m3.why_not(dev, hq, hkv, d) is None
+        self.cuda_e4m3 = cuda_e4m3  # the E4M3 split runs as attn_e4m3's CUDA kernel, not the Triton one
+        if config is None and cuda_e4m3:
+            config = (64, attn_e4m3.WARPS, 1, self.CUDA_E4M3_PER_SM)
         self.block_t, self.num_warps, self.num_stages, per_sm = config or self.CONFIG[fp8]
         # enough programs to fill the chip per_sm times over at the longest length, splits a multiple of block_t
         want = max(1, (per_sm * sms) // max(1, batch * hkv))
@@ -766,6 +775,18 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
     """q [B, hq, d] bf16 -> out [B, hq*d] bf16, attending to cache positions 0..pos[b] of row b; out16: the same in
     f16 too (`linear`'s x16)."""
     B = q.shape[0]
+    if ws.cuda_e4m3:
+        attn_e4m3.split_partials(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_scale)
+    else:
+        _attn_split(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_scale)
+    _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out16 if out16 is not None else out, ws.splits, D=d,
+                                    SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=out16 is not None,
+                                    num_warps=4, **_launch())
+    return out
+
+
+def _attn_split(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_scale):
+    B = q.shape[0]
     g = hq // hkv
     fp8 = k_scale is not None
     _attn_split_kernel[(B * hkv, ws.splits)](
@@ -777,7 +798,3 @@ def decode_attention(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws: AttnWo
         # the E4M3 split kernel runs without it: with it, a batch-1 step at 32K tokens got slower on the H200
         # (W8A8 4.01 -> 4.54 ms), where the bf16-cache one got faster (4.19 -> 4.07)
         num_warps=ws.num_warps, num_stages=ws.num_stages, **_launch(allowed=not fp8))
-    _attn_combine_kernel[(B * hq,)](ws.m, ws.l, ws.acc, out, out16 if out16 is not None else out, ws.splits, D=d,
-                                    SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=out16 is not None,
-                                    num_warps=4, **_launch())
-    return out
