@@ -16,7 +16,6 @@ bytes whatever the rows hold. Weights are random (N(0, 0.02)): speed only, the t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -24,6 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 
 import torch
@@ -57,22 +57,6 @@ def copy_bandwidth(nbytes: int = 4 * 2**30, reps: int = 10) -> float:
     del a, b
     torch.cuda.empty_cache()
     return 2 * nbytes / statistics.median(times)
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str | None):
-    """os.environ[name] = value inside (None: left as it is)."""
-    old = os.environ.get(name)
-    if value is not None:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if value is not None:
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
 
 
 @torch.inference_mode()
@@ -344,12 +328,12 @@ def main() -> None:
                     continue
                 # with --fp8-kv-attention cuda,triton the E4M3 cache's decode attention is timed both ways,
                 # one after the other per batch: "fp8" rows as the engine runs it, "fp8-triton" rows on Triton
-                runs = [(kv, None)] if kv != "fp8" else [
-                    ("fp8" if a == "cuda" else "fp8-triton", "1" if a == "cuda" else "0")
+                runs = [(kv, {})] if kv != "fp8" else [
+                    ("fp8" if a == "cuda" else "fp8-triton", {"TRIAGE_ATTN_E4M3_CUDA": "1" if a == "cuda" else "0"})
                     for a in args.fp8_kv_attention.split(",")]
                 for b, (kv_label, attn_env) in ((b, r) for b in fits for r in runs):
                     try:
-                        with _env("TRIAGE_ATTN_E4M3_CUDA", attn_env):
+                        with mock.patch.dict(os.environ, attn_env):
                             r = time_decode(m, cache, b, prompt, args.steps)
                     except Exception as exc:
                         log(f"decode {p} kv={kv_label} prompt={prompt} batch={b} failed: {exc!r}")

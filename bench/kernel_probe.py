@@ -181,8 +181,8 @@ def part_splits():
 
 
 def in_use(S):
-    """The Triton E4M3 decode attention (the kernel in use before attn_e4m3) on setup S: (out, its call, its result, float32 attention over the same E4M3
-    values, the K/V bytes it reads)."""
+    """The Triton E4M3 decode attention (the kernel in use before attn_e4m3) on setup S: (out, its call, its result,
+    float32 attention over the same E4M3 values, the K/V bytes it reads)."""
     hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
     out = torch.empty(B, hq * d, device="cuda", dtype=torch.bfloat16)
     bt, warps, stages, per_sm = K.AttnWorkspace.CONFIG[True]
@@ -191,6 +191,15 @@ def in_use(S):
                             1 / math.sqrt(d))
     now()
     return out, now, out.clone(), float32_attention(S, out.shape), B * hkv * S["length"] * (d * 2 + 8)
+
+
+def bf16_cache_call(S, out):
+    """The same attention over setup S's bf16 cache, for measure_each: (its call, the K/V bytes it reads, not
+    compared)."""
+    hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
+    return (functools.partial(K.decode_attention, S["q"], S["kb"], S["vb"], None, None, S["pos"], out,
+                              K.AttnWorkspace(B, hq, hkv, d, S["max_len"], "cuda", fp8=False), hq, hkv, d,
+                              1 / math.sqrt(d)), B * hkv * S["length"] * d * 4, False)
 
 
 def part_vt():
@@ -224,11 +233,7 @@ def part_planes():
         S = attn_setup(batch=batch)
         hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
         out, now, ref, exact, nbytes = in_use(S)
-        calls = {f"b{batch} in use": (now, nbytes, True),
-                 f"b{batch} bf16 cache": (functools.partial(
-                     K.decode_attention, S["q"], S["kb"], S["vb"], None, None, S["pos"], out,
-                     K.AttnWorkspace(B, hq, hkv, d, S["max_len"], "cuda", fp8=False), hq, hkv, d, 1 / math.sqrt(d)),
-                     B * hkv * S["length"] * d * 4, False)}
+        calls = {f"b{batch} in use": (now, nbytes, True), f"b{batch} bf16 cache": bf16_cache_call(S, out)}
         for bt, warps, stages in ((64, 2, 3), (64, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 2, 3),
                                   (64, 2, 4), (128, 2, 3)):
             for per_sm in (4, 8):
@@ -253,11 +258,7 @@ def part_cuda():
         hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
         out, triton_now, ref, exact, nbytes = in_use(S)
         tag = f"b{batch} {length // 1024}K"
-        calls = {f"{tag} triton": (triton_now, nbytes, True),
-                 f"{tag} bf16 cache": (functools.partial(
-                     K.decode_attention, S["q"], S["kb"], S["vb"], None, None, S["pos"], out,
-                     K.AttnWorkspace(B, hq, hkv, d, S["max_len"], "cuda", fp8=False), hq, hkv, d, 1 / math.sqrt(d)),
-                     B * hkv * S["length"] * d * 4, False)}
+        calls = {f"{tag} triton": (triton_now, nbytes, True), f"{tag} bf16 cache": bf16_cache_call(S, out)}
         for warps, per_sm in ((4, 1), (4, 2), (4, 3), (4, 4), (4, 8), (2, 2), (2, 4), (2, 8), (8, 1), (8, 2)):
             ws = workspace(B, hq, hkv, d, S["max_len"], 64, warps, 1, per_sm, cuda_e4m3=True)
             calls[f"{tag} cuda w{warps} x{per_sm}"] = (

@@ -14,11 +14,11 @@ the share of attention in the prefill is measured rather than assumed. Weights a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
+from unittest import mock
 
 import torch
 from torch.nn import functional as F
@@ -38,15 +38,10 @@ def timed(fn, reps: int) -> float:
     return best
 
 
-@contextlib.contextmanager
 def accumulation(fast: bool):
     """W8A8 prompt passes inside run with FP8 fast accumulation or with promotion (the model reads the switch at
     each pass)."""
-    os.environ["TRIAGE_FP8_FAST_ACCUM"] = "1" if fast else "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("TRIAGE_FP8_FAST_ACCUM")
+    return mock.patch.dict(os.environ, {"TRIAGE_FP8_FAST_ACCUM": "1" if fast else "0"})
 
 
 def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False) -> float:
