@@ -116,8 +116,60 @@ def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
 
 # name -> (DecodeGraph folds, kernels.GEMV_PREFETCH)
 FOLD_VARIANTS = {"none": (frozenset(), False), "prefetch": (frozenset(), True),
-                 "norm+o": (frozenset({"norm", "o"}), False), "norm+o+prefetch": (frozenset({"norm", "o"}), True)}
+                 "norm+o": (frozenset({"norm", "o"}), False), "norm+o+prefetch": (frozenset({"norm", "o"}), True),
+                 "norm+o+silu+prefetch": (frozenset({"norm", "o", "silu"}), True)}
 PROLOGUE_CANDIDATES = [(1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (8, 8), (8, 4), (16, 8)]
+
+
+@torch.inference_mode()
+def silu_sweep(dims: Dims, precisions) -> dict:
+    """Fold "silu" for BF16 and weight-only (W8A8 keeps silu_mul: DecodeGraph): the gate|up kernel and the down
+    projection computing SiLU(gate) * up as it loads, as the step runs them unfolded, against the gate|up kernel
+    writing SiLU(gate) * up then the down projection, over gemv_prologue's even (BLOCK_N, warps); timed in graphs of
+    rotated weight copies under programmatic dependent launch. The winners go into kernels.PROLOGUE_CFG."""
+    hid, inter = dims.hidden, dims.inter
+    x = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    delta = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    lnw = torch.ones(hid, device="cuda", dtype=torch.bfloat16)
+    xo = torch.empty_like(x)
+    gu = torch.empty(1, 2 * inter, device="cuda", dtype=torch.bfloat16)
+    act = torch.empty(1, inter, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(1, hid, device="cuda", dtype=torch.bfloat16)
+    res = {}
+    for p in precisions:
+        mode = K.MODES[p]
+        if mode == K.MODE_W8A8:
+            continue
+        copies = max(2, min(16, -(-4 * tune.L2_BYTES // (3 * inter * hid * (2 if mode == 0 else 1)))))
+        wg = tune._weights(mode, 2 * inter, hid, copies, "cuda")
+        wd = tune._weights(mode, hid, inter, copies, "cuda")
+        row = {}
+        with K.pdl_scope(True):
+            def separate(c):
+                K.gemv_prologue(x, *wg[c], gu, mode, delta, xo, lnw, 1e-5)
+                K.linear(gu, *wd[c], None, out, mode, silu_x=True)
+
+            def folded(c, bn, warps):
+                K.gemv_prologue(x, *wg[c], act, mode, delta, xo, lnw, 1e-5, cfg=(bn, warps), silu_out=True)
+                K.linear(act, *wd[c], None, out, mode)
+            row["separate kernels"] = tune.graph_time_us([lambda c=c: separate(c) for c in range(copies)])
+            for bn, warps in PROLOGUE_CANDIDATES:
+                if bn % 2 == 0:
+                    try:
+                        row[f"fold {bn}x{warps}"] = tune.graph_time_us(
+                            [lambda c=c, bn=bn, warps=warps: folded(c, bn, warps) for c in range(copies)])
+                    except Exception as exc:
+                        row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
+        if folds:
+            bn, warps = (int(v) for v in min(folds, key=folds.get).split()[1].split("x"))
+            K.PROLOGUE_CFG[(mode, 2 * inter, hid, True)] = (bn, warps)
+        res[p] = row
+        log(f"  silu fold {p}: " + ", ".join(
+            f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items()))
+        wg = wd = None  # free the copies before the next mode
+        torch.cuda.empty_cache()
+    return res
 
 
 @torch.inference_mode()
@@ -165,7 +217,7 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
             if folds:
                 best = min(folds, key=folds.get)
                 bn, warps = (int(v) for v in best.split()[1].split("x"))
-                K.PROLOGUE_CFG[(mode, n, k)] = (bn, warps)
+                K.PROLOGUE_CFG[(mode, n, k, False)] = (bn, warps)
             res[f"{p} {name}"] = row
             log(f"  prologue {p} {name} {n}x{k}: " + ", ".join(
                 f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items()))
@@ -288,6 +340,7 @@ def main() -> None:
     meta["gemv_prefetch"] = K.GEMV_PREFETCH
     if args.fold_ab:
         result = {**meta, "prologue_sweep": prologue_sweep(dims, precisions),
+                  "silu_sweep": silu_sweep(dims, precisions),
                   "prologue_cfg": [[list(k), list(v)] for k, v in K.PROLOGUE_CFG.items()],
                   "fold_ab": fold_ab(models, prompts, args.steps)}
         if args.json:

@@ -150,26 +150,60 @@ def test_graph_with_split_k_linears_matches_torch_path(setup, mode, monkeypatch)
 @pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
 def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
     """One row at a time (where DecodeGraph folds the norms and W8A8's activation quantization into the linears):
-    the graph with every fold and without any, each against the torch-op step over the same continuation."""
+    the graph with the folds, with SiLU folded too (W8A8 ignores that one), and without any, each against the
+    torch-op step over the same continuation."""
     hf, prompt, _, _ = setup
     fast = FastLlama.from_hf(hf, mode)
     from core.engines.fast import kernels as K
 
-    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER if K.pdl_available() else frozenset())
+    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER[mode] if K.pdl_available() else frozenset())
     assert DecodeGraph.default_folds(fast, 2) == frozenset()
-    lp = {"ref": [], "folded": [], "plain": []}
+    variants = {"folded": frozenset({"norm", "o"}), "silu": frozenset({"norm", "o", "silu"}), "plain": frozenset()}
+    lp = {k: [] for k in ("ref", *variants)}
     for r in range(prompt.shape[0]):
         row = prompt[r:r + 1]
         cont = C.fast_greedy(fast, row, N, kv, "ref")
         lp["ref"].append(C.fast_logprobs(fast, row, cont, kv, "ref"))
-        lp["folded"].append(C.fast_logprobs(fast, row, cont, kv, "graph", folds=frozenset({"norm", "o"})))
-        lp["plain"].append(C.fast_logprobs(fast, row, cont, kv, "graph", folds=frozenset()))
-    ref, folded, plain = (torch.cat(lp[k]) for k in ("ref", "folded", "plain"))
-    a_fold, a_plain = C.agreement(ref, folded), C.agreement(ref, plain)
-    print(f"{mode:6s} kv={kv:4s} batch 1 vs torch ops: folded {_fmt(a_fold)} | not folded {_fmt(a_plain)}")
+        for name, folds in variants.items():
+            lp[name].append(C.fast_logprobs(fast, row, cont, kv, "graph", folds=folds))
+    ref = torch.cat(lp["ref"])
+    a = {name: C.agreement(ref, torch.cat(lp[name])) for name in variants}
+    print(f"{mode:6s} kv={kv:4s} batch 1 vs torch ops: " + " | ".join(f"{k} {_fmt(v)}" for k, v in a.items()))
     top1, kl, _ = SAME_PATH_BARS[mode]
-    assert a_fold["top1"] >= top1 and a_fold["kl_mean"] < kl
-    assert a_fold["kl_mean"] <= 2 * a_plain["kl_mean"] + 1e-4  # no further from the torch ops than before
+    for name in ("folded", "silu"):
+        assert a[name]["top1"] >= top1 and a[name]["kl_mean"] < kl, name
+        # no further from the torch ops than before
+        assert a[name]["kl_mean"] <= 2 * a["plain"]["kl_mean"] + 1e-4, name
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8-wo", "fp8"])
+def test_silu_fold_computes_the_separate_kernels_bit_for_bit(mode):
+    """Fold "silu": the gate|up kernel writing SiLU(gate) * up against the gate|up kernel then silu_mul: the same
+    bits (and the same residual sum), for pair tiles of 1, 4 and 8 columns over a ragged width and an outlier."""
+    from core import fp8
+    from core.engines.fast import kernels as K
+
+    torch.manual_seed(0)
+    m, hid, inter = K.MODES[mode], 512, 1000
+    gen = (torch.randn(2 * inter, hid, device="cuda") * 0.05).to(torch.bfloat16)
+    if mode == "bf16":
+        wg, sg = gen, None
+    else:
+        wg, sg = fp8.quantize_rows(gen)
+        sg = sg.reshape(-1).contiguous()
+    x = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    delta = torch.randn(1, hid, device="cuda", dtype=torch.bfloat16)
+    delta[0, 3] = 40.0
+    lnw = (1 + 0.1 * torch.randn(hid, device="cuda")).to(torch.bfloat16)
+    for bn, warps in [(2, 4), (8, 4), (16, 8)]:
+        xo, xo2 = torch.empty_like(x), torch.empty_like(x)
+        gu = torch.empty(1, 2 * inter, device="cuda", dtype=torch.bfloat16)
+        K.gemv_prologue(x, wg, sg, gu, m, delta, xo, lnw, 1e-5, cfg=(bn, warps))
+        act = torch.empty(1, inter, device="cuda", dtype=torch.bfloat16)
+        K.silu_mul(gu, act)
+        act2 = torch.full((1, inter), float("nan"), device="cuda", dtype=torch.bfloat16)
+        K.gemv_prologue(x, wg, sg, act2, m, delta, xo2, lnw, 1e-5, cfg=(bn, warps), silu_out=True)
+        assert torch.equal(xo, xo2) and torch.equal(act, act2), (bn, warps)
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8"])

@@ -15,7 +15,8 @@ at the same precision. What is fused, and why:
   in slice order.
 - `gemv`: the same for one activation row without tensor cores (plain FMA reduction), kept if it measures faster.
 - `gemv_prologue`: one row with the whole of K in one tile and the kernel before it folded in (add + RMSNorm, W8A8's
-  activation quantization): the batch-1 step's q|k|v, o, gate|up and lm_head.
+  activation quantization): the batch-1 step's q|k|v, o, gate|up and lm_head; for gate|up optionally silu_mul
+  folded in behind too (gate and up rows taken in pairs, SiLU(gate) * up written).
 - `rope_store`: RoPE on q and k, and the K/V write into the static cache (quantized per token and head for FP8 KV);
   `rope_store_prompt` runs the same kernel over a prompt's tokens in the prompt pass.
 - `decode_attention`: split-KV ("flash-decoding") attention that reads only the valid length of the static cache,
@@ -354,20 +355,31 @@ def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
 
 
 @triton.jit
-def _gemv_prologue_kernel(w_ptr, ws_ptr, x_ptr, d_ptr, xo_ptr, lnw_ptr, out_ptr, N, stride_wn, eps, K: tl.constexpr,
-                          KP2: tl.constexpr, MODE: tl.constexpr, NORM: tl.constexpr, HAS_DELTA: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+def _gemv_prologue_kernel(w_ptr, ws_ptr, x_ptr, d_ptr, xo_ptr, lnw_ptr, out_ptr, N, stride_wn, eps,
+                          K: tl.constexpr, KP2: tl.constexpr, MODE: tl.constexpr, NORM: tl.constexpr,
+                          HAS_DELTA: tl.constexpr, SILU_OUT: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """One activation row times a [N, K] weight, the whole of K in one tile, with the kernel that made the row's input
     folded in front: with NORM, add_rmsnorm's (x + delta, rounded to bf16; program 0 writes it to xo, the residual
     for later kernels, leaving x intact for the other programs) then RMSNorm * lnw; for W8A8 the row is then
     quantized to E4M3 as _quantize_row does, each program working out the row's scale itself. The weight tile is
     loaded before waiting on the previous kernel (weights do not change within a step), so under programmatic
-    dependent launch its HBM reads overlap the previous kernel's tail and this kernel's prologue."""
+    dependent launch its HBM reads overlap the previous kernel's tail and this kernel's prologue.
+    With SILU_OUT the weight is gate|up ([2I, K], gate rows first) and silu_mul is folded in behind: each program
+    takes gate and up rows in pairs (tile row 2j gate row c, 2j+1 up row I + c) and writes SiLU(gate) * up [I],
+    rounded as silu_mul rounds it."""
     pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SILU_OUT:
+        half = N // 2
+        offs_t = tl.arange(0, BLOCK_N)
+        col = pid * (BLOCK_N // 2) + offs_t // 2
+        offs_n = col + (offs_t % 2) * half
+        nmask = col < half
+    else:
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
     offs_k = tl.arange(0, KP2)
     kmask = offs_k < K
-    w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=(offs_n[:, None] < N) & kmask[None, :],
+    w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=nmask[:, None] & kmask[None, :],
                 other=0.0)
     if PDL:
         _pdl_enter()
@@ -386,33 +398,42 @@ def _gemv_prologue_kernel(w_ptr, ws_ptr, x_ptr, d_ptr, xo_ptr, lnw_ptr, out_ptr,
         x = tl.clamp(x / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
     out = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     if MODE != 0:
-        out = out * tl.load(ws_ptr + offs_n, mask=offs_n < N, other=0.0)
+        out = out * tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
     if MODE == 2:
         out = out * scale
-    tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=offs_n < N)
+    if SILU_OUT:
+        g, u = tl.split(tl.reshape(out.to(tl.bfloat16).to(tl.float32), (BLOCK_N // 2, 2)))
+        a = ((g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16)
+        cols = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + cols, a, mask=cols < half)
+    else:
+        tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=nmask)
 
 
 # (BLOCK_N, num_warps) of gemv_prologue per mode: the best on the H200 for every Llama-3-8B batch-1 linear it folds
 # into (2026-12-02, bench/fp8_speed.py --fold-ab; within 0.3 us of each shape's own best). PROLOGUE_CFG, keyed by
-# (mode, N, K), overrides them; --fold-ab fills it from its sweep.
+# (mode, N, K, silu_out), overrides them; --fold-ab fills it from its sweep.
 PROLOGUE_DEFAULT = {MODE_BF16: (2, 4), MODE_WO: (8, 4), MODE_W8A8: (8, 4)}
-PROLOGUE_CFG: dict[tuple[int, int, int], tuple[int, int]] = {}
+PROLOGUE_CFG: dict[tuple[int, int, int, bool], tuple[int, int]] = {}
 PROLOGUE_MAX_K = 8192  # the whole row is one tile: registers bound it
 
 
 def gemv_prologue(x, w, w_scale, out, mode: int, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
-                  cfg: tuple[int, int] | None = None):
+                  cfg: tuple[int, int] | None = None, silu_out: bool = False):
     """out[1, N] = f(x)[1, K] @ w[N, K]^T for one row, where f is add_rmsnorm (norm_weight given; with delta the
     residual sum goes to x_out, x is only read) or nothing, then for W8A8 the per-row E4M3 quantization: the
-    batch-1 decode step's norm and activation-quantization kernels folded into the linear that reads them."""
+    batch-1 decode step's norm and activation-quantization kernels folded into the linear that reads them.
+    silu_out: w is gate|up and out [1, N/2] receives SiLU(gate) * up instead (silu_mul folded in behind)."""
     N, Kdim = w.shape
-    bn, warps = cfg or PROLOGUE_CFG.get((mode, N, Kdim)) or PROLOGUE_DEFAULT[mode]
+    bn, warps = cfg or PROLOGUE_CFG.get((mode, N, Kdim, silu_out)) or PROLOGUE_DEFAULT[mode]
+    assert not silu_out or (bn % 2 == 0 and N % 2 == 0), "SiLU(gate) * up needs gate and up rows in pairs"
     norm = norm_weight is not None
-    _gemv_prologue_kernel[(triton.cdiv(N, bn),)](
+    grid = (triton.cdiv(N // 2, bn // 2) if silu_out else triton.cdiv(N, bn),)
+    _gemv_prologue_kernel[grid](
         w, w_scale if w_scale is not None else out, x, delta if delta is not None else x,
         x_out if x_out is not None else x, norm_weight if norm else x, out, N, w.stride(0), eps, K=Kdim,
-        KP2=triton.next_power_of_2(Kdim), MODE=mode, NORM=norm, HAS_DELTA=delta is not None, BLOCK_N=bn,
-        num_warps=warps, num_stages=1, **_launch())
+        KP2=triton.next_power_of_2(Kdim), MODE=mode, NORM=norm, HAS_DELTA=delta is not None, SILU_OUT=silu_out,
+        BLOCK_N=bn, num_warps=warps, num_stages=1, **_launch())
     return out
 
 

@@ -130,12 +130,14 @@ class Lin:
 
         return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x, x16=x16)
 
-    def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0):
+    def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
+                      silu_out: bool = False):
         """One row: the product with the norm (and W8A8's quantization) of its input folded in; for W8A8, x is
-        the bf16 row (kernels.gemv_prologue)."""
+        the bf16 row; silu_out: this is gate|up and out receives SiLU(gate) * up (kernels.gemv_prologue)."""
         from core.engines.fast import kernels as K
 
-        return K.gemv_prologue(x, self.w, self.scale, out, K.MODES[self.mode], delta, x_out, norm_weight, eps)
+        return K.gemv_prologue(x, self.w, self.scale, out, K.MODES[self.mode], delta, x_out, norm_weight, eps,
+                               silu_out=silu_out)
 
 
 class StaticKVCache:
@@ -481,10 +483,16 @@ def _rope_params(rotary_config, dims: Dims):
     return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
 
 
-# Which folds (DecodeGraph) a batch-1 step uses: those that measured faster on the H200 (2026-12-02,
-# bench/fp8_speed.py --fold-ab, prompt 512, without -> with both): BF16 4.40 -> 4.34 ms a step, W8A8 2.78 -> 2.74,
-# weight-only 2.95 -> 2.64 (its E4M3 upcast is cheaper in the whole-row FMA kernel). TRIAGE_FOLD=0 turns them off.
-FOLDS_MEASURED_FASTER = frozenset({"norm", "o"})  # both, in every mode
+# Which folds (DecodeGraph) a batch-1 step uses, per mode: those that measured faster on the H200 (bench/fp8_speed.py
+# --fold-ab). "norm" and "o" (2026-12-02, prompt 512, without -> with both): BF16 4.40 -> 4.34 ms a step, W8A8
+# 2.78 -> 2.74, weight-only 2.95 -> 2.64 (its E4M3 upcast is cheaper in the whole-row FMA kernel). "silu" on top
+# (2026-12-03, prompts 512 / 32K, two runs): weight-only 2.630 -> 2.591 and 3.879 -> 3.836 ms; BF16 slower (4.03 ->
+# 4.09); W8A8 not folded: its row's E4M3 quantization needs the row's amax, known only once every program is done,
+# and both ways tried were slower than silu_mul's own kernel (2.71 -> 2.98 ms with the down GEMV quantizing the
+# bf16 row as it reads it, 2.72 -> 3.11 ms with the gate|up kernel's last program quantizing it; PERFORMANCE.md).
+# TRIAGE_FOLD=0 turns them all off.
+FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
+                         "fp8-wo": frozenset({"norm", "o", "silu"})}
 
 
 class DecodeGraph:
@@ -504,7 +512,8 @@ class DecodeGraph:
         # Kernels folded into the linear that reads their output (kernels.gemv_prologue), one row only: "norm" (the
         # add + RMSNorm (+ W8A8 quantization) before q|k|v, gate|up and lm_head), "o" (W8A8's quantization of the
         # attention output, and for the other modes the o-projection's weight loads started before the attention
-        # ends).
+        # ends), "silu" (with "norm", not W8A8: SiLU(gate) * up written by the gate|up kernel, no SiLU computed again
+        # in every program of the down projection's GEMV; W8A8 keeps silu_mul, see FOLDS_MEASURED_FASTER).
         self.folds = self.default_folds(model, B) if folds is None else frozenset(folds)
         self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, dtype=torch.long, device=dev)
@@ -549,7 +558,7 @@ class DecodeGraph:
         if (batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K
                 or not K.pdl_available()):
             return frozenset()
-        return FOLDS_MEASURED_FASTER
+        return FOLDS_MEASURED_FASTER[model.mode]
 
     def _body(self):
         from core.engines.fast import kernels as K
@@ -561,6 +570,7 @@ class DecodeGraph:
         w8a8 = xs is not None
         h = None if w8a8 else self.h  # W8A8 linears read only the E4M3 copy
         fold_norm, fold_o = "norm" in self.folds, "o" in self.folds
+        fold_silu = fold_norm and "silu" in self.folds and not w8a8
         x_alt = self.x_alt
         for i, L in enumerate(m.layers):
             if fold_norm:
@@ -582,6 +592,11 @@ class DecodeGraph:
                     K.row_quant(self.attn, xs, self.attnq)
                 L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta, x16=self.attn16)
             delta = self.delta
+            if fold_silu:
+                L["gu"].fast_prologue(x, self.act, delta, x_alt, L["ln2"], d.eps, silu_out=True)
+                x, x_alt = x_alt, x
+                L["down"].fast(self.act, None, self.delta)
+                continue
             if fold_norm:
                 L["gu"].fast_prologue(x, self.gu, delta, x_alt, L["ln2"], d.eps)
                 x, x_alt = x_alt, x
