@@ -121,6 +121,25 @@ FOLD_VARIANTS = {"none": (frozenset(), False), "prefetch": (frozenset(), True),
 PROLOGUE_CANDIDATES = [(1, 4), (2, 4), (4, 4), (2, 8), (4, 8), (8, 8), (8, 4), (16, 8)]
 
 
+def sweep_prologue_launches(row: dict, candidates, calls_for) -> tuple[int, int] | None:
+    """Time calls_for(bn, warps) (a list of calls, one graph) for each gemv_prologue launch into row["fold BNxW"]
+    (a failed compile is kept as its message); the fastest (BLOCK_N, warps), or None if none ran."""
+    for bn, warps in candidates:
+        try:
+            row[f"fold {bn}x{warps}"] = tune.graph_time_us(calls_for(bn, warps))
+        except Exception as exc:
+            row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
+    if not folds:
+        return None
+    bn, warps = (int(v) for v in min(folds, key=folds.get).split()[1].split("x"))
+    return bn, warps
+
+
+def row_text(row: dict) -> str:
+    return ", ".join(f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items())
+
+
 @torch.inference_mode()
 def silu_sweep(dims: Dims, precisions) -> dict:
     """Fold "silu" for BF16 and weight-only (W8A8 keeps silu_mul: DecodeGraph): the gate|up kernel and the down
@@ -140,7 +159,7 @@ def silu_sweep(dims: Dims, precisions) -> dict:
         mode = K.MODES[p]
         if mode == K.MODE_W8A8:
             continue
-        copies = max(2, min(16, -(-4 * tune.L2_BYTES // (3 * inter * hid * (2 if mode == 0 else 1)))))
+        copies = tune.rotated_copies(3 * inter * hid * (2 if mode == 0 else 1), most=16)
         wg = tune._weights(mode, 2 * inter, hid, copies, "cuda")
         wd = tune._weights(mode, hid, inter, copies, "cuda")
         row = {}
@@ -153,20 +172,13 @@ def silu_sweep(dims: Dims, precisions) -> dict:
                 K.gemv_prologue(x, *wg[c], act, mode, delta, xo, lnw, 1e-5, cfg=(bn, warps), silu_out=True)
                 K.linear(act, *wd[c], None, out, mode)
             row["separate kernels"] = tune.graph_time_us([lambda c=c: separate(c) for c in range(copies)])
-            for bn, warps in PROLOGUE_CANDIDATES:
-                if bn % 2 == 0:
-                    try:
-                        row[f"fold {bn}x{warps}"] = tune.graph_time_us(
-                            [lambda c=c, bn=bn, warps=warps: folded(c, bn, warps) for c in range(copies)])
-                    except Exception as exc:
-                        row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-        folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
-        if folds:
-            bn, warps = (int(v) for v in min(folds, key=folds.get).split()[1].split("x"))
-            K.PROLOGUE_CFG[(mode, 2 * inter, hid, True)] = (bn, warps)
+            best = sweep_prologue_launches(
+                row, [(bn, w) for bn, w in PROLOGUE_CANDIDATES if bn % 2 == 0],
+                lambda bn, warps: [lambda c=c: folded(c, bn, warps) for c in range(copies)])
+        if best:
+            K.PROLOGUE_CFG[(mode, 2 * inter, hid, True)] = best
         res[p] = row
-        log(f"  silu fold {p}: " + ", ".join(
-            f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items()))
+        log(f"  silu fold {p}: " + row_text(row))
         wg = wd = None  # free the copies before the next mode
         torch.cuda.empty_cache()
     return res
@@ -189,7 +201,7 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
             mode = K.MODE_BF16 if name == "lm_head" else K.MODES[p]  # lm_head stays BF16 in every mode
             if name == "lm_head" and p != precisions[0]:
                 continue
-            copies = max(2, min(32, -(-4 * tune.L2_BYTES // (n * k * (2 if mode == 0 else 1)))))
+            copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
             ws = tune._weights(mode, n, k, copies, "cuda")
             out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             xo, h = torch.empty_like(x), torch.empty_like(x)
@@ -205,23 +217,15 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
                         K.row_quant(x, xs, xq)
                     K.linear(xq if mode == 2 else (h if norm else x), w, s, xs, out, mode)
                 row["separate kernels"] = tune.graph_time_us([lambda w=w, s=s: before(w, s) for w, s in ws])
-                for bn, warps in PROLOGUE_CANDIDATES:
-                    try:
-                        calls = [lambda w=w, s=s, bn=bn, warps=warps: K.gemv_prologue(
-                            x, w, s, out, mode, delta if norm else None, xo if norm else None, lnw if norm else None,
-                            1e-5, cfg=(bn, warps)) for w, s in ws]
-                        row[f"fold {bn}x{warps}"] = tune.graph_time_us(calls)
-                    except Exception as exc:
-                        row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-            folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
-            if folds:
-                best = min(folds, key=folds.get)
-                bn, warps = (int(v) for v in best.split()[1].split("x"))
-                K.PROLOGUE_CFG[(mode, n, k, False)] = (bn, warps)
+                best = sweep_prologue_launches(row, PROLOGUE_CANDIDATES, lambda bn, warps: [
+                    lambda w=w, s=s: K.gemv_prologue(x, w, s, out, mode, delta if norm else None,
+                                                     xo if norm else None, lnw if norm else None, 1e-5,
+                                                     cfg=(bn, warps)) for w, s in ws])
+            if best:
+                K.PROLOGUE_CFG[(mode, n, k, False)] = best
             res[f"{p} {name}"] = row
-            log(f"  prologue {p} {name} {n}x{k}: " + ", ".join(
-                f"{kk} {v:.1f} us" if isinstance(v, float) else f"{kk} {v}" for kk, v in row.items()))
-            del ws
+            log(f"  prologue {p} {name} {n}x{k}: " + row_text(row))
+            ws = None  # free the copies before the next shape
             torch.cuda.empty_cache()
     return res
 

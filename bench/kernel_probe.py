@@ -280,7 +280,7 @@ def part_wo():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             for mode in (K.MODE_BF16, K.MODE_WO):
-                copies = max(2, min(32, math.ceil(4 * tune.L2_BYTES / (n * k * (2 if mode == 0 else 1)))))
+                copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
                 ws = tune._weights(mode, n, k, copies, "cuda")
                 cfg = K.config_for(mode, m, n, k)
                 x16 = x.to(torch.float16) if mode == K.MODE_WO else None  # as DecodeGraph gives it at several rows

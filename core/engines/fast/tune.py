@@ -16,6 +16,12 @@ from core.engines.fast import kernels as K
 
 L2_BYTES = 60 * 2**20
 
+
+def rotated_copies(wbytes: int, most: int = 32) -> int:
+    """How many copies of a weight of wbytes to rotate through when timing it, so that together they are four times
+    L2 and every call reads its weight from HBM, as in a real step (at least 2, at most `most`)."""
+    return max(2, min(most, math.ceil(4 * L2_BYTES / wbytes)))
+
 # (kernel, BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_M follows from the batch size.
 SMALL_M = [
     ("dot", 16, 256, 4, 4), ("dot", 16, 512, 4, 3), ("dot", 32, 256, 4, 4), ("dot", 32, 128, 4, 5),
@@ -91,7 +97,7 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print, x16:
     x16 (default: weight-only at several rows, as DecodeGraph runs it): the activations are also given in f16."""
     elem = 2 if mode == K.MODE_BF16 else 1
     wbytes = n * k * elem
-    copies = max(2, min(32, math.ceil(4 * L2_BYTES / wbytes)))
+    copies = rotated_copies(wbytes)
     ws = _weights(mode, n, k, copies, device)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     xs = None
