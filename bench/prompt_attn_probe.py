@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 
 import torch
 import triton
@@ -175,6 +176,8 @@ def main() -> None:
                                          "128x128x8x3x1")
     ap.add_argument("--json")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/prompt_attn_probe.py needs a CUDA GPU with FP8 tensor cores (Hopper).")
     configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "len": a.len}
     res["errors_4096"] = errors(4096, configs)
