@@ -29,6 +29,9 @@ from core import fp8
 from core.engines.fast.model import _causal_attention
 
 HQ, HKV, D = 32, 8, 128
+# probabilities times V scale / the largest V scale are in [0, 1]; times this power of two (exact) they stay in E4M3's
+# normal range down to 2^-14 for P.V
+P_SCALE = tl.constexpr(256.0)
 
 
 @triton.jit
@@ -51,8 +54,6 @@ def _blk(acc, l_i, m_i, q8, rs, k_desc, v_desc, ks_base, vs_base, cvs, offs_m, s
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(t * rs[:, None] - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    # probabilities times V scale / the largest V scale are in [0, 1]; times 256 (exact) they stay in E4M3's
-    # normal range down to 2^-14
     pv = (p * (vs * cvs)[None, :]).to(tl.float8e4nv)
     acc = tl.dot(pv, v.T, acc * alpha[:, None])
     return acc, l_i, m_new
@@ -60,9 +61,8 @@ def _blk(acc, l_i, m_i, q8, rs, k_desc, v_desc, ks_base, vs_base, cvs, offs_m, s
 
 @triton.jit
 def _prompt_attn_kernel(q_ptr, k_desc, v_desc, ks_ptr, vs_ptr, vmax_ptr, out_ptr, T, qk_scale, stride_qt, stride_ot,
-                        stride_sr,
-            HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-            WS: tl.constexpr):
+                        stride_sr, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, WS: tl.constexpr):
     # heads vary fastest, so a KV head's query heads run side by side and share its tiles in L2; the longest rows
     # (last query blocks) start first
     h = tl.program_id(0)
@@ -79,7 +79,7 @@ def _prompt_attn_kernel(q_ptr, k_desc, v_desc, ks_ptr, vs_ptr, vmax_ptr, out_ptr
     ks_base = ks_ptr + kvh * stride_sr
     vs_base = vs_ptr + kvh * stride_sr
     vmax = tl.load(vmax_ptr + kvh)
-    cvs = 256.0 / vmax
+    cvs = P_SCALE / vmax
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -91,7 +91,7 @@ def _prompt_attn_kernel(q_ptr, k_desc, v_desc, ks_ptr, vs_ptr, vmax_ptr, out_ptr
     for start_n in range(unmasked_end, (pid_m + 1) * BM, BN):
         acc, l_i, m_i = _blk(acc, l_i, m_i, q8, rs, k_desc, v_desc, ks_base, vs_base, cvs, offs_m, start_n, T, kvh,
                              BN, D, True)
-    out = acc * (vmax / 256.0 / l_i)[:, None]
+    out = acc * (vmax / P_SCALE / l_i)[:, None]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_ot + h * D + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mmask[:, None])
 
@@ -127,15 +127,11 @@ def inputs(T: int, seed: int = 0):
     return q, k8, v8, ks[..., 0].float().contiguous(), vs[..., 0].float().contiguous()
 
 
-def dequantized(k8, ks, dtype):
-    return (k8.float() * ks[..., None]).to(dtype)
-
-
 def errors(T: int, configs: list[tuple]) -> dict:
     """Error against float32 attention over the same E4M3 cache: cuDNN's BF16 over the dequantized cache, and the
     E4M3 kernel in each launch configuration (each must compute the same function)."""
     q, k8, v8, ks, vs = inputs(T, seed=1)
-    kd, vd = dequantized(k8, ks, torch.float32), dequantized(v8, vs, torch.float32)
+    kd, vd = fp8.dequantize(k8, ks[..., None], torch.float32), fp8.dequantize(v8, vs[..., None], torch.float32)
     ref = F.scaled_dot_product_attention(q.float().transpose(1, 2), kd.repeat_interleave(HQ // HKV, 1),
                                          vd.repeat_interleave(HQ // HKV, 1), is_causal=True).transpose(1, 2)
 
@@ -144,8 +140,8 @@ def errors(T: int, configs: list[tuple]) -> dict:
         return {"rms_rel": round((diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item(), 5),
                 "worst_row_rel": round((diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).max().item(), 5)}
 
-    res = {"cudnn_bf16": err(_causal_attention(q.transpose(1, 2), dequantized(k8, ks, torch.bfloat16),
-                                               dequantized(v8, vs, torch.bfloat16)).transpose(1, 2))}
+    res = {"cudnn_bf16": err(_causal_attention(q.transpose(1, 2), fp8.dequantize(k8, ks[..., None], torch.bfloat16),
+                                               fp8.dequantize(v8, vs[..., None], torch.bfloat16)).transpose(1, 2))}
     for cfg in configs:
         name = "e4m3 " + "x".join(map(str, cfg))
         try:
@@ -186,7 +182,7 @@ def main() -> None:
     T = a.len
     q, k8, v8, ks, vs = inputs(T)
     flops = 4 * T * T * D * HQ / 2
-    kd, vd = dequantized(k8, ks, torch.bfloat16), dequantized(v8, vs, torch.bfloat16)
+    kd, vd = fp8.dequantize(k8, ks[..., None], torch.bfloat16), fp8.dequantize(v8, vs[..., None], torch.bfloat16)
     qt = q.transpose(1, 2)
     ms = median_ms(lambda: _causal_attention(qt, kd, vd), a.reps)
     res["cudnn_bf16_ms"] = ms
