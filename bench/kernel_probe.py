@@ -319,6 +319,79 @@ def part_wo():
     return res
 
 
+GEMV_PROLOGUE_CFGS = [(4, 4), (8, 4), (16, 4), (8, 8), (16, 8), (32, 8)]
+GEMV_LOOP_CFGS = [(4, 2048, 4), (8, 1024, 4), (8, 2048, 8), (16, 1024, 8), (4, 4096, 8), (16, 2048, 8)]
+
+
+@torch.inference_mode()
+def part_gemv():
+    """Batch-1 W8A8 linears of the Llama-3-8B shape with the E4M3 weight converted to float32 by moving bits
+    (kernel_variants._e4m3_as_f32_low) instead of conversion instructions, against kernels.py's kernels and BF16's;
+    graphs of rotated weight copies, programmatic dependent launch on, as in the decode step."""
+    K.load_tuned()
+    res = []
+    with K.pdl_scope(True):
+        for name, n, k in (("qkv", 6144, 4096), ("o", 4096, 4096), ("gu", 28672, 4096), ("down", 4096, 14336)):
+            row = dict(name=name, n=n, k=k)
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            xs = x.float().abs().amax(dim=1).clamp(min=1e-12) / K.E4M3_MAX
+            xq = (x.float() / xs[:, None]).to(torch.float8_e4m3fn)
+            out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+            prologue = k <= K.PROLOGUE_MAX_K
+            for mode in (K.MODE_BF16, K.MODE_W8A8):
+                copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
+                ws = tune._weights(mode, n, k, copies, "cuda")
+                gb = n * k * (2 if mode == 0 else 1) / 1e9
+                label = "bf16" if mode == 0 else "w8a8"
+                if prologue:
+                    calls = [functools.partial(K.gemv_prologue, x, w, s, out, mode) for w, s in ws]
+                else:
+                    calls = [functools.partial(K.linear, xq if mode else x, w, s, xs, out, mode) for w, s in ws]
+                calls[0]()
+                ref = out.clone()
+                us = tune.graph_time_us(calls)
+                row[f"{label} kernels.py"] = dict(us=us, TBps=gb / us * 1e3)
+                if mode == K.MODE_BF16:
+                    del ws
+                    torch.cuda.empty_cache()
+                    continue
+                if prologue:
+                    dot = [functools.partial(K.linear, xq, w, s, xs, out, mode) for w, s in ws]
+                    us = tune.graph_time_us(dot)
+                    row["w8a8 tuned linear on E4M3 x"] = dict(us=us, TBps=gb / us * 1e3, cfg=K.config_for(mode, 1, n, k))
+                for conv in (0, 1, 2):
+                    for cfg in (GEMV_PROLOGUE_CFGS if prologue else GEMV_LOOP_CFGS):
+                        key = f"w8a8 convert{conv} {'x'.join(map(str, cfg))}"
+                        try:
+                            def call(w, s, cfg=cfg, conv=conv):
+                                if prologue:
+                                    bn, warps = cfg
+                                    V.gemv_w8a8_prologue[(triton.cdiv(n, bn),)](
+                                        w, s, x, out, n, w.stride(0), K=k, KP2=k, BLOCK_N=bn, CONVERT=conv,
+                                        num_warps=warps, num_stages=1, **K._launch())
+                                else:
+                                    bn, bk, warps = cfg
+                                    V.gemv_w8a8[(triton.cdiv(n, bn),)](
+                                        xq, w, s, xs, out, n, k, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, CONVERT=conv,
+                                        num_warps=warps, num_stages=1, **K._launch())
+                            vcalls = [functools.partial(call, w, s) for w, s in ws]
+                            out.zero_()
+                            vcalls[0]()
+                            torch.cuda.synchronize()
+                            same = bool(torch.equal(out, ref))
+                            us = tune.graph_time_us(vcalls)
+                            row[key] = dict(us=us, TBps=gb / us * 1e3, identical=same)
+                        except Exception as exc:
+                            row[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                del ws
+                torch.cuda.empty_cache()
+            log(f"  {name} {n}x{k}: " + ", ".join(
+                f"{kk} {v['us']:.1f} us {v['TBps']:.2f} TB/s" + ("" if v.get("identical", True) else " (DIFFERS)")
+                if isinstance(v, dict) else f"{kk} {v}" for kk, v in row.items() if kk not in ("name", "n", "k")))
+            res.append(row)
+    return res
+
+
 def part_ncu(out_dir):
     cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:attn_split", "--launch-count", "3",
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "MemoryWorkloadAnalysis",
@@ -457,6 +530,8 @@ def main():
                 RESULTS[part] = part_splits()
             elif part == "wo":
                 RESULTS[part] = part_wo()
+            elif part == "gemv":
+                RESULTS[part] = part_gemv()
             elif part == "ncu":
                 RESULTS[part] = part_ncu(args.out)
                 log(RESULTS[part])

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from core.engines.fast.kernels import _pdl_enter
+
 
 @triton.jit
 def _unpack_e4m3_plain(w):
@@ -310,3 +312,75 @@ def decode_attention_planes(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws,
                                       SP=triton.next_power_of_2(ws.splits), CH=16, WANT_OUT16=False, num_warps=4,
                                       PDL=False)
     return out
+
+
+@triton.jit
+def _e4m3_as_f32_low(w, SIGN: tl.constexpr):
+    """E4M3 -> float32 equal to the value x 2^-120 by moving bits, no conversion instruction: exponent and mantissa
+    land in float32's, so normals come out 120 binades low and subnormals as float32 subnormals (exact either way).
+    SIGN=False drops the sign: wrong values, only to time one integer operation fewer."""
+    b = w.to(tl.uint8, bitcast=True).to(tl.int32)
+    if SIGN:
+        b = ((b & 0x7F) << 20) | ((b & 0x80) << 24)
+    else:
+        b = b << 20
+    return b.to(tl.float32, bitcast=True)
+
+
+# 2^119 on the activation and 2 on the sum undo the 2^-120 of _e4m3_as_f32_low exactly: an E4M3 activation (<= 448)
+# times 2^119 stays below float32's largest value, and every product of two E4M3 values stays a float32 normal
+ACT_UP = tl.constexpr(2.0 ** 119)
+
+
+@triton.jit
+def gemv_w8a8_prologue(w_ptr, ws_ptr, x_ptr, out_ptr, N, stride_wn, K: tl.constexpr, KP2: tl.constexpr,
+                       BLOCK_N: tl.constexpr, CONVERT: tl.constexpr, PDL: tl.constexpr):
+    """kernels._gemv_prologue_kernel for W8A8 without the norm (a bf16 row in, quantized per program), with the weight
+    converted by CONVERT: 0 as kernels.py does (cvt), 1 _e4m3_as_f32_low, 2 the same without the sign."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    offs_k = tl.arange(0, KP2)
+    kmask = offs_k < K
+    w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=nmask[:, None] & kmask[None, :],
+                other=0.0)
+    if PDL:
+        _pdl_enter()
+    x = tl.load(x_ptr + offs_k, mask=kmask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
+    x = tl.clamp(x / scale, -448.0, 448.0).to(tl.float8e4nv).to(tl.float32)
+    if CONVERT == 0:
+        out = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    else:
+        out = tl.sum(_e4m3_as_f32_low(w, CONVERT == 1) * (x * ACT_UP)[None, :], axis=1) * 2.0
+    out = out * tl.load(ws_ptr + offs_n, mask=nmask, other=0.0) * scale
+    tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=nmask)
+
+
+@triton.jit
+def gemv_w8a8(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              CONVERT: tl.constexpr, PDL: tl.constexpr):
+    """kernels._gemv_kernel for W8A8 (E4M3 row in, EVEN shapes, first-tile prefetch), the weight converted by
+    CONVERT as in gemv_w8a8_prologue."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    w = tl.load(w_ptrs)
+    if PDL:
+        _pdl_enter()
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + k0 + offs_k).to(tl.float32)
+        if CONVERT == 0:
+            acc += w.to(tl.float32) * x[None, :]
+        else:
+            acc += _e4m3_as_f32_low(w, CONVERT == 1) * (x * ACT_UP)[None, :]
+        w_ptrs += BLOCK_K
+        if k0 + BLOCK_K < K:
+            w = tl.load(w_ptrs)
+    out = tl.sum(acc, axis=1)
+    if CONVERT != 0:
+        out = out * 2.0
+    out = out * tl.load(ws_ptr + offs_n) * tl.load(xs_ptr)
+    tl.store(out_ptr + offs_n, out.to(tl.bfloat16))
