@@ -5,6 +5,8 @@ the f16 dot not swapped (activation rows as the first operand), no faster at 64 
 Decode attention over the E4M3 cache on the CUDA cores (`attn_split_cores`), 5-170x slower than the tensor-core
 kernel at 32K x batch 8 (2026-12-02), and over int32 words taken as four planes of head dims (`attn_split_planes`),
 1.4-1.6x slower (2026-12-02), stay as the record too.
+Batch-1 W8A8 GEMVs with the E4M3 weight turned into float32 by moving bits instead of conversion instructions
+(`gemv_w8a8_prologue`, `gemv_w8a8`: same bits, 1.5-1.7x slower on the H200, 2026-12-03).
 (The dot in float16, measured here on 2026-12-02, won and is now kernels.py's weight-only path; decode attention
 from int32 words, no faster, is in the history: bench/kernel_variants.py at commit 1d95ca3.)"""
 import torch

@@ -4,12 +4,14 @@
     python -m bench.prefill_speed --prompts 8192 --json $OUT/prefill.json
 
 For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs; W8A8 with
-its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default) and through the plain
-torch-op pass (`fused=False`, what ran before): one prompt of each length into a fresh cache, timed from the first
-kernel to the logits with a device synchronize, best of --reps after one warm-up at 1K tokens. At 2,048 tokens, how
-far fast accumulation moves W8A8's logits from promotion and from BF16.
-Then, at --attn-len tokens, one layer's causal attention timed under each SDPA backend torch offers on this GPU, so
-the share of attention in the prefill is measured rather than assumed. Weights are random (N(0, 0.02)): speed only.
+its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default), where FlashAttention-3 is
+built (core/engines/fast/fa3) also with the attention through SDPA (cuDNN) instead, and through the plain torch-op
+pass (`fused=False`, what ran before; --skip-torch-ops leaves it out): one prompt of each length into a fresh cache,
+timed from the first kernel to the logits with a device synchronize, best of --reps after one warm-up at 1K tokens.
+At 2,048 tokens, how far fast accumulation moves W8A8's logits from promotion and from BF16.
+Then, at --attn-len tokens, one layer's causal attention timed under each SDPA backend torch offers on this GPU, and
+FlashAttention-3's, so the share of attention in the prefill is measured rather than assumed. Weights are random
+(N(0, 0.02)): speed only.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from unittest import mock
 import torch
 from torch.nn import functional as F
 
+from core.engines.fast import fa3
 from core.engines.fast.model import Dims, FastLlama
 from core.models import synthetic_config
 
@@ -44,11 +47,13 @@ def accumulation(fast: bool):
     return mock.patch.dict(os.environ, {"TRIAGE_FP8_FAST_ACCUM": "1" if fast else "0"})
 
 
-def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False) -> float:
+def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False,
+              flash3: bool = True) -> float:
+    """flash3=False: the prompt's attention through SDPA (cuDNN) even where FlashAttention-3 is built."""
     ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(prompt))
     cache = model.new_cache(1, prompt + 8, False)
-    with accumulation(fast_accum):
+    with accumulation(fast_accum), mock.patch.dict(os.environ, {"TRIAGE_FA3": "1" if flash3 else "0"}):
         return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
 
 
@@ -88,6 +93,10 @@ def attention_backends(dims: Dims, length: int, reps: int) -> dict[str, float | 
         except RuntimeError as exc:
             out[backend.name] = f"unavailable: {str(exc).splitlines()[0][:120]}"
     out["default"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), reps)
+    if fa3.why_not("cuda", dims.heads, dims.kv_heads, dims.head_dim) is None:
+        qt = q.transpose(1, 2)
+        kv = k[:, :dims.kv_heads].transpose(1, 2)  # the engine's grouped K/V, as FA3 reads them
+        out["FLASH_ATTENTION_3"] = timed(lambda: fa3.causal_attention_bf16(qt, kv, kv), reps)
     return out
 
 
@@ -97,6 +106,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="8192,32768,125000")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--attn-len", type=int, default=32768)
+    ap.add_argument("--skip-torch-ops", action="store_true", help="time only the fused prompt passes")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -106,23 +116,37 @@ def main() -> None:
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)
     models = {mode: FastLlama(dims, master, mode, rotary=config) for mode in ("bf16", "fp8")}
-    # (name, mode, fused, FP8 fast accumulation)
-    paths = [("bf16", "bf16", True, False), ("fp8", "fp8", True, False), ("fp8 fast accum", "fp8", True, True),
-             ("bf16 torch ops", "bf16", False, False), ("fp8 torch ops", "fp8", False, False)]
-    for _, mode, fused, fast in paths:  # warm-up: kernels compiled and autotuned before any timing
-        prefill_s(models[mode], 1024, 1, fused, fast)
+    fa3_why = fa3.why_not("cuda", dims.heads, dims.kv_heads, dims.head_dim)
+    print(f"FlashAttention-3: {'built, in use' if fa3_why is None else fa3_why}", flush=True)
+    # (name, mode, fused, FP8 fast accumulation, FlashAttention-3 where built); "bf16" and "fp8 fast accum" are what
+    # the engine runs
+    paths = [("bf16", "bf16", True, False, True), ("fp8", "fp8", True, False, True),
+             ("fp8 fast accum", "fp8", True, True, True)]
+    if fa3_why is None:
+        paths += [("bf16 cudnn", "bf16", True, False, False), ("fp8 fast accum cudnn", "fp8", True, True, False)]
+    if not args.skip_torch_ops:
+        paths += [("bf16 torch ops", "bf16", False, False, True), ("fp8 torch ops", "fp8", False, False, True)]
+    for _, mode, fused, fast, flash3 in paths:  # warm-up: kernels compiled and autotuned before any timing
+        prefill_s(models[mode], 1024, 1, fused, fast, flash3)
     rows = []
     for prompt in (int(p) for p in args.prompts.split(",")):
         reps = args.reps if prompt <= 32768 else max(1, args.reps - 1)
-        t = {name: prefill_s(models[mode], prompt, reps, fused, fast) for name, mode, fused, fast in paths}
+        t = {name: prefill_s(models[mode], prompt, reps, fused, fast, flash3)
+             for name, mode, fused, fast, flash3 in paths}
         row = {"prompt": prompt, **{f"{k.replace(' ', '_')}_s": v for k, v in t.items()},
-               "fp8_speedup": t["bf16"] / t["fp8"], "fp8_fast_accum_speedup": t["bf16"] / t["fp8 fast accum"],
-               "fp8_speedup_torch_ops": t["bf16 torch ops"] / t["fp8 torch ops"]}
+               "fp8_speedup": t["bf16"] / t["fp8"], "fp8_fast_accum_speedup": t["bf16"] / t["fp8 fast accum"]}
+        line = (f"prompt {prompt:>7,}: fused BF16 {t['bf16']:.3f} s, FP8 {t['fp8']:.3f} s ({row['fp8_speedup']:.2f}x), "
+                f"FP8 fast accumulation {t['fp8 fast accum']:.3f} s ({row['fp8_fast_accum_speedup']:.2f}x)")
+        if "bf16 cudnn" in t:
+            row["fp8_fast_accum_speedup_cudnn"] = t["bf16 cudnn"] / t["fp8 fast accum cudnn"]
+            line += (f" | attention through cuDNN: BF16 {t['bf16 cudnn']:.3f} s, FP8 fast accumulation "
+                     f"{t['fp8 fast accum cudnn']:.3f} s ({row['fp8_fast_accum_speedup_cudnn']:.2f}x)")
+        if "bf16 torch ops" in t:
+            row["fp8_speedup_torch_ops"] = t["bf16 torch ops"] / t["fp8 torch ops"]
+            line += (f" | torch ops BF16 {t['bf16 torch ops']:.3f} s, FP8 {t['fp8 torch ops']:.3f} s "
+                     f"({row['fp8_speedup_torch_ops']:.2f}x)")
         rows.append(row)
-        print(f"prompt {prompt:>7,}: fused BF16 {t['bf16']:.3f} s, FP8 {t['fp8']:.3f} s ({row['fp8_speedup']:.2f}x), "
-              f"FP8 fast accumulation {t['fp8 fast accum']:.3f} s ({row['fp8_fast_accum_speedup']:.2f}x) | "
-              f"torch ops BF16 {t['bf16 torch ops']:.3f} s, FP8 {t['fp8 torch ops']:.3f} s "
-              f"({row['fp8_speedup_torch_ops']:.2f}x)", flush=True)
+        print(line, flush=True)
         torch.cuda.empty_cache()
     accum = accum_difference(models, 2048)
     print("W8A8 prompt pass at 2,048 tokens, fast and promoted accumulation: " + "; ".join(

@@ -32,6 +32,7 @@ from core.engines.torch_engine import (
     score_from_logprobs,
 )
 from core.errors import InputError
+from core.engines.fast import fa3
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama, fp8_fast_accum
 from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
@@ -116,6 +117,7 @@ class FastLlamaEngine:
     def ran(self) -> str:
         from core.engines.fast import kernels as K
 
+        d = self.model.dims
         at_batch_1 = (["programmatic dependent launch"] if K.pdl_available() else []) + (
             ["norms folded into the linears"] if DecodeGraph.default_folds(self.model, 1) else [])
         extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
@@ -124,10 +126,12 @@ class FastLlamaEngine:
         if self.kv_dtype is KVDtype.FP8:
             from core.engines.fast import attn_e4m3
 
-            d = self.model.dims
             why = attn_e4m3.why_not(self.device.kind, d.heads, d.kv_heads, d.head_dim)
             extra += (", decode attention over the E4M3 cache in CUDA C++ (NVRTC)" if why is None else
                       f", decode attention over the E4M3 cache in Triton (the CUDA C++ kernel: {why})")
+        why = fa3.why_not(self.model.device, d.heads, d.kv_heads, d.head_dim)
+        extra += (", prompt attention through FlashAttention-3 (BF16)" if why is None else
+                  f", prompt attention through SDPA (cuDNN where it runs; FlashAttention-3: {why})")
         return f"torch fast path (CUDA graphs, Triton kernels{extra}) on {self.device.name}"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:

@@ -23,6 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from core import fp8
+from core.engines.fast import fa3
 
 E4M3 = fp8.E4M3
 MODES = ("bf16", "fp8-wo", "fp8")
@@ -355,8 +356,10 @@ class FastLlama:
 
     def _prefill_attention_fused(self, i: int, qkv: torch.Tensor, cache: StaticKVCache, rows) -> torch.Tensor:
         """`_prefill_attention` on CUDA with fewer passes over the prompt: RoPE and the cache write in one Triton
-        pass per row (`rope_store_prompt`), then SDPA over the grouped K/V as the cache holds them (`enable_gqa`,
-        no repeated copies). At 125K tokens the torch-op RoPE, cat and copies took 0.3 s of the prompt pass."""
+        pass per row (`rope_store_prompt`), then causal attention over the grouped K/V as the cache holds them (no
+        repeated copies): FlashAttention-3 on Hopper where it is built (13-17% faster than cuDNN's, same error against
+        float32 on the H200), else SDPA (`enable_gqa`, cuDNN where it runs). At 125K tokens the torch-op RoPE, cat and
+        copies took 0.3 s of the prompt pass."""
         from core.engines.fast import kernels as K
 
         d = self.dims
@@ -371,8 +374,12 @@ class FastLlama:
             k, v = cache.read(i, rows, T)  # attention reads the quantized K/V back, as the eager FP8 cache does
         else:
             k, v = cache.k[i, rows, :, :T], cache.v[i, rows, :, :T]
-        a = _causal_attention(q.transpose(1, 2), k, v)
-        return a.transpose(1, 2).reshape(b, T, d.heads * d.head_dim)
+        if fa3.why_not(q.device, d.heads, d.kv_heads, d.head_dim) is None:
+            # K/V [b, kv_heads, T, d] read in place as [b, T, kv_heads, d] (FA3 takes any row and head strides)
+            a = fa3.causal_attention_bf16(q, k.transpose(1, 2), v.transpose(1, 2))
+        else:
+            a = _causal_attention(q.transpose(1, 2), k, v).transpose(1, 2)
+        return a.reshape(b, T, d.heads * d.head_dim)
 
     def _prefill_fused(self, tokens, cache: StaticKVCache, rows, all_logits: bool):
         """The prompt pass with the decode step's fused kernels: the residual add and RMSNorm in one pass
