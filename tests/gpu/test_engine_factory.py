@@ -2,6 +2,7 @@
 import pytest
 
 from core.engines.base import GenerationParams
+from core.engines.fast import fa3
 from core.engines.factory import build_engine
 from core.models import ModelSpec
 from core.precision import KVDtype, Precision
@@ -18,6 +19,9 @@ def test_synthetic_llama_gets_the_fast_engine(precision, kv):
         assert "norms folded into the linears at batch 1" in engine.ran  # 4096 wide: DecodeGraph folds them
         assert ("prompt GEMMs with FP8 fast accumulation" in engine.ran) == (precision is Precision.FP8)
         assert ("decode attention over the E4M3 cache in CUDA C++" in engine.ran) == (kv is KVDtype.FP8)
+        fa3_why = fa3.why_not("cuda", 32, 8, 128)  # built by scripts/build_fa3.sh, or SDPA and the reason
+        assert ("prompt attention through FlashAttention-3 (BF16)" if fa3_why is None else
+                f"prompt attention through SDPA (cuDNN where it runs; FlashAttention-3: {fa3_why})") in engine.ran
         print(engine.ran)
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s and g.ttft_s > 0
