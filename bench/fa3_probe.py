@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 import torch
 from torch.nn import functional as F
 
+from bench.prompt_attn_probe import median_ms
 from core import fp8
 from core.engines.fast import fa3
 from core.engines.fast.model import _causal_attention
@@ -69,19 +69,6 @@ def errors(T: int) -> dict:
 
     return {"cudnn_bf16": err(cudnn(q, k, v)), "fa3_bf16": err(fa3.causal_attention_bf16(q, k, v)),
             "fa3_e4m3": err(attention_e4m3(q, k, v))}
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:

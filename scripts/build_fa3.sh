@@ -57,8 +57,11 @@ FLAGS=(-O3 -std=c++17 --use_fast_math --expt-relaxed-constexpr --expt-extended-l
        -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DCUTLASS_ENABLE_GDC_FOR_SM90 -DCUTLASS_DEBUG_TRACE_LEVEL=0 -DNDEBUG
        -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -I"$HOPPER" -I"$SRC/cutlass/include" $EXTRA_INC)
 nvcc "${FLAGS[@]}" -c core/engines/fast/fa3/fa3_shim.cu -o "$OUT/fa3_shim.o" &
+shim=$!
 nvcc "${FLAGS[@]}" -c "$HOPPER/flash_prepare_scheduler.cu" -o "$OUT/prepare_scheduler.o" &
-wait %1 && wait %2
+scheduler=$!
+wait $shim
+wait $scheduler
 nvcc -shared -gencode arch=compute_90a,code=sm_90a "$OUT/fa3_shim.o" "$OUT/prepare_scheduler.o" $EXTRA_LIB \
     -o "$OUT/libtriage_fa3.so"
 rm -f "$OUT"/*.o
