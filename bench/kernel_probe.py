@@ -1,7 +1,8 @@
 """Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
 the same on the CUDA cores (`--parts cores`: kernel_variants.attn_split_cores under each launch), weight-only FP8
-linears at batch 8 and 64 against BF16 (and from int32 words), a torch-profiler table of where a
-long prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as
+linears at batch 8 and 64 against BF16 (and from int32 words), the batch-1 W8A8 GEMVs with E4M3 turned into float32
+by moving bits (`--parts gemv`), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu`
+of the attention kernels. Each part writes its results to --json as
 soon as it ends. Results: docs/PERFORMANCE.md, "decode attention over the E4M3 cache".
 
     python -m bench.kernel_probe --json $OUT/probe.json --out $OUT
@@ -358,7 +359,8 @@ def part_gemv():
                 if prologue:
                     dot = [functools.partial(K.linear, xq, w, s, xs, out, mode) for w, s in ws]
                     us = tune.graph_time_us(dot)
-                    row["w8a8 tuned linear on E4M3 x"] = dict(us=us, TBps=gb / us * 1e3, cfg=K.config_for(mode, 1, n, k))
+                    row["w8a8 tuned linear on E4M3 x"] = dict(us=us, TBps=gb / us * 1e3,
+                                                              cfg=K.config_for(mode, 1, n, k))
                 for conv in (0, 1, 2):
                     for cfg in (GEMV_PROLOGUE_CFGS if prologue else GEMV_LOOP_CFGS):
                         key = f"w8a8 convert{conv} {'x'.join(map(str, cfg))}"
