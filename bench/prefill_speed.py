@@ -2,6 +2,7 @@
 
     python -m bench.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
     python -m bench.prefill_speed --prompts 8192 --json $OUT/prefill.json
+    python -m bench.prefill_speed --skip-torch-ops --json core/data/prefill_h200.json   # what the pages show
 
 For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs; W8A8 with
 its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default), where FlashAttention-3 is
@@ -155,6 +156,7 @@ def main() -> None:
     print(f"one layer's causal attention at {args.attn_len:,} tokens: " + ", ".join(
         f"{k} {v * 1000:.1f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in attn.items()))
     result = {"device": props.name, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+              "prompt_attention": "FlashAttention-3 (BF16)" if fa3_why is None else f"SDPA ({fa3_why})",
               "model": f"{args.model} shape, random weights", "prefill": rows, "fp8_fast_vs_promoted_accum": accum,
               "attention_one_layer_s": attn, "attention_len": args.attn_len}
     if args.json:

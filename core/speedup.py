@@ -1,4 +1,5 @@
-"""The FP8/BF16 decode speedups measured on the H200 by bench/fp8_speed.py, for pages to show beside a setup."""
+"""The FP8/BF16 speedups measured on the H200, for pages to show beside a setup: decode (bench/fp8_speed.py) and the
+prompt pass, i.e. time to first token (bench/prefill_speed.py)."""
 from __future__ import annotations
 
 import json
@@ -6,14 +7,19 @@ from functools import lru_cache
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("data") / "fp8_speed_h200.json"  # written by python -m bench.fp8_speed --json
+PREFILL = Path(__file__).with_name("data") / "prefill_h200.json"  # python -m bench.prefill_speed --json
 
 
-@lru_cache(maxsize=1)
-def _results() -> dict:
+@lru_cache(maxsize=None)
+def _read(path: Path) -> dict:
     try:
-        return json.loads(RESULTS.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _results() -> dict:
+    return _read(RESULTS)
 
 
 def measured_speedups(kv_dtype: str = "auto", prompt: int = 512) -> list[dict]:
@@ -55,3 +61,26 @@ def by_context(kv_dtype: str = "auto") -> tuple[int, int, list[dict], list[str]]
     notes = sorted({f"batch {r['batch']} at {long:,} tokens: {r['status']}" for r in rows
                     if r["prompt"] == long and r.get("status", "ok") != "ok"})
     return short, long, sorted(out, key=lambda d: (d["batch"], d["precision"] != "bf16", d["precision"])), notes
+
+
+def prefill_rows() -> list[dict]:
+    """One display row per prompt length: seconds to the first token in BF16 and FP8 W8A8 (what the fast engine runs:
+    fused kernels, FP8 fast accumulation), their ratio, and the same through cuDNN's attention where measured."""
+    out = []
+    for r in _read(PREFILL).get("prefill", []):
+        row = {"prompt tokens": f"{r['prompt']:,}", "BF16 s": round(r["bf16_s"], 3),
+               "FP8 W8A8 s": round(r["fp8_fast_accum_s"], 3), "x BF16": round(r["fp8_fast_accum_speedup"], 2)}
+        if "bf16_cudnn_s" in r:
+            row |= {"BF16 s, cuDNN attention": round(r["bf16_cudnn_s"], 3),
+                    "FP8 W8A8 s, cuDNN attention": round(r["fp8_fast_accum_cudnn_s"], 3)}
+        out.append(row)
+    return out
+
+
+def prefill_source_line() -> str:
+    d = _read(PREFILL)
+    if not d:
+        return ""
+    return (f"Measured by bench/prefill_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
+            f"{d.get('model')}, one prompt into a fresh cache, prompt attention through "
+            f"{d.get('prompt_attention', 'SDPA')}; seconds from the first kernel to the logits.")

@@ -179,3 +179,10 @@ if (ctx := speedup.by_context(setup.kv_dtype.value)) is not None:
         st.caption(" ".join([speedup.source_line(), *(n[0].upper() + n[1:] + "." for n in notes),
                              "At long context the KV cache is read every step, so FP8 weights save a smaller share "
                              f"of the bytes. This page's own runs are measured on {engine.device.name}."]))
+if ttft := speedup.prefill_rows():
+    with st.expander(f"Time to first token at {ttft[0]['prompt tokens']} to {ttft[-1]['prompt tokens']} tokens, "
+                     "FP8 vs BF16: H200 measurements, not this machine's"):
+        st.dataframe(ttft, hide_index=True)
+        st.caption(speedup.prefill_source_line() + " The prompt pass is compute-bound: FP8 W8A8 halves the linears' "
+                   "time, but causal attention (BF16 in both) grows with the square of the prompt, so the gain "
+                   "shrinks on long prompts. FlashAttention-3 is built by scripts/build_fa3.sh (Hopper only).")

@@ -30,6 +30,18 @@ def test_empty_input_renders_and_asks_for_a_document(embedded_dir):
     assert not at.metric
 
 
+def test_it_shows_the_recorded_h200_decode_and_time_to_first_token_tables(embedded_dir):
+    at = page()
+    at.text_area(key="lc_text").set_value("A short document about a slow deployment.\n" * 20).run()
+    assert not at.exception, at.exception
+    labels = [e.label for e in at.expander]
+    assert any(label.startswith("FP8 vs BF16 decode at 512 and 32,768 tokens") for label in labels)
+    assert any(label.startswith("Time to first token at 8,192 to 125,000 tokens") for label in labels)
+    ttft = next(df.value for df in at.dataframe if "prompt tokens" in df.value.columns)
+    assert list(ttft["prompt tokens"]) == ["8,192", "32,768", "125,000"] and (ttft["x BF16"] > 1).all()
+    assert any("FlashAttention-3" in c.value for c in at.caption)
+
+
 def test_pasted_document_shows_stats_kv_cache_and_truncation(embedded_dir):
     at = page()
     doc = "# Incident\n\nThe server stalled after a long paste.\n\n## Log\n\n" + "ERROR kv cache full\n" * 400

@@ -1,4 +1,5 @@
-"""The FP8/BF16 speedups the pages show, read from the H200 results recorded in core/data/fp8_speed_h200.json."""
+"""The FP8/BF16 speedups the pages show, read from the H200 results recorded in core/data/fp8_speed_h200.json (decode)
+and core/data/prefill_h200.json (the prompt pass)."""
 import pytest
 
 from core import speedup
@@ -19,3 +20,22 @@ def test_source_line_names_the_machine_and_the_launch_mode():
     line = speedup.source_line()
     assert "H200" in line and "programmatic dependent launch at batch 1" in line
     assert "norms folded into the linears at batch 1" in line
+
+
+def test_time_to_first_token_rows_come_from_the_recorded_prompt_passes():
+    rows = speedup.prefill_rows()  # core/data/prefill_h200.json, as recorded
+    assert [r["prompt tokens"] for r in rows] == ["8,192", "32,768", "125,000"]
+    for r in rows:
+        assert r["x BF16"] == pytest.approx(r["BF16 s"] / r["FP8 W8A8 s"], rel=0.01)
+        assert r["BF16 s"] < r["BF16 s, cuDNN attention"]  # FlashAttention-3 measured faster than cuDNN
+    line = speedup.prefill_source_line()
+    assert "H200" in line and "FlashAttention-3 (BF16)" in line
+
+
+def test_a_missing_or_broken_results_file_shows_no_table(tmp_path, monkeypatch):
+    broken = tmp_path / "prefill.json"
+    broken.write_text("{not json")
+    monkeypatch.setattr(speedup, "PREFILL", broken)
+    assert speedup.prefill_rows() == [] and speedup.prefill_source_line() == ""
+    monkeypatch.setattr(speedup, "PREFILL", tmp_path / "missing.json")
+    assert speedup.prefill_rows() == []
