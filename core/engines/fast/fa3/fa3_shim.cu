@@ -4,6 +4,22 @@
 #include <cstring>
 #include <cuda_runtime.h>
 
+// FA3's launch code ends the process on a CUDA error (cuda_check.h: exit(1)); here such an error is kept and returned
+// to the caller instead. Its macros sit in void functions only, so returning from them is enough.
+#include "cuda_check.h"
+#undef CHECK_CUDA
+#undef CHECK_CUTLASS
+static thread_local int launch_error = 0;
+#define CHECK_CUDA(call)                                                     \
+    do {                                                                     \
+        cudaError_t status_ = (call);                                        \
+        if (status_ != cudaSuccess) { launch_error = int(status_); return; } \
+    } while (0)
+#define CHECK_CUTLASS(call)                                                                            \
+    do {                                                                                               \
+        if ((call) != cutlass::Status::kSuccess) { launch_error = int(cudaErrorLaunchFailure); return; } \
+    } while (0)
+
 #include "flash.h"
 #include "flash_fwd_launch_template.h"
 
@@ -73,12 +89,13 @@ int triage_fa3_fwd_causal(int dtype, void *q, void *k, void *v, void *o, float *
     err = cudaMemsetAsync(semaphore, 0, sizeof(int), stream);
     if (err != cudaSuccess) { return int(err); }
     params.tile_count_semaphore = semaphore;
+    launch_error = 0;
     if (dtype == 0) {
         launch<cutlass::bfloat16_t>(params, stream);
     } else {
         launch<cutlass::float_e4m3_t>(params, stream);
     }
-    return int(cudaGetLastError());
+    return launch_error ? launch_error : int(cudaGetLastError());
 }
 
 }  // extern "C"
