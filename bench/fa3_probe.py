@@ -50,7 +50,7 @@ def attention_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     FA3's E4M3 kernel, bf16 out."""
     hkv = k.shape[2]
     (q8, qs), (k8, ks), (v8, vs) = (quantize_per_kv_head(t, hkv) for t in (q, k, v))
-    return fa3.call(fa3.E4M3, q8, k8, v8, (qs, ks, vs), torch.empty_like(q))
+    return fa3.fwd_causal(fa3.DTYPE_E4M3, q8, k8, v8, (qs, ks, vs), torch.empty_like(q))
 
 
 def cudnn(q, k, v):
@@ -94,7 +94,7 @@ def main() -> None:
         row = {}
         for name, fn in (("cuDNN BF16", lambda: cudnn(q, k, v)),
                          ("FA3 BF16", lambda: fa3.causal_attention_bf16(q, k, v)),
-                         ("FA3 E4M3, kernel only", lambda: fa3.call(fa3.E4M3, q8, k8, v8, (qs, ks, vs), out)),
+                         ("FA3 E4M3, kernel only", lambda: fa3.fwd_causal(fa3.DTYPE_E4M3, q8, k8, v8, (qs, ks, vs), out)),
                          ("FA3 E4M3 with quantization", lambda: attention_e4m3(q, k, v)),
                          ("cuDNN BF16 again", lambda: cudnn(q, k, v))):
             ms = median_ms(fn, a.reps)

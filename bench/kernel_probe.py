@@ -363,6 +363,8 @@ def part_gemv():
                                                               cfg=K.config_for(mode, 1, n, k))
                 for conv in (0, 1, 2):
                     for cfg in (GEMV_PROLOGUE_CFGS if prologue else GEMV_LOOP_CFGS):
+                        if not prologue and k % cfg[1]:
+                            continue  # gemv_w8a8 takes whole tiles only
                         key = f"w8a8 convert{conv} {'x'.join(map(str, cfg))}"
                         try:
                             def call(w, s, cfg=cfg, conv=conv):

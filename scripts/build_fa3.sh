@@ -60,7 +60,7 @@ nvcc "${FLAGS[@]}" -c core/engines/fast/fa3/fa3_shim.cu -o "$OUT/fa3_shim.o" &
 shim=$!
 nvcc "${FLAGS[@]}" -c "$HOPPER/flash_prepare_scheduler.cu" -o "$OUT/prepare_scheduler.o" &
 scheduler=$!
-wait $shim
+wait $shim || { kill $scheduler 2>/dev/null; exit 1; }
 wait $scheduler
 nvcc -shared -gencode arch=compute_90a,code=sm_90a "$OUT/fa3_shim.o" "$OUT/prepare_scheduler.o" $EXTRA_LIB \
     -o "$OUT/libtriage_fa3.so"

@@ -9,13 +9,12 @@ from core.engines.fast import fa3
 
 
 @pytest.fixture(autouse=True)
-def fresh_loader():
-    fa3._entry.cache_clear()
-    yield
-    fa3._entry.cache_clear()
+def fresh_loader(monkeypatch):
+    monkeypatch.setattr(fa3, "_LOADED", {})
 
 
 def test_off_the_gpu_or_turned_off_it_says_so(monkeypatch):
+    monkeypatch.delenv("TRIAGE_FA3", raising=False)
     assert fa3.why_not("cpu", 32, 8, 128) == "not on a CUDA device"
     monkeypatch.setenv("TRIAGE_FA3", "0")
     assert fa3.why_not("cuda", 32, 8, 128) == "turned off (TRIAGE_FA3=0)"
@@ -32,3 +31,17 @@ def test_a_file_that_is_not_the_library_is_refused_with_the_reason(monkeypatch, 
     junk.write_bytes(b"\x7fELF not really")
     monkeypatch.setenv("TRIAGE_FA3_LIB", str(junk))
     assert fa3._entry(str(fa3.lib_path())).startswith(f"FlashAttention-3's library at {junk} does not load:")
+
+
+def test_a_call_without_the_library_or_with_wrong_inputs_raises_what_is_wrong(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setenv("TRIAGE_FA3_LIB", str(tmp_path / "none.so"))
+    q = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="scripts/build_fa3.sh"):
+        fa3.causal_attention_bf16(q, kv, kv)
+    with pytest.raises(ValueError, match="FA3 got q as torch.float16"):
+        fa3.causal_attention_bf16(q.half(), kv, kv)
+    with pytest.raises(ValueError, match="last dim contiguous"):
+        fa3.causal_attention_bf16(q.transpose(2, 3), kv, kv)

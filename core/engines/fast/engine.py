@@ -31,8 +31,8 @@ from core.engines.torch_engine import (
     count_weight_bytes,
     score_from_logprobs,
 )
-from core.errors import InputError
 from core.engines.fast import fa3
+from core.errors import InputError
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama, fp8_fast_accum
 from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
