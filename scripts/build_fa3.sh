@@ -27,7 +27,10 @@ fetch() {  # fetch REPO COMMIT DIR: one commit, no history
     [ -d "$3/.git" ] && [ "$(git -C "$3" rev-parse HEAD)" = "$2" ] && return
     rm -rf "$3" && mkdir -p "$3"
     git -C "$3" init -q
-    git -C "$3" fetch -q --depth 1 "https://github.com/$1" "$2"
+    git -C "$3" fetch -q --depth 1 "https://github.com/$1" "$2" || {
+        echo "could not fetch $1 at $2; without network, give the sources with --src DIR (see the top of $0)" >&2
+        exit 1
+    }
     git -C "$3" checkout -q FETCH_HEAD
 }
 if [ ! -d "$SRC/flash-attention/hopper" ] || [ ! -d "$SRC/cutlass/include" ]; then
@@ -38,7 +41,9 @@ fi
 if [ "$PIP_NVCC" = 1 ]; then
     CUDA=.cache/cuda-nvcc
     if [ ! -x "$CUDA/nvidia/cu13/bin/nvcc" ]; then
-        python3 -m pip install -q --target "$CUDA" "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" \
+        PY=python3
+        [ -x .venv/bin/python ] && PY=.venv/bin/python  # the console's own environment has pip
+        "$PY" -m pip install -q --target "$CUDA" "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" \
             "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-crt==13.0.*" "nvidia-nvvm==13.0.*"
     fi
     export PATH="$PWD/$CUDA/nvidia/cu13/bin:$PATH"
