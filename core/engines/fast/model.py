@@ -354,12 +354,13 @@ class FastLlama:
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return a.transpose(1, 2).reshape(b, T, d.heads * d.head_dim)
 
-    def _prefill_attention_fused(self, i: int, qkv: torch.Tensor, cache: StaticKVCache, rows) -> torch.Tensor:
+    def _prefill_attention_fused(self, i: int, qkv: torch.Tensor, cache: StaticKVCache, rows,
+                                 flash3: bool) -> torch.Tensor:
         """`_prefill_attention` on CUDA with fewer passes over the prompt: RoPE and the cache write in one Triton
         pass per row (`rope_store_prompt`), then causal attention over the grouped K/V as the cache holds them (no
-        repeated copies): FlashAttention-3 on Hopper where it is built (8-17% less time than cuDNN's, same error against
-        float32 on the H200), else SDPA (`enable_gqa`, cuDNN where it runs). At 125K tokens the torch-op RoPE, cat and
-        copies took 0.3 s of the prompt pass."""
+        repeated copies): FlashAttention-3 when `flash3` (Hopper, where it is built: 8-17% less time than cuDNN's, same
+        error against float32 on the H200), else SDPA (`enable_gqa`, cuDNN where it runs). At 125K tokens the
+        torch-op RoPE, cat and copies took 0.3 s of the prompt pass."""
         from core.engines.fast import kernels as K
 
         d = self.dims
@@ -374,7 +375,7 @@ class FastLlama:
             k, v = cache.read(i, rows, T)  # attention reads the quantized K/V back, as the eager FP8 cache does
         else:
             k, v = cache.k[i, rows, :, :T], cache.v[i, rows, :, :T]
-        if fa3.why_not(q.device, d.heads, d.kv_heads, d.head_dim) is None:
+        if flash3:
             # K/V [b, kv_heads, T, d] (the cache itself, or its dequantized copy for an FP8 cache) passed as
             # [b, T, kv_heads, d] views: FA3 takes any row and head strides
             a = fa3.causal_attention_bf16(q, k.transpose(1, 2), v.transpose(1, 2))
@@ -395,6 +396,7 @@ class FastLlama:
         M = b * T
         w8a8 = self.mode == "fp8"
         fast_accum = fp8_fast_accum()
+        flash3 = fa3.why_not(tokens.device, d.heads, d.kv_heads, d.head_dim) is None  # decided once per pass
         x = F.embedding(tokens, self.embed).reshape(M, d.hidden)
         h = None if w8a8 else torch.empty_like(x)  # W8A8 linears read only the E4M3 copy
         scale = torch.empty(M, device=x.device, dtype=torch.float32) if w8a8 else None
@@ -416,7 +418,7 @@ class FastLlama:
         delta = None  # the previous layer's MLP output, added to the residual by the next add_rmsnorm
         for i, L in enumerate(self.layers):
             K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, scale, xq)
-            a = self._prefill_attention_fused(i, linear(L["qkv"], h, xq, scale).view(b, T, -1), cache, rows)
+            a = self._prefill_attention_fused(i, linear(L["qkv"], h, xq, scale).view(b, T, -1), cache, rows, flash3)
             a = a.reshape(M, -1)
             aq, a_scale = quantized(a.shape[1])
             if w8a8:
