@@ -19,33 +19,31 @@ from unittest import mock
 import torch
 
 from bench.fp8_speed import time_decode
-from core.engines.fast import attn_e4m3
 from core.engines.fast import kernels as K
 from core.engines.fast.model import Dims, FastLlama
 from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
 
 
-def _split_only(q, k_cache, v_cache, k_scale, v_scale, pos, out, ws, hq, hkv, d, sm_scale, out16=None):
-    if ws.cuda_e4m3:
-        attn_e4m3.split_partials(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_scale)
-    else:
-        K._attn_split(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_scale)
-    return out
-
-
 def _nothing(*a, **k):
     return None
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return _nothing
 
 
 # variant -> {(module, attribute): replacement}
 VARIANTS = {
     "full step": {},
-    "no combine": {(K, "decode_attention"): _split_only},
+    "no combine": {(K, "_attn_combine_kernel"): _NoLaunch()},
     "no rope/kv write": {(K, "rope_store"): _nothing},
     "no silu_mul": {(K, "silu_mul"): _nothing},
     "no attention": {(K, "decode_attention"): _nothing},
-    "no combine, rope, silu_mul": {(K, "decode_attention"): _split_only, (K, "rope_store"): _nothing,
+    "no combine, rope, silu_mul": {(K, "_attn_combine_kernel"): _NoLaunch(), (K, "rope_store"): _nothing,
                                    (K, "silu_mul"): _nothing},
     "no log_softmax": {(torch, "log_softmax"): lambda x, dim: x},
 }
