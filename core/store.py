@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 from core.errors import TriageError
 
-KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality")
+KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep")
 STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
 TITLE_MAX = 160
 PAYLOAD_MAX_BYTES = 32 * 2**20  # one run's JSON; a bigger one is refused with a message, never truncated silently
@@ -471,9 +471,11 @@ def quietly(call: Callable[..., Any], *args, **kwargs) -> Any:
         return None
 
 
-def record(kind: str, title: str, payload: Any, summary: dict | None = None) -> int | None:
-    """save_run that never raises (see quietly): the run's id, or None."""
-    return quietly(save_run, kind, title, payload, summary)
+def record(kind: str, title: str, payload: Any, summary: dict | None = None, *, started_at: float | None = None,
+           status: str = "finished", error: str | None = None) -> int | None:
+    """save_run that never raises (see quietly): the run's id, or None. started_at (unix seconds) gives it a
+    duration."""
+    return quietly(save_run, kind, title, payload, summary, started_at=started_at, status=status, error=error)
 
 
 class RunRecorder:

@@ -63,3 +63,92 @@ def probe_comparison(client: dict, server: dict | None, *, height: int = 300) ->
     fig.update_yaxes(type="log", dtick=1, tickformat=",d")  # labels at 1, 10, 100, 1000 ms: no bare "2" minor labels
     return _layout(fig, "Probe latency: client vs server", "ms (log scale)",
                    "server side interpolated from histogram buckets", height, legend_y=-0.3)
+
+
+# --- the anatomy and the load sweep (rows are Anatomy.to_dict() / Step dicts from core.deployment.sweep) -----------
+PHASE_COLOURS = {"queue": "#e6463c", "prefill": "#ffb020", "decode": "#4aa3ff"}
+PHASE_LABELS = {"queue": "queue", "prefill": "prefill", "decode": "decode"}
+
+
+def _phase_ms(anatomy: dict | None, phase: str) -> float | None:
+    p = ((anatomy or {}).get("phases") or {}).get(phase)
+    return None if not p or p.get("mean_s") is None else 1000.0 * p["mean_s"]
+
+
+def anatomy_bar(anatomy: dict, *, title: str = "Where a request's time went (server means)",
+                height: int = 200) -> go.Figure:
+    """One stacked horizontal bar: mean queue, prefill and decode time per request in the window (ms)."""
+    fig = go.Figure()
+    for phase in PHASE_LABELS:
+        ms = _phase_ms(anatomy, phase)
+        share = (anatomy.get("share_e2e") or {}).get(phase)
+        fig.add_trace(go.Bar(y=["request"], x=[ms], name=PHASE_LABELS[phase], orientation="h",
+                             marker_color=PHASE_COLOURS[phase],
+                             text=[None if ms is None else f"{ms:.0f} ms" + ("" if share is None else
+                                                                            f" ({100 * share:.0f}%)")],
+                             textposition="inside"))
+    fig.update_layout(barmode="stack", xaxis_title="ms (mean per request)")
+    fig.update_yaxes(showticklabels=False)
+    return _layout(fig, title, "", "vllm:request_queue/prefill/decode_time_seconds: _sum / _count over the window",
+                   height, legend_y=-0.45)
+
+
+def _step_x(steps: Sequence[dict]) -> tuple[list[float], str]:
+    mode = steps[0]["mode"] if steps else "concurrency"
+    return [s["load"] for s in steps], ("concurrent clients" if mode == "concurrency" else "target requests/s")
+
+
+def _knee_line(fig: go.Figure, knee: dict | None) -> None:
+    if knee:
+        fig.add_vline(x=knee["load"], line_dash="dot", line_color="gray",
+                      annotation_text=f"knee {knee['load']:g}", annotation_position="top left")
+
+
+def sweep_latency(steps: Sequence[dict], slo: dict | None = None, knee: dict | None = None,
+                  *, height: int = 300) -> go.Figure:
+    """Client TTFT and ITL p50/p99 (ms) against the load, the SLOs as lines and the knee marked."""
+    x, x_title = _step_x(steps)
+    fig = go.Figure()
+    series = (("ttft", "p50", "TTFT p50", "solid"), ("ttft", "p99", "TTFT p99", "dash"),
+              ("itl", "p50", "ITL p50", "solid"), ("itl", "p99", "ITL p99", "dash"))
+    for i, (key, p, label, dash) in enumerate(series):
+        ys = [None if s["client"][key][p] is None else 1000.0 * s["client"][key][p] for s in steps]
+        fig.add_trace(go.Scatter(x=x, y=ys, name=label, mode="lines+markers",
+                                 line={"color": COLOURS[0 if key == "ttft" else 1], "dash": dash}))
+    for key, label in (("ttft_p99", "TTFT p99 SLO"), ("itl_p99", "ITL p99 SLO")):
+        if slo and slo.get(key):
+            fig.add_hline(y=1000.0 * slo[key], line_color=COLOURS[4], line_dash="dash",
+                          annotation_text=f"{label} {1000 * slo[key]:.0f} ms", annotation_position="top left")
+    _knee_line(fig, knee)
+    fig.update_layout(xaxis_title=x_title)
+    return _layout(fig, "Latency against load", "ms (client)", "measured here, nearest rank over each step's requests",
+                   height, legend_y=-0.3)
+
+
+def sweep_anatomy(steps: Sequence[dict], *, height: int = 300) -> go.Figure:
+    """Per step, the server's mean queue, prefill and decode time per request, stacked (ms)."""
+    x, x_title = _step_x(steps)
+    labels = [f"{v:g}" for v in x]
+    fig = go.Figure()
+    for phase in PHASE_LABELS:
+        fig.add_trace(go.Bar(x=labels, y=[_phase_ms(s.get("server"), phase) for s in steps], name=PHASE_LABELS[phase],
+                             marker_color=PHASE_COLOURS[phase]))
+    fig.update_layout(barmode="stack", xaxis_title=x_title)
+    return _layout(fig, "Where the time goes, per step", "ms (server mean per request)",
+                   "vLLM's request_queue/prefill/decode_time histograms over each step's window", height,
+                   legend_y=-0.3)
+
+
+def sweep_throughput(steps: Sequence[dict], knee: dict | None = None, *, height: int = 300) -> go.Figure:
+    """Achieved requests/s and output tokens/s against the load."""
+    x, x_title = _step_x(steps)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[s["achieved_rps"] for s in steps], name="requests/s", mode="lines+markers",
+                             line={"color": COLOURS[0]}))
+    fig.add_trace(go.Scatter(x=x, y=[s["output_tok_s"] for s in steps], name="output tokens/s", mode="lines+markers",
+                             line={"color": COLOURS[1]}, yaxis="y2"))
+    fig.update_layout(xaxis_title=x_title, yaxis2={"title": "tokens/s", "overlaying": "y", "side": "right",
+                                                   "rangemode": "tozero"})
+    _knee_line(fig, knee)
+    return _layout(fig, "Throughput against load", "requests/s", "finished requests and tokens over each step's wall "
+                   "time", height, legend_y=-0.3)

@@ -36,6 +36,7 @@ class ProbeResult:
     server: dict[str, dict[str, float | None]] | None  # same keys, from the /metrics histogram delta
     server_counts: dict[str, float]  # observations in that delta
     metrics_note: str = ""
+    anatomy: dict | None = None  # where the server says the time went (core.telemetry.vllm_anatomy), same window
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "generations"}
@@ -69,6 +70,20 @@ def client_itl(gen: Generation) -> list[float]:
     return out
 
 
+def exact_prompts(eng: RemoteEngine, n: int, prompt_tokens: int, texts: list[str] | None = None) -> list:
+    """n prompts of exactly prompt_tokens token ids, each starting differently so the prefix cache cannot shortcut
+    the prefill; with `texts` (a dataset), those texts in turn instead, as they are."""
+    if texts:
+        return [texts[i % len(texts)] for i in range(n)]
+    nonce = f"{time.time_ns() % 10**9:09d}"
+    filler = eng.tokenize(FILLER * (prompt_tokens // 20 + 2))
+    prompts = []
+    for i in range(n):
+        head = eng.tokenize(f"Probe {nonce} request {i}:")
+        prompts.append((head + filler[1:])[:prompt_tokens])  # filler[0] is BOS
+    return prompts
+
+
 def probe(base_url: str, n: int = 8, prompt_tokens: int = 128, max_new_tokens: int = 32, concurrency: int = 1,
           api_key: str | None = None, timeout_s: float = 120.0, engine: RemoteEngine | None = None) -> ProbeResult:
     """Send n streamed completions of exactly prompt_tokens tokens; each prompt starts differently so the prefix
@@ -82,12 +97,7 @@ def probe(base_url: str, n: int = 8, prompt_tokens: int = 128, max_new_tokens: i
     if info.max_model_len and prompt_tokens + max_new_tokens > info.max_model_len:
         raise RemoteError(f"prompt_tokens + max_new_tokens = {prompt_tokens + max_new_tokens} exceeds the server's "
                           f"max_model_len {info.max_model_len}.")
-    nonce = f"{time.time_ns() % 10**9:09d}"
-    filler = eng.tokenize(FILLER * (prompt_tokens // 20 + 2))
-    prompts = []
-    for i in range(n):
-        head = eng.tokenize(f"Probe {nonce} request {i}:")
-        prompts.append((head + filler[1:])[:prompt_tokens])  # filler[0] is BOS
+    prompts = exact_prompts(eng, n, prompt_tokens)
 
     def metrics():
         try:
@@ -99,20 +109,22 @@ def probe(base_url: str, n: int = 8, prompt_tokens: int = 128, max_new_tokens: i
     params = GenerationParams(max_new_tokens=max_new_tokens, top_logprobs=0, stop_at_eos=False)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        gens = list(pool.map(lambda p: eng._stream_one(p, params), prompts))
+        gens = list(pool.map(lambda p: eng.stream_completion(p, params), prompts))
     wall = time.perf_counter() - t0
     after, note2 = metrics() if before is not None else (None, note)
-    server, counts = None, {}
+    server, counts, parts = None, {}, None
     if before is not None and after is not None:
         if after.logging_disabled:
             note = ("The server exposes no vllm:* metrics: it was started with --disable-log-stats. Restart it "
                     "without that flag to see its own latency numbers.")
         else:
-            from core.telemetry.vllm_metrics import rates
+            from core.telemetry.vllm_anatomy import anatomy
+            from core.telemetry.vllm_metrics import LATENCY_KEYS, rates
 
-            recent = rates(before, after).recent
+            recent = {k: h for k, h in rates(before, after).recent.items() if k in LATENCY_KEYS}
             server = {k: h.percentiles() for k, h in recent.items()}
             counts = {k: h.count for k, h in recent.items()}
+            parts = anatomy(before, after).to_dict()
             note = "Server percentiles are interpolated from histogram buckets; other traffic in the same window counts too."
     decode = [(g.token_times[-1] - g.token_times[0], len(g.token_times) - 1) for g in gens if len(g.token_times) > 1]
     spans, steps = sum(d for d, _ in decode), sum(k for _, k in decode)
@@ -124,5 +136,5 @@ def probe(base_url: str, n: int = 8, prompt_tokens: int = 128, max_new_tokens: i
                 "e2e": nearest_rank_percentiles([g.token_times[-1] for g in gens if g.token_times])},
         tpot_s=spans / steps if steps else None,
         chunks=sum(len(set(g.token_times)) for g in gens), tokens=sum(len(g.token_ids) for g in gens),
-        server=server, server_counts=counts, metrics_note=note or note2,
+        server=server, server_counts=counts, metrics_note=note or note2, anatomy=parts,
     )

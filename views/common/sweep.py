@@ -1,0 +1,98 @@
+"""A load sweep drawn the same way wherever it is shown: on the vLLM deployment page after it ran, and in History when
+a saved sweep is reopened. Input is the saved form (SweepResult.to_dict()), so both show exactly the same thing."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import streamlit as st
+
+from core.deployment import charts as dc
+from core.deployment.sweep import compare_sweeps
+from core.fmt import markdown_literal
+
+NOBAR = {"displayModeBar": False}
+VERDICT_BOX = {"capacity-bound": st.error, "prefill-bound": st.error, "decode-bound": st.error,
+               "not saturated": st.success}
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(1000.0 * v, 1)
+
+
+def step_rows(res: dict) -> list[dict]:
+    """One flat row per step: the table on the page and the CSV export."""
+    rows = []
+    for s in res.get("steps", []):
+        srv = s.get("server") or {}
+        phase = (lambda k: _ms(((srv.get("phases") or {}).get(k) or {}).get("mean_s")))
+        share = srv.get("queue_share_ttft")
+        rows.append({
+            "load": s["load"], "requests": s["requests"], "errors": s["errors"],
+            "achieved req/s": round(s["achieved_rps"], 3), "output tok/s": round(s["output_tok_s"], 1),
+            **{f"{k.upper()} {p} ms": _ms(s["client"][k][p]) for k in ("ttft", "itl", "e2e") for p in ("p50", "p99")},
+            "queue ms": phase("queue"), "prefill ms": phase("prefill"), "decode ms": phase("decode"),
+            "queue % of TTFT": None if share is None else round(100 * share, 1),
+            "max running": (s.get("busiest") or {}).get("running"),
+            "max waiting": (s.get("busiest") or {}).get("waiting"),
+            "meets SLO": s.get("meets_slo"),
+        })
+    return rows
+
+
+def show(res: dict, key: str) -> None:
+    """The verdict, the three charts, the steps and the exports of one sweep."""
+    verdict = res.get("verdict") or {}
+    unit = "clients" if res.get("mode") == "concurrency" else "req/s"
+    box = VERDICT_BOX.get(verdict.get("kind"), st.info)
+    box(markdown_literal(verdict.get("headline", "No verdict.")))
+    if verdict.get("remedy"):
+        st.caption("What would help: " + markdown_literal(verdict["remedy"]))
+    if res.get("status") in ("failed", "cancelled"):
+        st.warning(markdown_literal(f"Sweep {res['status']}: {res.get('stopped', '')}"))
+    knee, good = res.get("knee"), res.get("goodput")
+    best = max((s["achieved_rps"] for s in res.get("steps", [])), default=None)
+    m = st.columns(4)
+    m[0].metric("Knee", "not reached" if not knee else f"{knee['load']:g} {unit}",
+                help=knee["how"] if knee else "Throughput kept growing with the load over the steps run.")
+    m[1].metric("Goodput", "no SLO given" if not res.get("slo") else "none met" if not good else
+                f"{good['rps']:.2f} req/s", help="Requests/s at the best step whose TTFT and ITL p99 meet every SLO")
+    m[2].metric("Peak throughput", "N/A" if best is None else f"{best:.2f} req/s")
+    m[3].metric("Steps", f"{len(res.get('steps', []))} in {res.get('wall_s', 0):.0f} s",
+                help=markdown_literal(res.get("stopped", "")))
+    steps = res.get("steps", [])
+    if not steps:
+        return
+    c = st.columns(3)
+    c[0].plotly_chart(dc.sweep_latency(steps, res.get("slo"), knee), key=f"{key}_lat", config=NOBAR)
+    c[1].plotly_chart(dc.sweep_anatomy(steps), key=f"{key}_anat", config=NOBAR)
+    c[2].plotly_chart(dc.sweep_throughput(steps, knee), key=f"{key}_tput", config=NOBAR)
+    rows = step_rows(res)
+    st.dataframe(rows, hide_index=True, width="stretch", key=f"{key}_table")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    d = st.columns([1, 1, 4])
+    d[0].download_button("Steps as CSV", buf.getvalue(), "sweep-steps.csv", "text/csv", on_click="ignore",
+                         key=f"{key}_csv", icon=":material/download:")
+    d[1].download_button("Sweep as JSON", json.dumps(res, indent=1, default=str), "sweep.json", "application/json",
+                         on_click="ignore", key=f"{key}_json", icon=":material/download:")
+    workload = (f"dataset {res['dataset']}" if res.get("dataset") else f"{res.get('prompt_tokens')} prompt tokens")
+    d[2].caption(markdown_literal(f"{res.get('model')} at {res.get('base_url')} · {res.get('mode')} sweep · "
+                                  f"{workload} -> {res.get('max_new_tokens')} new tokens per request"))
+
+
+def show_comparison(before: dict, after: dict, labels: tuple[str, str]) -> None:
+    """Goodput, peak throughput and knee of two sweeps, with the change in percent."""
+    cmp = compare_sweeps(before, after)
+    names = {"goodput_rps": "goodput (req/s)", "max_rps": "peak throughput (req/s)", "knee_load": "knee (load)"}
+    st.dataframe([{"": names[k], labels[0]: r["before"], labels[1]: r["after"],
+                   "change %": None if r["change_pct"] is None else round(r["change_pct"], 1)}
+                  for k, r in cmp["rows"].items()], hide_index=True, key="sweep_cmp")
+    v = cmp["verdicts"]
+    st.caption(markdown_literal(f"Verdict: {v['before']} -> {v['after']}."))
+    if not cmp["same_workload"]:
+        st.warning("The two sweeps did not use the same workload (mode, prompt length, new tokens or SLO): the "
+                   "change is not only the server's.")
