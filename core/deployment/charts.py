@@ -115,14 +115,23 @@ def sweep_latency(steps: Sequence[dict], slo: dict | None = None, knee: dict | N
         ys = [None if s["client"][key][p] is None else 1000.0 * s["client"][key][p] for s in steps]
         fig.add_trace(go.Scatter(x=x, y=ys, name=label, mode="lines+markers",
                                  line={"color": COLOURS[0 if key == "ttft" else 1], "dash": dash}))
+    top = max((1000.0 * s["client"][k][p] for s in steps for k, p, _, _ in series
+               if s["client"][k][p] is not None), default=0.0)
+    off_chart = []
     for key, label in (("ttft_p99", "TTFT p99 SLO"), ("itl_p99", "ITL p99 SLO")):
         if slo and slo.get(key):
-            fig.add_hline(y=1000.0 * slo[key], line_color=COLOURS[4], line_dash="dash",
-                          annotation_text=f"{label} {1000 * slo[key]:.0f} ms", annotation_position="top left")
+            ms = 1000.0 * slo[key]
+            if ms > 3 * top:  # drawn, it would flatten every measured line against the axis
+                off_chart.append(f"{label} {ms:,.0f} ms")
+                continue
+            fig.add_hline(y=ms, line_color=COLOURS[4], line_dash="dash",
+                          annotation_text=f"{label} {ms:,.0f} ms", annotation_position="top right")
     _knee_line(fig, knee)
+    source = "measured here, nearest rank over each step's requests"
+    if off_chart:
+        source += "; above the chart: " + ", ".join(off_chart)
     fig.update_layout(xaxis_title=x_title)
-    return _layout(fig, "Latency against load", "ms (client)", "measured here, nearest rank over each step's requests",
-                   height, legend_y=-0.3)
+    return _layout(fig, "Latency against load", "ms (client)", source, height, legend_y=-0.3)
 
 
 def sweep_anatomy(steps: Sequence[dict], *, height: int = 300) -> go.Figure:

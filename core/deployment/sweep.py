@@ -138,14 +138,18 @@ def read_dataset(path: str) -> list[str]:
     import json
     from pathlib import Path
 
-    from core.textfile import decode_bytes
+    from core.textfile import DocumentError, decode_bytes
 
     try:
         data = Path(path).expanduser().read_bytes()
     except OSError as exc:
         raise SweepError(f"Cannot read the dataset {path}: {exc.strerror or exc}. Give a text file with one prompt "
                          "per line.") from None
-    text = decode_bytes(data, Path(path).name, extensions=None)
+    try:
+        text = decode_bytes(data, Path(path).name, extensions=None)
+    except DocumentError as exc:
+        raise SweepError(f"The dataset cannot be used: {exc} A dataset is a text file with one prompt per line.") \
+            from None
     prompts = []
     for line in text.splitlines():
         line = line.strip()
@@ -386,7 +390,7 @@ def verdict(steps: list[Step], slo: dict[str, float], knee: dict | None, goodput
             "headline": (f"Not saturated up to {last.load:g} {unit}: throughput {last.achieved_rps:.2f} req/s, TTFT "
                          f"p50 {_fmt_ms(first.ttft_p50)} -> {_fmt_ms(last.ttft_p50)}, queueing "
                          f"{100 * (q_share or 0):.0f}% of TTFT.") + at_slo,
-            "evidence": evidence, "remedy": "Sweep to a higher load (more steps or a larger --max-seconds)."}
+            "evidence": evidence, "remedy": "Sweep to a higher load: more steps, or a larger time budget."}
 
 
 def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = None, *, prompt_tokens: int = 128,

