@@ -7,6 +7,7 @@ import streamlit as st
 
 from core import store
 from diagnostics.report import markdown_safe
+from views.common import sweep as sweep_view
 
 ss = st.session_state
 st.title("History")
@@ -87,10 +88,14 @@ def show(run, col):
     col.text(run.title)
     if run.error:
         col.warning(markdown_safe(run.error))
+    if run.kind == "sweep" and run.payload and len(chosen) == 1:  # reopened in the view that drew it
+        with col.container():
+            sweep_view.show(run.payload, f"hist_sweep_{run.id}")
     col.caption("Summary")
     col.json(run.summary or {}, expanded=True)
     text = json.dumps(run.payload, indent=1, ensure_ascii=False)
-    with col.expander(f"Payload ({len(text) / 1024:,.1f} KiB of JSON)", expanded=len(chosen) == 1):
+    opened = len(chosen) == 1 and run.kind != "sweep"  # a sweep is shown in its own view above
+    with col.expander(f"Payload ({len(text) / 1024:,.1f} KiB of JSON)", expanded=opened):
         if len(text) <= 500_000:
             st.json(run.payload, expanded=2)
         else:
@@ -114,6 +119,8 @@ elif len(full) == 2:
                      | {"change %": st.column_config.NumberColumn(format="%+.1f %%")})
     else:
         st.caption("The two summaries share no numeric fields.")
+    if all(r.kind == "sweep" and r.payload for r in full):
+        sweep_view.show_comparison(full[0].payload, full[1].payload, (f"#{full[0].id} (A)", f"#{full[1].id} (B)"))
     cols = st.columns(2)
     for run, col in zip(full, cols):
         show(run, col)

@@ -148,3 +148,30 @@ def test_a_large_payload_is_shown_as_text_not_a_tree(db):
     at = pick(page(), rid)
     assert any("Large payload" in c.value for c in at.caption)
     assert at.code and len(at.code[0].value) <= 500_000
+
+
+def _sweep_payload(goodput: float, kind: str = "capacity-bound") -> dict:
+    """A saved sweep as core.deployment.sweep writes it (SweepResult.to_dict()), two steps."""
+    from tests.unit.test_sweep import step
+
+    from core.deployment.sweep import SweepResult
+
+    res = SweepResult("http://127.0.0.1:8000", "gemma-3-270m", "concurrency", 128, 32, None, {"ttft_p99": 2.0}, 120,
+                      steps=[step(1, 1.0, 0.1), step(2, 1.8, 0.9, queue=0.8)], knee={"load": 1, "rps": 1.0,
+                                                                                     "how": "by hand"},
+                      goodput={"rps": goodput, "step": 1, "load": 2}, wall_s=12.0,
+                      verdict={"kind": kind, "headline": f"{kind.capitalize()}: <b>numbers</b>", "remedy": "r"})
+    return res.to_dict()
+
+
+def test_a_saved_sweep_reopens_in_its_own_view_and_two_compare(db):
+    a = db.save_run("sweep", "Sweep one", _sweep_payload(1.5), {"goodput_rps": 1.5})
+    b = db.save_run("sweep", "Sweep two", _sweep_payload(2.07, "decode-bound"), {"goodput_rps": 2.07})
+    at = pick(page(), a)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Knee"] == "1 clients" and metrics["Goodput"] == "1.50 req/s"
+    assert any(r"Capacity\-bound\: \<b\>numbers" in w.value for w in at.warning)  # escaped, never HTML
+    assert len(at.get("plotly_chart")) == 3
+    at = pick(at, a, b)
+    table = next(d.value for d in at.dataframe if "goodput (req/s)" in list(d.value.iloc[:, 0]))
+    assert round(float(table["change %"][0])) == 38  # goodput +38%
