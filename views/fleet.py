@@ -65,12 +65,15 @@ m[2].metric("Outliers", sum(bool(r.outliers) for r in snap.replicas))
 m[3].metric("Median TTFT p99", fmt_s(snap.fleet_median.get("ttft_p99_s")))
 m[4].metric("Median ITL p99", fmt_s(snap.fleet_median.get("itl_p99_s")))
 for note in snap.notes:
-    st.caption(markdown_literal(note))
+    (st.warning if note.startswith("Warning") else st.caption)(markdown_literal(note))
 
+HELP = {h: st.column_config.TextColumn(h, help=text) for h, text in table.HELP.items()}
 st.subheader("Replicas, worst first")
-st.dataframe(pd.DataFrame(table.rows(snap)), hide_index=True, width="stretch")
+st.dataframe(pd.DataFrame(table.rows(snap)), hide_index=True, width="stretch", column_config=HELP)
 st.caption("▲ marks a value far above the fleet median (median and MAD, robust to a few bad replicas), with its ratio "
-           "to the median. N/A: no series for that column in this Prometheus.")
+           "to the median. N/A: no series for that column in this Prometheus (never read as 0). TTFT p99 shows the "
+           "histogram bucket it was interpolated in; queue, prefill and decode are exact means (_sum / _count) with "
+           "their share of the end-to-end latency; queue/TTFT is the share of the time to first token spent waiting.")
 with st.expander("PromQL behind the table"):
     st.code("\n".join(f"# {k}\n{v}" for k, v in snap.promql.items()), language="promql")
 
@@ -112,7 +115,7 @@ if r is not None:
     st.caption(markdown_literal(f"{snap.replica_label}={r.name} · targets {', '.join(r.instances) or 'N/A'} · "
                                 f"state {table.state(r)}" + (f" · last error: {r.last_error}" if r.last_error else "")))
     st.dataframe(pd.DataFrame([row for row in table.rows(snap) if row[snap.replica_label] == pick]), hide_index=True,
-                 width="stretch")
+                 width="stretch", column_config=HELP)
     cc = st.columns(2)
     for i, key in enumerate(("ttft_p99_s", "running")):
         with cc[i]:

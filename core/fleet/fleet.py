@@ -1,20 +1,24 @@
 """One refresh of the fleet view: discover the replicas, run every column's query once, join and rank them.
 
-A refresh sends a fixed number of requests whatever the fleet's size (about 25: discovery, one per column, the
-targets list); they run in parallel. The result is plain data (FleetSnapshot) that the fleet checks, the page, the
-CLI and History all read.
+A refresh sends a fixed number of requests whatever the fleet's size (about 35: discovery, one per column, the
+targets list); they run in parallel. Every target of the vLLM scrape jobs is a replica, also one that never
+exported a series (down since Prometheus started: a crash-looping new pod). Means are exact (rate of _sum over rate
+of _count); a quantile is interpolated inside its bucket, whose bounds are kept beside it. The result is plain data
+(FleetSnapshot) that the fleet checks, the page, the CLI and History all read.
 """
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.fleet.prom import Cost, PromError, Prometheus
-from core.fleet.promql import HOST, Builder, Names, REPLICA_LABELS, discovery_query, host_of, parse_window
-from core.fleet.selector import check_label_name, parse_selector, render
+from core.fleet.promql import (ANATOMY, HISTOGRAMS, HOST, PREFIXES, Builder, Names, REPLICA_LABELS, discovery_query,
+                               first_seen_step_s, host_of, parse_window)
+from core.fleet.selector import Matcher, check_label_name, parse_selector, render
 from core.stats import mad, median, robust_z
 
 OUTLIER_Z = 3.5  # robust z beyond which a replica is marked (Iglewicz and Hoaglin's usual cut-off)
@@ -38,6 +42,9 @@ class Replica:
     gpu: dict[str, float | None] = field(default_factory=dict)  # the GPU columns of its host or pod
     # column -> robust z for the columns it stands out in; None where the others agree exactly (MAD 0)
     outliers: dict[str, float | None] = field(default_factory=dict)
+    # quantile column -> [lower, upper] seconds of the bucket it fell in (upper None: +Inf); the quantile is
+    # interpolated anywhere inside it (a p99 of 74 s from the 40-80 s bucket may be a slowest request of 42 s)
+    buckets: dict[str, list[float | None]] = field(default_factory=dict)
 
     def value(self, col: str) -> float | None:
         return self.values.get(col, self.gpu.get(col))
@@ -61,6 +68,16 @@ class FleetSnapshot:
     cost: Cost
     elapsed_s: float
     notes: list[str] = field(default_factory=list)
+    gpu_keys: list[str] = field(default_factory=list)  # hosts (or pods) that have GPU series, whatever the replicas
+    asked_replica_label: str = ""  # the label asked for, where none of the series carried it (replica_label: used)
+
+    def younger_than_window(self, r: Replica) -> float | None:
+        """Seconds since the replica's first sample, where that was inside the window (else None): its rates are
+        averaged over a window it was not there for the whole of."""
+        first = r.values.get("first_seen_t")
+        if first is None or first <= self.t - self.window_s + 2 * first_seen_step_s(self.window_s):
+            return None
+        return max(0.0, self.t - first)
 
     def to_dict(self) -> dict[str, Any]:
         """For History and --json; holds no credentials (the client never puts them in the snapshot)."""
@@ -88,6 +105,38 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
         raise NoVllmSeries(f"Prometheus at {prom.base_url} has no vLLM series{where} (looked for vllm:*, vllm_* and "
                            "ray_vllm_* names of num_requests_running). Check the selector, and that Prometheus "
                            "scrapes the vLLM servers' /metrics (Status > Targets in its UI).")
+    results, targets, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now)
+    notes, asked = [], ""
+    members = results.get("members", [])
+    if label != "instance" and members and not any(s.labels.get(label) for s in members):
+        # Grouping by an absent label merges the whole fleet into one unnamed row; instance always exists.
+        asked, label = label, "instance"
+        notes.append(f"Warning: no vLLM series under this selector carries the label {asked!r}, so replicas are named "
+                     f"by instance instead. On Kubernetes, {asked!r} comes from a relabel rule in the scrape config "
+                     "(e.g. __meta_kubernetes_pod_name -> pod); check the labels on the series in Prometheus.")
+        results, targets, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now)
+    replicas = _join(results, label, gpu_key, targets, matchers, time.time())  # the targets API tells only of now
+    gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
+                                                                                         "dram_bw_pct")) else ""
+    med = rank(replicas)
+    if label not in REPLICA_LABELS:
+        notes.append(f"Replica label {label!r} is not one of the usual {', '.join(REPLICA_LABELS)}.")
+    unlabelled = sorted({s.labels.get("instance", "?") for s in results.get("members", []) if not s.labels.get(label)})
+    if unlabelled:
+        notes.append(f"Warning: the series of {', '.join(unlabelled[:10])} have no {label!r} label; they are merged "
+                     "into one row with an empty name.")
+    notes += _missing_notes(names, replicas)
+    gpu_keys = sorted({s.labels.get(gpu_key, "") for c in ("gpu_util_pct", "dram_bw_pct")
+                       for s in results.get(f"gpu:{c}", [])})
+    snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
+                         dict(queries), dict(names.by_column), gpu_source,
+                         _no_stats(targets, replicas), med, version, Cost(), 0.0, notes, gpu_keys, asked)
+    snap.cost = prom.cost.minus(cost0)
+    snap.elapsed_s = time.perf_counter() - t0
+    return snap
+
+
+def _query_all(prom: Prometheus, matchers: tuple[Matcher, ...], label: str, window: str, names: Names, now: float):
     b = Builder(matchers, label, window, names)
     queries = b.replica_columns()
     gpu_key = "pod" if label == "pod" else HOST
@@ -99,21 +148,26 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
         results = {col: f.result() for col, f in futures.items()}
         targets = targets_f.result()
         version = build_f.result()
-    replicas = _join(results, label, gpu_key, targets, time.time())  # the targets API tells only of now
-    gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
-                                                                                         "dram_bw_pct")) else ""
-    med = rank(replicas)
+    return results, targets, version, queries, gpu_key
+
+
+def _missing_notes(names: Names, replicas: list[Replica]) -> list[str]:
+    """Which anatomy series this Prometheus (or a replica) lacks: their columns read N/A, which must not pass for 0."""
+    native = PREFIXES[0]
+    missing = [native + HISTOGRAMS[c][0] for c in ANATOMY if not names.get(c)]
+    if not names.get("waiting_by_reason"):
+        missing.append(native + "num_requests_waiting_by_reason")
     notes = []
-    if label not in REPLICA_LABELS:
-        notes.append(f"Replica label {label!r} is not one of the usual {', '.join(REPLICA_LABELS)}.")
-    if any(not r.instances for r in replicas):
-        notes.append(f"Some series have no {label!r} label; they are grouped under an empty name.")
-    snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
-                         dict(queries), dict(names.by_column), gpu_source,
-                         _no_stats(targets, replicas), med, version, Cost(), 0.0, notes)
-    snap.cost = prom.cost.minus(cost0)
-    snap.elapsed_s = time.perf_counter() - t0
-    return snap
+    if missing:
+        notes.append(f"No {', '.join(missing)} series under this selector (per-phase histograms came with vLLM 0.6's "
+                     "v1 metrics, waiting_by_reason with 0.11): those columns are N/A, unknown rather than 0.")
+    if names.get("queue"):
+        old = [r.name for r in replicas if r.values.get("ttft_mean_s") is not None
+               and r.values.get("queue_mean_s") is None]
+        if old:
+            notes.append(f"{', '.join(old[:10])} finished requests but export no {names.get('queue')} (an older "
+                         "vLLM?): their queue, prefill and decode columns are N/A, not 0.")
+    return notes
 
 
 def rank(replicas: list[Replica]) -> dict[str, float | None]:
@@ -142,7 +196,8 @@ def _version(prom: Prometheus) -> str:
         return "unknown"
 
 
-def _join(results: dict, label: str, gpu_key: str, targets: list[dict], now: float) -> list[Replica]:
+def _join(results: dict, label: str, gpu_key: str, targets: list[dict], matchers: tuple[Matcher, ...],
+          now: float) -> list[Replica]:
     by_instance = {t.get("labels", {}).get("instance"): t for t in targets}
     rows: dict[str, Replica] = {}
     for s in results.get("members", []):
@@ -150,16 +205,25 @@ def _join(results: dict, label: str, gpu_key: str, targets: list[dict], now: flo
         r = rows.setdefault(name, Replica(name, [], None))
         if "instance" in s.labels and s.labels["instance"] not in r.instances:
             r.instances.append(s.labels["instance"])
+    for t in _silent_targets(targets, rows, matchers):
+        lab = t["labels"]
+        name = lab.get(label) or lab.get("instance", "")
+        rows.setdefault(name, Replica(name, [], None)).instances.append(lab.get("instance", ""))
     for col, samples in results.items():
-        if col == "members" or col.startswith("gpu:"):
+        if col in ("members", "ttft_bounds") or col.startswith("gpu:"):
             continue
         for s in samples:
             if (r := rows.get(s.labels.get(label, ""))) is not None:
                 r.values[col] = s.value
     gpu = {col[4:]: {s.labels.get(gpu_key, ""): s.value for s in samples}
            for col, samples in results.items() if col.startswith("gpu:")}
+    bounds: dict[str, list[float]] = {}
+    for s in results.get("ttft_bounds", []):
+        if "le" in s.labels:
+            bounds.setdefault(s.labels.get(label, ""), []).append(float(s.labels["le"]))
     for r in rows.values():
         _health(r, by_instance, now)
+        _derive(r, sorted(bounds.get(r.name, [])))
         keys = [r.name] if gpu_key == "pod" else sorted({host_of(i) for i in r.instances})
         for col, per_key in gpu.items():
             vals = [per_key[k] for k in keys if per_key.get(k) is not None]
@@ -167,13 +231,49 @@ def _join(results: dict, label: str, gpu_key: str, targets: list[dict], now: flo
     return sorted(rows.values(), key=lambda r: r.name)
 
 
+def _silent_targets(targets: list[dict], rows: dict[str, Replica], matchers: tuple[Matcher, ...]) -> list[dict]:
+    """Targets of the replicas' scrape jobs that are not up and gave no series in the window: down since Prometheus
+    started (a crash-looping new pod never exports one), or down for longer than the window. Matchers on labels the
+    target does not carry (model_name, engine: those come from the server's own page) cannot be judged and are
+    passed over."""
+    seen = {i for r in rows.values() for i in r.instances}
+    by_instance = {t.get("labels", {}).get("instance"): t for t in targets}
+    jobs = {by_instance[i].get("labels", {}).get("job") for i in seen if i in by_instance}
+    return [t for t in targets if (lab := t.get("labels", {})).get("job") in jobs and t.get("health") != "up"
+            and lab.get("instance") not in seen and all(m.matches(lab) for m in matchers if m.label in lab)]
+
+
+def _derive(r: Replica, bounds: list[float]) -> None:
+    """The shares (from the exact means) and the bucket the p99 TTFT fell in."""
+    v = r.values
+
+    def share(part: str, whole: str) -> None:
+        a, b = v.get(f"{part}_mean_s"), v.get(f"{whole}_mean_s")
+        if a is not None and b:
+            v[f"{part}_share_{whole}"] = a / b
+
+    share("queue", "ttft")
+    share("prefill", "ttft")
+    for phase in ANATOMY:
+        share(phase, "e2e")
+    p99 = v.get("ttft_p99_s")
+    if p99 is not None and bounds:
+        # histogram_quantile answers inside the first bucket whose count reaches the rank: the smallest bound at or
+        # above the answer is that bucket's top (its highest finite bound also stands for the +Inf bucket)
+        upper = next((le for le in bounds if le >= p99), math.inf)
+        lower = max((le for le in bounds if le < upper), default=0.0)
+        r.buckets["ttft_p99_s"] = [lower, None if upper == math.inf else upper]
+
+
 def _health(r: Replica, by_instance: dict, now: float) -> None:
     found = [by_instance[i] for i in r.instances if i in by_instance]
     if not found:
         return
-    r.up = all(t.get("health") == "up" for t in found)
+    health = [t.get("health") for t in found]
+    # "unknown": not scraped yet (a target Prometheus just discovered): neither up nor down
+    r.up = False if "down" in health else True if all(h == "up" for h in health) else None
     r.last_error = "; ".join(t.get("lastError", "") for t in found if t.get("lastError"))
-    ages = [now - _iso_to_unix(t["lastScrape"]) for t in found if t.get("lastScrape")]
+    ages = [now - ts for t in found if t.get("lastScrape") and (ts := _iso_to_unix(t["lastScrape"])) > 0]
     r.last_scrape_age_s = max(0.0, max(ages)) if ages else None
 
 

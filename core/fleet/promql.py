@@ -17,13 +17,20 @@ from core.fleet.selector import Matcher, quote, render
 PREFIXES = ("vllm:", "vllm_", "ray_vllm_", "ray_vllm:")
 # column -> candidate base names (newest first); histograms are named without _bucket
 GAUGES = {"running": ("num_requests_running",), "waiting": ("num_requests_waiting",),
-          "kv": ("kv_cache_usage_perc", "gpu_cache_usage_perc")}
+          "kv": ("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+          "waiting_by_reason": ("num_requests_waiting_by_reason",)}  # vLLM >= 0.11
 COUNTERS = {"preemptions": ("num_preemptions_total",), "prompt_tokens": ("prompt_tokens_total",),
             "generation_tokens": ("generation_tokens_total",),
             "prefix_queries": ("prefix_cache_queries_total", "gpu_prefix_cache_queries_total"),
             "prefix_hits": ("prefix_cache_hits_total", "gpu_prefix_cache_hits_total")}
 HISTOGRAMS = {"ttft": ("time_to_first_token_seconds",),
-              "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds")}
+              "itl": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+              "e2e": ("e2e_request_latency_seconds",),
+              # a request's life from the engine's own timestamps (vLLM >= 0.6): core/telemetry/vllm_anatomy.py
+              "queue": ("request_queue_time_seconds",), "prefill": ("request_prefill_time_seconds",),
+              "decode": ("request_decode_time_seconds",)}
+QUANTILED = ("ttft", "itl")  # histograms with p50/p99 columns; every histogram gets an exact mean (_sum / _count)
+ANATOMY = ("queue", "prefill", "decode")  # core.telemetry.vllm_anatomy.PHASES, as Fleet columns
 REPLICA_LABELS = ("instance", "pod", "model_name", "engine")
 HOST = "host"  # the label the GPU queries group by: instance without its port
 
@@ -115,11 +122,36 @@ class Builder:
                 q[out] = self.rate(n.get(col))
         if n.get("prefix_hits") and n.get("prefix_queries"):
             q["prefix_hit_rate"] = f"{self.rate(n.get('prefix_hits'))} / {self.rate(n.get('prefix_queries'))}"
+        if n.get("waiting_by_reason"):
+            q["waiting_capacity"] = (f"sum by ({L}) "
+                                     f"({self.sel(n.get('waiting_by_reason'), Matcher('reason', '=', 'capacity'))})")
         for col in HISTOGRAMS:
-            if n.get(col):
+            if not n.get(col):
+                continue
+            q[f"{col}_mean_s"] = self.mean(n.get(col))
+            if col in QUANTILED:
                 for qn in (0.5, 0.99):
                     q[f"{col}_p{round(qn * 100)}_s"] = self.quantile(n.get(col), qn)
+        if n.get("ttft"):
+            # The bucket bounds per replica (a mixed-version fleet has more than one layout): which bucket each p99
+            # fell in is found from them, since histogram_quantile interpolates anywhere inside it.
+            q["ttft_bounds"] = f"count by ({_by(L, 'le')}) ({self.sel(n.get('ttft') + '_bucket')})"
+        if n.get("running"):
+            # when each replica's first sample in the window was: one younger than the window has rates averaged
+            # over time it did not exist. timestamp() inside a subquery finds it; the step bounds the error.
+            q["first_seen_t"] = (f"min by ({L}) (min_over_time(timestamp({self.sel(n.get('running'))})"
+                                 f"[{W}:{self.first_seen_step_s}s]))")
         return q
+
+    @property
+    def first_seen_step_s(self) -> int:
+        return first_seen_step_s(parse_window(self.window)[1])
+
+    def mean(self, name: str) -> str:
+        """Exact mean over the window: rate(_sum) / rate(_count) (rate()'s extrapolation cancels out). NaN, never
+        0, where no request finished in it."""
+        return (f"sum by ({self.label}) (rate({self.sel(name + '_sum')}[{self.window}])) / "
+                f"sum by ({self.label}) (rate({self.sel(name + '_count')}[{self.window}]))")
 
     def rate(self, name: str) -> str:
         return f"sum by ({self.label}) (rate({self.sel(name)}[{self.window}]))"
@@ -154,6 +186,11 @@ class Builder:
     def for_replica(self, value: str) -> "Builder":
         """The same queries narrowed to one replica (its label value escaped like any user text)."""
         return Builder(self.matchers + (Matcher(self.label, "=", value),), self.label, self.window, self.names)
+
+
+def first_seen_step_s(window_s: int) -> int:
+    """The subquery step of the first_seen_t column: 60 steps per window, so its cost does not grow with the window."""
+    return max(1, window_s // 60)
 
 
 def host_of(instance: str) -> str:

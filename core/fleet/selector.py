@@ -28,6 +28,13 @@ class Matcher:
     def promql(self) -> str:
         return f"{self.label}{self.op}{quote(self.value)}"
 
+    def matches(self, labels: dict[str, str]) -> bool:
+        """As Prometheus matches a series: an absent label reads as "", regexes are anchored."""
+        v = labels.get(self.label, "")
+        if self.op in ("=", "!="):
+            return (v == self.value) == (self.op == "=")
+        return bool(re.fullmatch(self.value, v)) == (self.op == "=~")
+
 
 def quote(value: str) -> str:
     """A PromQL double-quoted string holding exactly `value`."""

@@ -17,6 +17,8 @@ from core.fleet.selector import parse_selector
 RANGES = {"5m": 300, "15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 24 * 3600}
 POINTS = 240  # per series: enough for a smooth line, little enough for 1,000 replicas' answer
 CHARTABLE = {"ttft_p99_s": ("TTFT p99", "s"), "itl_p99_s": ("ITL p99", "s"), "ttft_p50_s": ("TTFT p50", "s"),
+             "ttft_mean_s": ("TTFT mean", "s"), "queue_mean_s": ("mean queue time", "s"),
+             "waiting_capacity": ("requests waiting for capacity", "requests"),
              "running": ("requests running", "requests"), "waiting": ("requests waiting", "requests"),
              "kv": ("KV cache usage", "fraction"), "preemptions_s": ("preemptions", "per s"),
              "generation_tok_s": ("generation tokens", "per s"), "prompt_tok_s": ("prompt tokens", "per s")}

@@ -1,7 +1,9 @@
 """The fleet table as rows of text, shared by the page and the CLI: one row per replica, worst first.
 
-A cell is "N/A" where the column's series is absent (no GPU exporter, no histogram observations in the window); an
-outlier's cell (median/MAD, see core/fleet/fleet.py) is marked "▲" with its ratio to the fleet median.
+A cell is "N/A" where the column's series is absent (no GPU exporter, no histogram observations in the window, an old
+vLLM without the per-phase histograms); an outlier's cell (median/MAD, see core/fleet/fleet.py) is marked "▲" with
+its ratio to the fleet median. The p99 TTFT carries the bucket it was interpolated in; queue, prefill and decode
+are exact means with their share of the mean end-to-end latency.
 """
 from __future__ import annotations
 
@@ -24,10 +26,16 @@ def _num(v: float | None, digits: int = 1) -> str:
 COLUMNS = (
     ("running", "running", lambda v: _num(v, 0)),
     ("waiting", "waiting", lambda v: _num(v, 0)),
+    ("waiting_capacity", "waiting (capacity)", lambda v: _num(v, 0)),
     ("kv", "KV cache", _pct),
     ("preemptions_s", "preempt/s", lambda v: _num(v, 2)),
+    ("ttft_mean_s", "TTFT mean", fmt_s),
     ("ttft_p50_s", "TTFT p50", fmt_s),
     ("ttft_p99_s", "TTFT p99", fmt_s),
+    ("queue_mean_s", "queue", fmt_s),
+    ("prefill_mean_s", "prefill", fmt_s),
+    ("decode_mean_s", "decode", fmt_s),
+    ("queue_share_ttft", "queue/TTFT", _pct),
     ("itl_p50_s", "ITL p50", fmt_s),
     ("itl_p99_s", "ITL p99", fmt_s),
     ("prompt_tok_s", "prompt tok/s", _num),
@@ -42,6 +50,36 @@ GPU_COLUMNS = (
     ("xid", "XID", lambda v: "N/A" if v is None else f"{v:.0f}"),
     ("clock_events", "clock events", lambda v: "N/A" if v is None else decode_throttle(int(v)) or "none"),
 )
+
+
+HELP = {
+    "TTFT mean": "Exact mean time to first token over the window: rate of _sum over rate of _count.",
+    "TTFT p99": "histogram_quantile over the window; in brackets the histogram bucket it fell in: the value is "
+                "interpolated anywhere inside it, so the slowest request may be far below it.",
+    "queue": "Mean time waiting to be scheduled (vllm:request_queue_time_seconds); in brackets its share of the mean "
+             "end-to-end latency.",
+    "prefill": "Mean time from scheduling to the first token (vllm:request_prefill_time_seconds); share of e2e.",
+    "decode": "Mean time from the first to the last token (vllm:request_decode_time_seconds); share of e2e.",
+    "queue/TTFT": "Mean queue time over mean TTFT: 50%+ with room in the KV cache is a capacity-bound replica.",
+    "waiting (capacity)": "vllm:num_requests_waiting_by_reason{reason=\"capacity\"}: requests waiting for a "
+                          "scheduling slot now.",
+}
+
+
+def _bucket(b: list | None) -> str:
+    if not b:
+        return ""
+    lo, hi = b
+    return f" ({lo:g}-{hi:g} s)" if hi is not None else f" (above {lo:g} s)"
+
+
+def _extra(r: Replica, key: str) -> str:
+    """What a cell carries beside its value: the p99's bucket, a phase's share of the end-to-end latency."""
+    if key == "ttft_p99_s":
+        return _bucket(r.buckets.get(key))
+    if key.endswith("_mean_s") and (share := r.values.get(key.replace("_mean_s", "_share_e2e"))) is not None:
+        return f" ({100 * share:.0f}% of e2e)"
+    return ""
 
 
 def state(r: Replica) -> str:
@@ -59,12 +97,17 @@ def worst_first(snap: FleetSnapshot) -> list[Replica]:
 def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, str]]:
     gpu = any(r.gpu.get("gpu_util_pct") is not None or r.gpu.get("dram_bw_pct") is not None
               for r in snap.replicas) if with_gpu is None else with_gpu
+    errors = any(r.last_error for r in snap.replicas)
     out = []
     for r in worst_first(snap):
         row = {snap.replica_label: r.name, "state": state(r),
                "last scrape": "N/A" if r.last_scrape_age_s is None else f"{r.last_scrape_age_s:.0f} s ago"}
+        if errors:
+            row["last error"] = r.last_error
         for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
             cell = fmt(r.value(key))
+            if r.value(key) is not None:
+                cell += _extra(r, key)
             med, v = snap.fleet_median.get(key), r.value(key)
             if key in r.outliers and med and v is not None:
                 cell += f" ▲{v / med:.1f}x"  # the ratio to the median reads better than a z-score

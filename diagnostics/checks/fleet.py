@@ -8,14 +8,21 @@ from __future__ import annotations
 from typing import Callable
 
 from core.fleet.fleet import FleetSnapshot, Replica
+from core.fleet.promql import host_of
+from core.fmt import fmt_s
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
+from core.telemetry.vllm_anatomy import KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, saturation_reason
 from diagnostics.checks.vllm import KV_FULL, KV_HIGH
 from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
 
 SLOW_RATIO = 2.0  # p99 latency at least this many times the fleet median, and a robust outlier: "much slower"
 IMBALANCE_RATIO = 3.0  # a replica with this many times (or 1/this) the median token rate: badly balanced
 SHOW = 10  # replicas named in a verdict; the evidence lists them all
+# Two replicas have no median to stand out from: one is compared with the other, and flagged only when the gap is
+# also large in absolute terms (vLLM's histogram buckets are 10-20 ms apart at the bottom, so 5 ms against 15 ms is
+# the buckets' resolution, not a slow replica).
+PAIR_MIN_DIFF_S = {"ttft_p99_s": 0.25, "itl_p99_s": 0.025}
 
 
 def _names(rows: list[Replica]) -> str:
@@ -96,11 +103,24 @@ def decide_kv_pressure(snap: FleetSnapshot) -> Outcome:
                   f"preemptions in the last {snap.window}.", evidence=ev)
 
 
+def _no_gpu_match(snap: FleetSnapshot, what: str, names: str, run: str) -> Outcome:
+    """Why a GPU check has nothing to judge: no GPU exporter at all (run one), or one that is scraped but whose
+    hosts (or pods) are not the replicas' (running another would not help)."""
+    if not snap.gpu_keys:
+        return skip(f"{what}: no {names} series in this Prometheus ({run}, and let Prometheus scrape it)")
+    key = "pod" if snap.replica_label == "pod" else "host"
+    mine = sorted({r.name if key == "pod" else host_of(i) for r in snap.replicas for i in (r.instances or [r.name])})
+    return skip(f"{what}: {snap.gpu_source or 'a GPU exporter'} is scraped, but none of its {key}s "
+                f"({', '.join(snap.gpu_keys[:5])}) is a replica's ({', '.join(mine[:5])}). The GPU series are matched "
+                f"to replicas by {key}: relabel the exporter's instance (or the vLLM targets') to the same host name, "
+                "or use --replica-label pod where both carry pod")
+
+
 def decide_gpu_idle(snap: FleetSnapshot) -> Outcome:
     rows = [r for r in snap.replicas if r.gpu.get("gpu_util_pct") is not None]
     if not rows:
-        return skip("GPU utilization: no DCGM_FI_DEV_GPU_UTIL or triage_gpu_util_percent series on the replicas' "
-                    "hosts (run dcgm-exporter, or `python -m diagnostics exporter`, and let Prometheus scrape it)")
+        return _no_gpu_match(snap, "GPU utilization", "DCGM_FI_DEV_GPU_UTIL or triage_gpu_util_percent",
+                             "run dcgm-exporter, or `python -m diagnostics exporter`")
     busy = [r for r in rows if (r.values.get("running_avg") or 0) > 0]
     if not busy:
         return skip(f"load: no replica with GPU series had requests running in the last {snap.window}")
@@ -117,8 +137,8 @@ def decide_gpu_idle(snap: FleetSnapshot) -> Outcome:
 def decide_bandwidth(snap: FleetSnapshot) -> Outcome:
     rows = [r for r in snap.replicas if r.gpu.get("dram_bw_pct") is not None]
     if not rows:
-        return skip("DRAM bandwidth: no DCGM_FI_PROF_DRAM_ACTIVE or triage_gpu_dram_bw_util_percent series on the "
-                    "replicas' hosts (dcgm-exporter with profiling metrics, or the console's exporter on Hopper+)")
+        return _no_gpu_match(snap, "DRAM bandwidth", "DCGM_FI_PROF_DRAM_ACTIVE or triage_gpu_dram_bw_util_percent",
+                             "dcgm-exporter with profiling metrics, or the console's exporter on Hopper+")
     peak = ASSUMED_ACHIEVABLE_DRAM_BW_PCT  # GPU models are not known from these series; the H200's pure copy
     bound = [r for r in rows if r.gpu["dram_bw_pct"] > BW_BOUND_SHARE * peak]
     likely = [r for r in rows if BW_LIKELY_SHARE * peak < r.gpu["dram_bw_pct"] <= BW_BOUND_SHARE * peak]
@@ -138,9 +158,11 @@ def decide_bandwidth(snap: FleetSnapshot) -> Outcome:
 def decide_slow(snap: FleetSnapshot) -> Outcome:
     cols = ("ttft_p99_s", "itl_p99_s")
     rows = [r for r in snap.replicas if any(r.values.get(c) is not None for c in cols)]
+    if len(rows) == 2:
+        return _decide_pair(snap, rows, cols)
     if len(rows) < 3:
         return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in the last "
-                    f"{snap.window}; comparing against a median needs 3")
+                    f"{snap.window}; comparing needs 2")
 
     def much_slower(r: Replica, col: str) -> bool:
         med = snap.fleet_median.get(col)
@@ -153,9 +175,37 @@ def decide_slow(snap: FleetSnapshot) -> Outcome:
         slow, fail, found=f"{_names(slow)} {'is' if len(slow) == 1 else 'are'} much slower than the rest of the "
                           f"fleet (p99 TTFT or inter-token latency {SLOW_RATIO:g}x+ the fleet median, a robust "
                           "outlier).",
-        remedy="Drill into that replica: its KV cache and preemptions, its GPU (util, bandwidth, clock events, XID), "
-               "and what else runs on its host. Same flags and model everywhere?",
+        remedy=SLOW_REMEDY,
         clean=f"No replica's p99 TTFT or inter-token latency stands out from the fleet median ({len(rows)} replicas).",
+        evidence=ev)
+
+
+SLOW_REMEDY = ("Drill into that replica: its KV cache and preemptions, its queue time (fleet.saturation), its GPU "
+               "(util, bandwidth, clock events, XID), and what else runs on its host. Same flags and model everywhere?")
+
+
+def _decide_pair(snap: FleetSnapshot, rows: list[Replica], cols: tuple[str, ...]) -> Outcome:
+    """Two replicas: no median to stand out from, so one against the other."""
+    gaps = []
+    for c in cols:
+        a, b = (r.values.get(c) for r in rows)
+        if a is None or b is None:
+            continue
+        slow, fast = (rows[0], rows[1]) if a >= b else (rows[1], rows[0])
+        hi, lo = max(a, b), min(a, b)
+        if hi - lo >= PAIR_MIN_DIFF_S[c] and (lo <= 0 or hi / lo >= SLOW_RATIO):
+            ratio = f"{hi / lo:.1f}x" if lo > 0 else "more than"
+            gaps.append((slow, f"{slow.name}'s p99 {'TTFT' if c.startswith('ttft') else 'inter-token latency'} "
+                               f"{fmt_s(hi)} is {ratio} {fast.name}'s {fmt_s(lo)}"))
+    ev = _evidence(snap, rows, cols)
+    ev["compared"] = "the two replicas with each other (no fleet median with 2)"
+    ev["min_difference_s"] = dict(PAIR_MIN_DIFF_S)
+    slow = list({id(r): r for r, _ in gaps}.values())
+    return _verdict(
+        slow, fail, found="Of the two replicas, one is much slower: " + "; ".join(g for _, g in gaps) + ".",
+        remedy=SLOW_REMEDY,
+        clean=f"The two replicas' p99 TTFT and inter-token latency are within {SLOW_RATIO:g}x of each other (or "
+              "closer than " + ", ".join(f"{fmt_s(v)} for {k}" for k, v in PAIR_MIN_DIFF_S.items()) + ").",
         evidence=ev)
 
 
@@ -169,19 +219,67 @@ def decide_imbalance(snap: FleetSnapshot) -> Outcome:
         return skip(f"load: the median replica processed no tokens in the last {snap.window}")
     odd = [r for r in snap.replicas if r.name in rate and
            (rate[r.name] > IMBALANCE_RATIO * med or rate[r.name] < med / IMBALANCE_RATIO)]
-    ev = _evidence(snap, odd, ("prompt_tok_s", "generation_tok_s"))
+    ev = _evidence(snap, odd, ("prompt_tok_s", "generation_tok_s", "first_seen_t"),
+                   "prompt_tok_s", "generation_tok_s", "first_seen_t")
     ev["fleet median tokens_s"] = round(med, 3)
+
+    def how(r: Replica) -> str:
+        ratio = rate[r.name] / med
+        way = f"{ratio:.1f}x the median (above)" if ratio > 1 else (
+            f"{ratio:.2f}x the median (below: {rate[r.name]:.1f} tokens/s)" if ratio > 0 else "no tokens (below)")
+        age = snap.younger_than_window(r)
+        if age is not None:
+            way += (f"; its first sample is {age:.0f} s old, inside the {snap.window} window (a new replica, or "
+                    "Prometheus started then), so its rate is averaged over time it was not there and reads low")
+            ev[f"{r.name} age_s"] = round(age, 1)
+        return f"{r.name} {way}"
+
+    found = "; ".join(how(r) for r in odd[:SHOW]) + (f"; and {len(odd) - SHOW} more" if len(odd) > SHOW else "")
+    young_only = odd and all(snap.younger_than_window(r) is not None and rate[r.name] < med for r in odd)
     return _verdict(
-        odd, warn, found=f"Load is badly balanced: {_names(odd)} process{'es' if len(odd) == 1 else ''} more than "
-                         f"{IMBALANCE_RATIO:g}x (or under 1/{IMBALANCE_RATIO:g}) the median {med:.1f} tokens/s.",
-        remedy="Check the load balancer's policy and health checks (a replica kept out, or sticky sessions piling "
-               "onto one), and whether every replica serves the same models.",
+        odd, warn, found=f"Load is badly balanced (beyond {IMBALANCE_RATIO:g}x or 1/{IMBALANCE_RATIO:g} of the median "
+                         f"{med:.1f} tokens/s): {found}.",
+        remedy=("Wait a window and look again: a replica younger than the window reads low until it has run for a "
+                "whole one." if young_only else
+                "Check the load balancer's policy and health checks (a replica kept out, or sticky sessions piling "
+                "onto one), and whether every replica serves the same models."),
         clean=f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({med:.1f} tokens/s) on all {len(rate)} "
               "replicas up.", evidence=ev)
 
 
+def decide_saturation(snap: FleetSnapshot) -> Outcome:
+    rows = [r for r in snap.replicas if r.values.get("queue_share_ttft") is not None]
+    if not rows:
+        if not snap.names.get("queue"):
+            return skip("queueing: no vllm:request_queue_time_seconds series under this selector (vLLM before 0.6 "
+                        "has no per-phase histograms); the share of TTFT spent queueing is unknown")
+        return skip(f"queueing: no replica finished a request in the last {snap.window}")
+    flagged: dict[str, str] = {}
+    for r in rows:
+        kv = r.values.get("kv_peak", r.values.get("kv"))
+        why = saturation_reason(r.values["queue_share_ttft"], r.values.get("waiting_capacity"), kv)
+        if why:
+            flagged[r.name] = (f"{r.name}: mean queue time {fmt_s(r.values.get('queue_mean_s'))} of "
+                               f"{fmt_s(r.values.get('ttft_mean_s'))} mean TTFT; {why}")
+    bad = [r for r in rows if r.name in flagged]
+    cols = ("queue_mean_s", "ttft_mean_s", "queue_share_ttft", "waiting_capacity", "kv_peak")
+    ev = _evidence(snap, bad or rows, cols)
+    ev.update(queue_share_saturated=QUEUE_SHARE_SATURATED, kv_room=KV_ROOM)
+    top = max(rows, key=lambda r: r.values["queue_share_ttft"])
+    return _verdict(
+        bad, fail, found="Capacity-bound (requests wait for a slot while the KV cache has room): "
+                         + " | ".join(flagged[r.name] for r in bad[:SHOW])
+                         + (f" | and {len(bad) - SHOW} more" if len(bad) > SHOW else ""),
+        remedy=SATURATION_REMEDY,
+        clean=f"Queueing under {100 * QUEUE_SHARE_SATURATED:.0f}% of the mean TTFT on all {len(rows)} replicas with "
+              f"requests in the last {snap.window} (highest: {top.name}, "
+              f"{100 * top.values['queue_share_ttft']:.0f}%).", evidence=ev)
+
+
 def decide_xid(snap: FleetSnapshot) -> Outcome:
     if not any("xid" in r.gpu for r in snap.replicas) or all(r.gpu.get("xid") is None for r in snap.replicas):
+        if snap.gpu_source == "dcgm-exporter":
+            return _no_gpu_match(snap, "XID errors", "DCGM_FI_DEV_XID_ERRORS", "run dcgm-exporter")
         return skip("XID errors: no DCGM_FI_DEV_XID_ERRORS series (dcgm-exporter) on the replicas' hosts")
     bad = [r for r in snap.replicas if (r.gpu.get("xid") or 0) > 0]
     ev = _evidence(snap, bad, ("xid",), "gpu:xid")
@@ -211,5 +309,9 @@ CHECKS = (
     Check("fleet.load_imbalance", "Load badly balanced", Severity.MEDIUM,
           f"a replica's tokens/s above {IMBALANCE_RATIO:g}x or below 1/{IMBALANCE_RATIO:g} of the median",
           decide_imbalance),
+    Check("fleet.saturation", "Requests queue for capacity", Severity.HIGH,
+          f"mean queue time (rate of _sum over _count) {100 * QUEUE_SHARE_SATURATED:.0f}%+ of the mean TTFT while the "
+          f"KV cache stays under {100 * KV_ROOM:.0f}%, per replica, with requests waiting for capacity",
+          decide_saturation),
     Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
 )

@@ -13,7 +13,8 @@ def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--selector", default="", metavar="SEL", help='label matchers narrowing the fleet, e.g. '
                    '\'{namespace="prod"}\'')
     p.add_argument("--replica-label", default="instance", metavar="LABEL",
-                   help="label that names a replica: instance (default), pod, model_name or engine")
+                   help="label that names a replica: instance (default), pod, model_name or engine; where no vLLM "
+                        "series carries it, replicas are named by instance and a warning says so")
     p.add_argument("--window", default="5m", help="rate and quantile window, 10s to 24h (default 5m)")
 
 
@@ -36,6 +37,9 @@ def print_run(fleet_run, as_json: bool) -> None:
         print(json.dumps(fleet_run.to_dict(), indent=2, default=str))
         return
     print(table.header_line(fleet_run.snapshot))
+    for note in fleet_run.snapshot.notes:
+        if note.startswith("Warning"):  # above the table it describes (e.g. the replica label that is absent)
+            print(note)
     print(table.as_text(fleet_run.snapshot))
     print()
     print(to_text(fleet_run.result))

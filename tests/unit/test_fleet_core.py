@@ -8,11 +8,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from core.errors import InputError
-from core.fleet.fleet import FleetSnapshot, Replica, rank
+from core.fleet.fleet import FleetSnapshot, Replica, _join, _missing_notes, rank
+from core.fleet.prom import Sample
 from core.fleet.prom import Cost, Prometheus, auth_from_env
 from core.fleet.promql import Builder, Names, discovery_query, host_of, parse_window
 from core.fleet.selector import Matcher, parse_selector, quote, render
 from core.fleet.table import as_text, rows
+from core.fleet.table import rows as rows_of
 from core.telemetry.exporter import TelemetryCollector, reasons_to_mask, registry
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource, decode_throttle
@@ -63,6 +65,7 @@ def test_queries_are_one_per_column_aggregated_by_the_replica_label():
     assert q["ttft_p99_s"] == ('histogram_quantile(0.99, sum by (le, pod) (rate({__name__="vllm:time_to_first_token_'
                                'seconds_bucket",namespace="a\\"b"}[5m])))')
     assert all(re.search(r"by \([^)]*\bpod\b", v) for v in q.values())
+    assert q["ttft_bounds"].startswith("count by (pod, le) (")  # each replica's own bucket layout
     assert "prompt_tok_s" not in q and "preemptions_s" in q
     assert b.for_replica('x"y').matchers[-1] == Matcher("pod", "=", 'x"y')
     assert 'namespace="a\\"b"' in discovery_query(b.matchers)
@@ -120,7 +123,104 @@ def test_fleet_checks_on_a_healthy_fleet_without_gpus():
     found = {f.check_id: f.status.value for f in evaluate(_snap([_replica(f"r{i}") for i in range(4)]), CHECKS)}
     assert found == {"fleet.replica_down": "PASS", "vllm.metrics_off": "PASS", "vllm.kv_pressure": "PASS",
                      "gpu.idle": "SKIP", "gpu.bandwidth_bound": "SKIP", "fleet.slow_replica": "PASS",
-                     "fleet.load_imbalance": "PASS", "fleet.xid": "SKIP"}
+                     "fleet.load_imbalance": "PASS", "fleet.saturation": "SKIP", "fleet.xid": "SKIP"}
+
+
+def test_anatomy_queries_are_exact_means_one_per_column_in_every_name_form():
+    names = Names.resolve({"ray_vllm_num_requests_running", "ray_vllm_request_queue_time_seconds_count",
+                           "ray_vllm_time_to_first_token_seconds_count", "ray_vllm_e2e_request_latency_seconds_count",
+                           "ray_vllm_num_requests_waiting_by_reason"})
+    assert names.get("queue") == "ray_vllm_request_queue_time_seconds" and names.get("prefill") is None
+    q = Builder((), "instance", "5m", names).replica_columns()
+    name = "ray_vllm_request_queue_time_seconds"
+    assert q["queue_mean_s"] == (f'sum by (instance) (rate({{__name__="{name}_sum"}}[5m])) '
+                                 f'/ sum by (instance) (rate({{__name__="{name}_count"}}[5m]))')
+    assert 'reason="capacity"' in q["waiting_capacity"] and "ttft_mean_s" in q and "e2e_mean_s" in q
+    assert "prefill_mean_s" not in q and "queue_p99_s" not in q  # absent series: no column, never a 0
+    assert "[5m:5s]" in q["first_seen_t"]
+    notes = " ".join(_missing_notes(names, []))
+    assert "vllm:request_prefill_time_seconds" in notes and "vllm:request_decode_time_seconds" in notes
+    assert "request_queue_time_seconds" not in notes and "N/A" in notes
+
+
+def _results(**cols):
+    return {c: [Sample(dict(labels), v) for labels, v in rows] for c, rows in cols.items()}
+
+
+def _target(instance, health="up", job="vllm", error="", **labels):
+    return {"labels": {"instance": instance, "job": job, **labels}, "health": health, "lastError": error,
+            "lastScrape": "2026-12-01T17:05:01.123456789Z" if health != "unknown" else "0001-01-01T00:00:00Z"}
+
+
+def test_join_adds_the_target_that_never_exported_a_series_and_derives_shares_and_the_p99_bucket():
+    a, b = {"instance": "a:8000"}, {"instance": "b:8000"}
+    res = _results(members=[(a, 1)], ttft_mean_s=[(a, 2.0)], queue_mean_s=[(a, 1.84)], prefill_mean_s=[(a, 0.04)],
+                   decode_mean_s=[(a, 1.0)], e2e_mean_s=[(a, 4.0)], ttft_p99_s=[(a, 74.2)],
+                   ttft_bounds=[({"le": le, **a}, 1) for le in ("20", "40", "80", "+Inf")]
+                   + [({"le": le, **b}, 1) for le in ("50", "60")])  # another layout: not a's
+    targets = [_target("a:8000"), _target("b:8000", "down", error="connection refused", namespace="prod"),
+               _target("c:8000", "down", namespace="test"), _target("d:9400", "down", job="dcgm")]
+    matchers = parse_selector('{namespace="prod", model_name="m"}')  # model_name: not on targets, passed over
+    rows = {r.name: r for r in _join(res, "instance", "host", targets, matchers, 1.8e9)}
+    assert set(rows) == {"a:8000", "b:8000"}  # c: other namespace; d: not a vLLM job
+    assert rows["b:8000"].up is False and rows["b:8000"].last_error == "connection refused"
+    assert rows["b:8000"].values == {}  # N/A everywhere, never 0
+    v = rows["a:8000"].values
+    assert v["queue_share_ttft"] == pytest.approx(0.92) and v["prefill_share_ttft"] == pytest.approx(0.02)
+    assert v["queue_share_e2e"] == pytest.approx(0.46) and v["decode_share_e2e"] == pytest.approx(0.25)
+    assert rows["a:8000"].buckets["ttft_p99_s"] == [40.0, 80.0]
+    table = rows_of(_snap(list(rows.values())))
+    assert table[0]["state"] == "DOWN" and table[0]["last error"] == "connection refused"
+    a_row = table[1]
+    assert "40-80 s" in a_row["TTFT p99"] and a_row["TTFT mean"] == "2.00 s" and a_row["queue/TTFT"] == "92%"
+    assert a_row["prefill"].startswith("40.0 ms") and a_row["waiting (capacity)"] == "N/A"
+    unknown = _join(_results(members=[(a, 1)]), "instance", "host", [_target("a:8000"), _target("n:1", "unknown")],
+                    (), 1.8e9)
+    assert [r.up for r in unknown] == [True, None]  # not scraped yet: neither up nor down
+
+
+def _anatomy(name, share, waiting=3.0, kv=0.01, **kw):
+    return _replica(name, queue_mean_s=share * 2.0, ttft_mean_s=2.0, queue_share_ttft=share, waiting_capacity=waiting,
+                    kv_peak=kv, **kw)
+
+
+def test_saturation_flags_queueing_with_room_in_the_kv_cache_per_replica():
+    fleet = [_anatomy("r0", 0.05), _anatomy("r1", 0.1), _anatomy("queued", 0.92), _anatomy("full", 0.9, kv=0.97)]
+    snap = _snap(fleet, names={"queue": "vllm:request_queue_time_seconds"},
+                 promql={"queue_mean_s": "sum by (instance) (rate(x_sum[5m])) / sum by (instance) (rate(x_count[5m]))"})
+    f = {f.check_id: f for f in evaluate(snap, CHECKS)}["fleet.saturation"]
+    assert f.status.value == "FAIL" and "queued" in f.verdict and "full" not in f.verdict  # full: kv_pressure's case
+    assert "92%" in f.verdict and "3 request(s) waiting for capacity" in f.verdict and "--max-num-seqs" in f.remedy
+    assert "rate(x_sum[5m])" in f.evidence["promql"] and f.evidence["queued queue_share_ttft"] == 0.92
+    calm = _snap([_anatomy("r0", 0.05)], names={"queue": "vllm:request_queue_time_seconds"})
+    assert {f.check_id: f for f in evaluate(calm, CHECKS)}["fleet.saturation"].status.value == "PASS"
+    old = {f.check_id: f for f in evaluate(_snap([_replica("r0")]), CHECKS)}["fleet.saturation"]
+    assert old.status.value == "SKIP" and "vllm:request_queue_time_seconds" in old.verdict
+
+
+def test_two_replicas_are_compared_with_each_other():
+    f = {f.check_id: f for f in evaluate(_snap([_replica("a", 0.5), _replica("b", 8.5)]), CHECKS)}["fleet.slow_replica"]
+    assert f.status.value == "FAIL" and "b's p99 TTFT 8.50 s is 17.0x a's 500.0 ms" in f.verdict
+    close = _snap([_replica("a", 0.01), _replica("b", 0.05)])  # 5x, but 40 ms: the buckets' resolution
+    assert {f.check_id: f for f in evaluate(close, CHECKS)}["fleet.slow_replica"].status.value == "PASS"
+
+
+def test_load_imbalance_says_which_way_and_that_a_replica_is_younger_than_the_window():
+    fleet = [_replica(f"r{i}") for i in range(4)] + [_replica("hot", prompt_tok_s=1000.0),
+                                                      _replica("new", prompt_tok_s=5.0, generation_tok_s=5.0,
+                                                               first_seen_t=1000.0 - 40)]
+    f = {f.check_id: f for f in evaluate(_snap(fleet, t=1000.0), CHECKS)}["fleet.load_imbalance"]
+    assert f.status.value == "WARN" and "hot 7.0x the median (above)" in f.verdict
+    assert "new 0.07x the median (below" in f.verdict and "first sample is 40 s old, inside the 5m window" in f.verdict
+
+
+def test_gpu_checks_say_the_exporter_is_scraped_but_on_other_hosts():
+    snap = _snap([_replica("r0")], gpu_source="dcgm-exporter", gpu_keys=["10.0.0.9"])
+    found = {f.check_id: f for f in evaluate(snap, CHECKS)}
+    for cid in ("gpu.idle", "gpu.bandwidth_bound", "fleet.xid"):
+        assert found[cid].status.value == "SKIP" and "is scraped" in found[cid].verdict, found[cid].verdict
+        assert "10.0.0.9" in found[cid].verdict and "r0" in found[cid].verdict and "run dcgm" not in found[cid].verdict
+    assert "run dcgm-exporter" in {f.check_id: f for f in evaluate(_snap([_replica("r0")]), CHECKS)}["gpu.idle"].verdict
 
 
 def test_credentials_come_from_the_environment_and_are_never_shown():

@@ -145,9 +145,10 @@ def web_server():
 # --- one real Prometheus for the fleet tests ---------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def prom_stack(request):
-    """Prometheus (1 s scrapes) over the two real vLLM servers, a one-replica replay the tests may stop (job vllm),
-    ten replayed replicas with one slow (job replay), the console's own exporter (job exporter) and a dcgm-exporter
-    page for the host the real servers run on (job dcgm).
+    """Prometheus (1 s scrapes) over the two real vLLM servers, a one-replica replay the tests may stop and a target
+    that never answers (job vllm: a pod crash-looping since before Prometheus started), ten replayed replicas with
+    one slow (job replay), one replayed replica with queueing added (job queued), the console's own exporter (job
+    exporter) and a dcgm-exporter page for the host the real servers run on (job dcgm).
 
     A missing prometheus binary fails the tests, unless TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 says to skip them."""
     import subprocess
@@ -167,6 +168,12 @@ def prom_stack(request):
     main, second = request.getfixturevalue("vllm_servers")  # after the check: a missing binary fails at once
     doomed = promstack.ReplayServer(1)
     replay = promstack.ReplayServer(10, slow={3})
+    queued = promstack.ReplayServer(1, queued={0})
+    import socket
+
+    never_up = socket.socket()  # bound, never listening: each scrape is refused, and no port reuse can answer it
+    never_up.bind(("127.0.0.1", 0))
+    never_up_target = f"127.0.0.1:{never_up.getsockname()[1]}"
     dcgm = promstack.ReplayServer(1, page=promstack.DCGM_PAGE)  # on 127.0.0.1, the real servers' host
     exporter_port = free_port()
     exporter = subprocess.Popen([sys.executable, "-m", "diagnostics", "exporter", "--port", str(exporter_port)],
@@ -174,15 +181,19 @@ def prom_stack(request):
     addr = [u.split("//", 1)[1] for u in (main.base_url, second.base_url)]
     doomed_target, doomed_labels = doomed.targets()
     doomed_labels[0].pop("instance")  # keeps the address as instance, like the real servers of its job
-    jobs = [promstack.scrape_job("vllm", addr + doomed_target, 1.0, [{}, {}] + doomed_labels),
+    vllm_targets = addr + doomed_target + [never_up_target]
+    jobs = [promstack.scrape_job("vllm", vllm_targets, 1.0, [{}, {}] + doomed_labels + [{}]),
             promstack.scrape_job("replay", *replay.targets()[:1], 1.0, replay.targets()[1]),
+            promstack.scrape_job("queued", queued.targets("queued")[0], 1.0, queued.targets("queued")[1]),
             promstack.scrape_job("exporter", [f"127.0.0.1:{exporter_port}"], 1.0),
             promstack.scrape_job("dcgm", dcgm.targets()[0], 1.0, [{"__metrics_path__": "/r/0"}])]
     prom = promstack.PrometheusServer(jobs, REPO / "artifacts" / "prometheus.log")
     try:
         prom.start()
         stack = SimpleNamespace(prom=prom, url=prom.url, main=main, second=second, doomed=doomed, replay=replay,
-                                instances={"main": addr[0], "second": addr[1], "doomed": doomed_target[0]},
+                                queued=queued, instances={"main": addr[0], "second": addr[1],
+                                                          "doomed": doomed_target[0], "never_up": never_up_target,
+                                                          "queued": "queued-0000"},
                                 exporter_port=exporter_port)
         _wait_for_samples(prom.url, 'count_over_time(vllm:num_requests_running{job="replay"}[1m])', 3, 60)
         yield stack
@@ -191,6 +202,8 @@ def prom_stack(request):
         exporter.terminate()
         exporter.wait(10)
         replay.stop()
+        queued.stop()
+        never_up.close()
         doomed.stop()
         dcgm.stop()
 

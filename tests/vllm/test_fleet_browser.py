@@ -1,5 +1,6 @@
 """The Fleet page in headless Chromium against the session's real Prometheus: connect, see the table with the slow
-replica first, the fleet checklist, a chart, and the run in History; hostile selector text gives a message."""
+replica first, the anatomy columns, the fleet checklist (the queued replica saturated), a chart, and the run in
+History; hostile selector text gives a message."""
 
 import pytest
 
@@ -25,6 +26,9 @@ def test_fleet_page_in_the_browser(prom_stack, app_server, page, history_db):
     assert int(metric_value(page, "Replicas")) >= 11
     body = page.inner_text("body")
     assert "fleet.slow_replica" in body and "replica-0003" in body and "vllm.metrics_off" in body
+    # the replay with queueing added is flagged, and the target that never answered is counted down
+    assert "fleet.saturation" in body and "queued-0000" in body and "Capacity-bound" in body
+    assert int(metric_value(page, "Down")) >= 1
     screenshot(page, "flow-fleet")
     assert not errors_on(page)
     runs = history_db.list_runs("fleet")
