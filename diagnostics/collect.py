@@ -20,6 +20,7 @@ from core.errors import InputError
 from diagnostics.context import CheckContext, GpuWindow, Series
 
 SCRAPE_EVERY_S = 1.0
+LIVENESS_EVERY_S = 3.0  # a round sends a 1-token canary: often enough to time a stall, rare enough to cost nothing
 # Prometheus's default scrape_timeout. vLLM's API server answers /metrics from the same event loop that streams
 # tokens, so under load it answers late (over 3 s on a loaded 2-core CPU host), not never.
 SCRAPE_TIMEOUT_S = 10.0
@@ -102,14 +103,42 @@ class WindowCollector:
         self._t1_wall: float | None = None
         self._next_scrape = 0.0
         self._in_flight: threading.Thread | None = None
+        self.liveness: list[Any] = []
+        self.liveness_reason = "no vLLM URL given" if not vllm_url else "no liveness round finished in the window"
+        self._liveness_stop = threading.Event()
+        self._liveness_thread: threading.Thread | None = None
 
     def begin(self) -> None:
         self._t0_wall, self._t0_mono = time.time(), time.monotonic()
         self._next_scrape = self._t0_mono
+        if self.vllm_url:
+            self._liveness_thread = threading.Thread(target=self._liveness, name="vllm-liveness", daemon=True)
+            self._liveness_thread.start()
 
     def end(self) -> None:
         """Close the window: readings the sampler takes after this are not part of it."""
         self._t1_wall = time.time()
+        self._liveness_stop.set()
+        if self._liveness_thread is not None:
+            self._liveness_thread.join(FINAL_WAIT_S)  # a round in progress finishes (its canary times out first)
+
+    def _liveness(self) -> None:
+        from core.deployment.observe import Observer
+        from core.errors import TriageError
+
+        try:
+            observer = Observer(self.vllm_url)
+        except TriageError as exc:
+            self.liveness_reason = str(exc)
+            return
+        try:
+            while not self._liveness_stop.is_set():
+                obs = observer.observe()
+                if self._t1_wall is None:
+                    self.liveness.append(dataclasses.replace(obs, t=obs.t - self._t0_mono))
+                self._liveness_stop.wait(LIVENESS_EVERY_S)
+        finally:
+            observer.close()
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0_mono
@@ -200,6 +229,8 @@ class WindowCollector:
             vllm_error=self.last_error,
             vllm_scrapes=self.scrapes,
             vllm_slowest_answer_s=self.slowest_answer_s,
+            vllm_liveness=tuple(self.liveness),
+            vllm_liveness_reason=self.liveness_reason,
             **inputs,
         )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the context only carries these; importing them here would pull prometheus_client in
+    from core.deployment.liveness import Observation
     from core.telemetry.vllm_metrics import VllmSnapshot
     from diagnostics.flags import LintResult
 
@@ -73,6 +74,9 @@ class CheckContext:
     vllm_error: str | None = None  # the last scrape error, if any scrape failed
     vllm_scrapes: int = 0  # scrapes attempted
     vllm_slowest_answer_s: float | None = None  # the slowest /metrics answer: a busy API server answers late
+    # liveness rounds (/metrics, /health, canary, processes, GPU) over the window; empty with the reason why
+    vllm_liveness: tuple["Observation", ...] = ()
+    vllm_liveness_reason: str = "no liveness rounds taken"
     # What the user told us
     launch_cmd: str | None = None
     requested_precision: str | None = None  # given explicitly (--precision); else fp8.capability reads the launch cmd

@@ -109,6 +109,24 @@ def decide_kv_pressure(ctx: CheckContext) -> Outcome:
                   evidence=evidence, charts=tuple(charts))
 
 
+def decide_liveness(ctx: CheckContext) -> Outcome:
+    from core.deployment.liveness import DEGRADED, STALLED, classify
+
+    if not ctx.vllm_url:
+        return skip(NO_URL)
+    if not ctx.vllm_liveness:
+        return skip(f"liveness of {ctx.vllm_url}: {ctx.vllm_liveness_reason}")
+    rounds = list(ctx.vllm_liveness)
+    v = classify(rounds)
+    evidence = {"state": v.state, "kind": v.kind, "rounds": len(rounds),
+                "rounds_span_s": round(rounds[-1].t - rounds[0].t, 1), **v.evidence}
+    if v.state == STALLED:
+        return fail(f"Stalled ({v.kind}): {v.headline}", v.remedy, evidence=evidence)
+    if v.state == DEGRADED:
+        return warn(f"Degraded ({v.kind}): {v.headline}", v.remedy, evidence=evidence)
+    return passed(v.headline, evidence=evidence)
+
+
 CHECKS = (
     Check("vllm.reachable", "vLLM /metrics reachable", Severity.MEDIUM,
           "GET <vLLM URL>/metrics answers with Prometheus text on every scrape", decide_reachable),
@@ -117,4 +135,7 @@ CHECKS = (
           decide_metrics_off),
     Check("vllm.kv_pressure", "KV cache full and preempting", Severity.HIGH,
           f"vllm:kv_cache_usage_perc >= {KV_FULL:.2f} while vllm:num_preemptions_total rises", decide_kv_pressure),
+    Check("vllm.liveness", "vLLM engine liveness", Severity.HIGH,
+          "counters on /metrics move while requests are in flight, a 1-token canary gets its token, and on this "
+          "host the engine processes run", decide_liveness),
 )

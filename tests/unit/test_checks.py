@@ -24,7 +24,7 @@ GIB, MIB = 1024**3, 1024**2
 URL = "http://127.0.0.1:8000"
 
 EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "gpu.imbalance", "gpu.throttled", "gpu.foreign_process",
-                "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off",
+                "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off", "vllm.liveness",
                 "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
 
 

