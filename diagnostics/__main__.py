@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diagnostics.cli import compare, exporter, fleet, generate, kv, lint_flags, probe, quality, run, sweep
+from diagnostics.cli import compare, exporter, fleet, generate, kv, lint_flags, probe, quality, run, sweep, watch
 
 # Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code. This order is the
 # order of `--help`.
-COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, sweep, fleet, exporter)
+COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, watch, sweep, fleet, exporter)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,13 @@ import os
 import streamlit as st
 
 from core.deployment import charts as dc
+from core.deployment.observe import LivenessWatch
 from core.deployment.probe import probe
 from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape
+from views.common import sweep as sweep_view
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -52,6 +54,28 @@ if not info.is_vllm:
                "The metrics panels and token ids need vLLM.")
 
 paused = st.toggle("Pause live panels", key="dep_paused", help=f"Panels refresh every {REFRESH_S:g} s from /metrics.")
+
+
+@st.fragment(run_every=None if paused else REFRESH_S)
+def liveness():
+    """Serving, idle, stalled or degraded, from core.deployment.liveness; the checks run on a thread of their own,
+    because a stalled server's canary takes its whole timeout."""
+    watch = ss.get("dep_watch")
+    if watch is None or not watch.alive or watch.base_url != info.base_url:
+        if watch is not None:
+            watch.stop()
+        watch = ss.dep_watch = LivenessWatch(info.base_url, ss.get("dep_key"), interval_s=REFRESH_S).start()
+    v = watch.latest()
+    if v is None:
+        st.info("Liveness: checking (counters on /metrics, /health, a 1-token canary, the engine's processes)...")
+        return
+    show = {"serving": st.success, "idle": st.info, "stalled": st.error, "degraded": st.warning}[v.state]
+    text = f"**Liveness: {v.state}{f' ({v.kind})' if v.kind else ''}.** {markdown_literal(v.headline)}"
+    show(text + (f"  \n**What to do:** {markdown_literal(v.remedy)}" if v.remedy else ""))
+    st.caption("Evidence: " + markdown_literal("; ".join(f"{k} {val}" for k, val in v.evidence.items())))
+
+
+liveness()
 
 
 @st.fragment(run_every=None if paused else REFRESH_S)
@@ -150,3 +174,11 @@ if res is not None:
                    f"{res.concurrency} at a time, {res.wall_s:.1f} s wall. Client decode time per output token "
                    f"{num(res.tpot_s and 1000 * res.tpot_s)} ms; {res.tokens} tokens arrived in {res.chunks} chunks "
                    "(a chunk carrying k tokens counts as k gaps of 1/k). ") + markdown_literal(res.metrics_note))
+    if res.anatomy and res.anatomy.get("phases"):
+        st.plotly_chart(dc.anatomy_bar(res.anatomy), key="dep_probe_anatomy", config={"displayModeBar": False})
+        notes = " ".join(res.anatomy.get("notes") or [])
+        share = res.anatomy.get("queue_share_ttft")
+        st.caption(markdown_literal(("" if share is None else f"Queueing was {100 * share:.0f}% of the mean time to "
+                                     "first token in this window. ") + notes))
+
+sweep_view.section(info.base_url, ss.get("dep_key"))
