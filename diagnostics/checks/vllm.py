@@ -127,6 +127,40 @@ def decide_liveness(ctx: CheckContext) -> Outcome:
     return passed(v.headline, evidence=evidence)
 
 
+def decide_saturation(ctx: CheckContext) -> Outcome:
+    """Requests wait for a scheduling slot while the KV cache has room: the anatomy of the window's requests."""
+    from core.telemetry.vllm_anatomy import SATURATION_REMEDY, anatomy, saturation_reason
+
+    if (out := _unreachable(ctx)) is not None:
+        return out
+    snaps = [s for s in ctx.vllm_snapshots if s.has_vllm_series]
+    if len(snaps) < 2:
+        return skip(f"request anatomy over the window: need 2 scrapes with vllm:* series, got {len(snaps)}")
+    a = anatomy(snaps[0], snaps[-1])
+    if a.missing and "queue" not in a.phases:
+        return skip("request anatomy: this vLLM does not export " + ", ".join(a.missing))
+    if a.requests == 0:
+        return skip("request anatomy: no request finished during the window (nothing to split into queue, "
+                    "prefill and decode)")
+    kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
+    waiting = max((s.waiting_by_reason.get("capacity", 0.0) for s in snaps), default=None) \
+        if any(s.waiting_by_reason for s in snaps) else None
+    ms = (lambda k: None if a.mean(k) is None else round(1000 * a.mean(k), 1))
+    evidence = {"requests_finished": a.requests, "queue_mean_ms": ms("queue"), "prefill_mean_ms": ms("prefill"),
+                "decode_mean_ms": ms("decode"), "ttft_mean_ms": ms("ttft"),
+                "queue_share_of_ttft_pct": None if a.queue_share_ttft is None else round(100 * a.queue_share_ttft, 1),
+                "max_waiting_for_capacity": waiting,
+                "kv_cache_usage_peak_pct": None if kv_peak is None else round(100 * kv_peak, 1),
+                "from": "vllm:request_queue_time_seconds, _prefill_, _decode_, time_to_first_token (_sum/_count)"}
+    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak)
+    if why:
+        return fail("Saturated: " + why, SATURATION_REMEDY + " `python -m diagnostics sweep --url URL` finds the "
+                    "load where it starts and what the server serves within an SLO.", evidence=evidence)
+    share = "N/A" if a.queue_share_ttft is None else f"{100 * a.queue_share_ttft:.0f}%"
+    return passed(f"Queueing is {share} of the mean time to first token over {a.requests:.0f} request(s): requests "
+                  "do not wait for a slot.", evidence=evidence)
+
+
 CHECKS = (
     Check("vllm.reachable", "vLLM /metrics reachable", Severity.MEDIUM,
           "GET <vLLM URL>/metrics answers with Prometheus text on every scrape", decide_reachable),
@@ -135,6 +169,9 @@ CHECKS = (
           decide_metrics_off),
     Check("vllm.kv_pressure", "KV cache full and preempting", Severity.HIGH,
           f"vllm:kv_cache_usage_perc >= {KV_FULL:.2f} while vllm:num_preemptions_total rises", decide_kv_pressure),
+    Check("vllm.saturation", "vLLM saturated (requests queue for a slot)", Severity.HIGH,
+          "mean queue time is half or more of the mean TTFT (vllm:request_queue_time_seconds) while the KV cache "
+          "stays under 90%", decide_saturation),
     Check("vllm.liveness", "vLLM engine liveness", Severity.HIGH,
           "counters on /metrics move while requests are in flight, a 1-token canary gets its token, and on this "
           "host the engine processes run", decide_liveness),

@@ -24,7 +24,7 @@ GIB, MIB = 1024**3, 1024**2
 URL = "http://127.0.0.1:8000"
 
 EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "gpu.imbalance", "gpu.throttled", "gpu.foreign_process",
-                "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off", "vllm.liveness",
+                "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off", "vllm.liveness", "vllm.saturation",
                 "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
 
 
@@ -408,3 +408,45 @@ def test_mem_leak_gives_the_time_to_exhaustion_from_30_s_on():
     f = decide("host.mem_leak", CheckContext(host_mem_available=mem(values)))
     assert f.status is Status.WARN and f.evidence["minutes_to_exhaustion"] > 1000
     assert "too short" not in f.verdict
+
+
+# --- vllm.saturation ---------------------------------------------------------------------------------------------
+
+def grown(h, n: int, seconds: float):
+    """The histogram after n more requests that took `seconds` in all (every bucket grows: the sum decides)."""
+    from core.telemetry.vllm_metrics import Histogram
+
+    return Histogram([(le, c + n) for le, c in h.buckets], h.count + n, h.sum + seconds)
+
+
+def anatomy_ctx(queue_s: float, prefill_s: float, kv: float = 0.01, waiting_capacity: float = 3.0) -> CheckContext:
+    """The recorded page, then 4 more requests with the given total queue and prefill seconds."""
+    h = AFTER_3.histograms
+    after = dataclasses.replace(AFTER_3, t=10.0, kv_cache_usage=kv, waiting_by_reason={"capacity": waiting_capacity},
+                                histograms={**h, "queue": grown(h["queue"], 4, queue_s),
+                                            "prefill": grown(h["prefill"], 4, prefill_s),
+                                            "ttft": grown(h["ttft"], 4, queue_s + prefill_s + 0.04),
+                                            "e2e": grown(h["e2e"], 4, queue_s + prefill_s + 3.0)})
+    return CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(AFTER_3, after))
+
+
+def test_saturation_fails_when_queueing_dominates_ttft_with_kv_room():
+    f = decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4))
+    assert f.status is Status.FAIL and "95% of the mean time to first token" in f.verdict
+    assert f.evidence["queue_mean_ms"] == 2000.0 and f.evidence["max_waiting_for_capacity"] == 3.0
+    assert "--max-num-seqs" in f.remedy and "sweep" in f.remedy
+
+
+def test_saturation_passes_when_prefill_is_the_time_or_kv_is_full():
+    assert decide("vllm.saturation", anatomy_ctx(queue_s=0.01, prefill_s=2.0)).status is Status.PASS
+    # waiting for memory is vllm.kv_pressure's finding, not this one's
+    assert decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4, kv=0.97)).status is Status.PASS
+
+
+def test_saturation_skips_without_requests_or_histograms():
+    ctx = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(AFTER_3, dataclasses.replace(AFTER_3, t=5.0)))
+    assert "no request finished" in decide("vllm.saturation", ctx).missing
+    old = {k: v for k, v in AFTER_3.histograms.items() if k not in ("queue", "prefill", "decode", "inference")}
+    ctx = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(dataclasses.replace(AFTER_3, histograms=old),
+                                                                   dataclasses.replace(AFTER_3, t=5, histograms=old)))
+    assert "does not export vllm:request_queue_time_seconds" in decide("vllm.saturation", ctx).missing
