@@ -23,7 +23,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from unittest import mock
 
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from core.engines.fast import kernels as K
 from core.engines.fast import tune
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+from core.engines.fast.options import overridden
 from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
 
@@ -386,11 +386,11 @@ def main() -> None:
                 # with --fp8-kv-attention cuda,triton the E4M3 cache's decode attention is timed both ways,
                 # one after the other per batch: "fp8" rows as the engine runs it, "fp8-triton" rows on Triton
                 runs = [(kv, {})] if kv != "fp8" else [
-                    ("fp8" if a == "cuda" else "fp8-triton", {"TRIAGE_ATTN_E4M3_CUDA": "1" if a == "cuda" else "0"})
+                    ("fp8" if a == "cuda" else "fp8-triton", {"attn_e4m3_cuda": a == "cuda"})
                     for a in args.fp8_kv_attention.split(",")]
                 for b, (kv_label, attn_env) in ((b, r) for b in fits for r in runs):
                     try:
-                        with mock.patch.dict(os.environ, attn_env):
+                        with overridden(**attn_env):
                             r = time_decode(m, cache, b, prompt, args.steps)
                     except Exception as exc:
                         log(f"decode {p} kv={kv_label} prompt={prompt} batch={b} failed: {exc!r}")

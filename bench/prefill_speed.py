@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from unittest import mock
 
 import torch
 from torch.nn import functional as F
 
 from core.engines.fast import fa3
 from core.engines.fast.model import Dims, FastLlama
+from core.engines.fast.options import overridden
 from core.models import synthetic_config
 
 
@@ -45,7 +44,7 @@ def timed(fn, reps: int) -> float:
 def accumulation(fast: bool):
     """W8A8 prompt passes inside run with FP8 fast accumulation or with promotion (the model reads the switch at
     each pass)."""
-    return mock.patch.dict(os.environ, {"TRIAGE_FP8_FAST_ACCUM": "1" if fast else "0"})
+    return overridden(fp8_fast_accum=fast)
 
 
 def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum: bool = False,
@@ -54,7 +53,7 @@ def prefill_s(model: FastLlama, prompt: int, reps: int, fused: bool, fast_accum:
     ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(prompt))
     cache = model.new_cache(1, prompt + 8, False)
-    with accumulation(fast_accum), mock.patch.dict(os.environ, {"TRIAGE_FA3": "1" if flash3 else "0"}):
+    with overridden(fp8_fast_accum=fast_accum, fa3=flash3):
         return timed(lambda: model.prefill(ids, cache, rows=slice(0, 1), fused=fused), reps)
 
 

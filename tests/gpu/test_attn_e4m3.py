@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from core.engines.fast import attn_e4m3  # noqa: E402
 from core.engines.fast import kernels as K  # noqa: E402
+from core.engines.fast.options import overridden  # noqa: E402
 
 D = 128
 
@@ -126,7 +127,7 @@ def test_under_a_cuda_graph_with_moving_positions():
         assert rel_err(out, exact) < 8e-3
 
 
-def test_decode_step_of_a_head_dim_128_llama(monkeypatch):
+def test_decode_step_of_a_head_dim_128_llama():
     """A small Llama with head_dim 128 and GQA 4:1 (Llama-3-8B's attention shape): its graph decode step with the FP8
     KV cache through the CUDA kernel against the same step through the Triton kernel, teacher-forced."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -152,8 +153,8 @@ def test_decode_step_of_a_head_dim_128_llama(monkeypatch):
     ref = C.fast_logprobs(fast, prompt, cont, "fp8", "ref")
     a = {}
     for on in ("1", "0"):
-        monkeypatch.setenv("TRIAGE_ATTN_E4M3_CUDA", on)
-        a[on] = C.agreement(ref, C.fast_logprobs(fast, prompt, cont, "fp8", "graph"))
+        with overridden(attn_e4m3_cuda=on == "1"):
+            a[on] = C.agreement(ref, C.fast_logprobs(fast, prompt, cont, "fp8", "graph"))
     print(f"graph step, FP8 KV, against the torch-op step: CUDA kernel top1 {a['1']['top1']:.3f} KL "
           f"{a['1']['kl_mean']:.2e}; Triton kernel top1 {a['0']['top1']:.3f} KL {a['0']['kl_mean']:.2e}")
     # The torch-op step rounds each dequantized K/V value to bf16 as the Triton kernel does; the CUDA kernel does not

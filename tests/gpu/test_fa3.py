@@ -19,6 +19,7 @@ from torch.nn import functional as F  # noqa: E402
 
 from core.engines.fast import fa3  # noqa: E402
 from core.engines.fast.model import FastLlama, _causal_attention  # noqa: E402
+from core.engines.fast.options import overridden  # noqa: E402
 
 D = 128
 
@@ -57,7 +58,7 @@ def test_bf16_attention_is_as_close_to_float32_as_cudnn(T):
     assert rel(got) <= 1.5 * rel(cudnn) + 1e-3
 
 
-def test_prompt_pass_through_fa3_is_as_close_to_float32_as_through_sdpa(monkeypatch):
+def test_prompt_pass_through_fa3_is_as_close_to_float32_as_through_sdpa():
     """A head_dim-128 Llama's prompt pass (two rows, the second filled on its own) with FA3 and with SDPA, each against
     the HF model in float32 over the same (bf16-rounded) weights: FA3 as close as SDPA, layer 0's cache the same.
     (Two BF16 attention kernels round apart, so they are held to float32, not to each other.)"""
@@ -80,10 +81,10 @@ def test_prompt_pass_through_fa3_is_as_close_to_float32_as_through_sdpa(monkeypa
         ref = torch.log_softmax(hf.float()(prompt).logits.float(), dim=-1)
     res = {}
     for use in ("1", "0"):
-        monkeypatch.setenv("TRIAGE_FA3", use)
-        cache = fast.new_cache(2, 720, False)
-        first = fast.prefill(prompt[:1], cache, rows=slice(0, 1), all_logits=True).float()
-        second = fast.prefill(prompt[1:], cache, rows=slice(1, 2), all_logits=True).float()
+        with overridden(fa3=use == "1"):
+            cache = fast.new_cache(2, 720, False)
+            first = fast.prefill(prompt[:1], cache, rows=slice(0, 1), all_logits=True).float()
+            second = fast.prefill(prompt[1:], cache, rows=slice(1, 2), all_logits=True).float()
         lp = torch.log_softmax(torch.cat([first, second]), dim=-1)
         res[use] = dict(kl=(ref.exp() * (ref - lp)).sum(-1).mean().item(),
                         top1=(lp.argmax(-1) == ref.argmax(-1)).float().mean().item(), cache=cache)

@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from core.engines.fast import check as C  # noqa: E402
 from core.engines.fast.model import FOLDS_MEASURED_FASTER, DecodeGraph, FastLlama  # noqa: E402
+from core.engines.fast.options import overridden  # noqa: E402
 
 # Fixed, so a bar is met or missed deterministically; TRIAGE_TEST_SEED=N tries another draw.
 SEED = int(os.environ.get("TRIAGE_TEST_SEED") or 1)
@@ -41,11 +42,12 @@ B, T, N = 4, 48, 24
 
 
 @pytest.fixture(autouse=True)
-def promoted_accumulation(monkeypatch):
+def promoted_accumulation():
     """The tests here hold each fast path to the torch-op path of the same numerics, so the W8A8 prompt pass promotes
     its FP8 GEMMs' partial sums as the torch-op pass does; fast accumulation (the engine's default) is measured
     against BF16 in its own test."""
-    monkeypatch.setenv("TRIAGE_FP8_FAST_ACCUM", "0")
+    with overridden(fp8_fast_accum=False):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +230,7 @@ def test_fused_prefill_computes_the_torch_op_prefill(setup, mode, kv):
     assert a["top1"] >= top1 and a["kl_mean"] < kl
 
 
-def test_w8a8_prefill_fast_accumulation_against_bf16(setup, monkeypatch):
+def test_w8a8_prefill_fast_accumulation_against_bf16(setup):
     """Fast accumulation (the engine's default, as vLLM's CUTLASS FP8 GEMMs) moves the W8A8 prompt pass a little from
     the promoted one, and not further from BF16. H200, seed 1 (2026-12-02): against BF16, promoted top-1 0.844 and KL
     0.124, fast 0.839 and 0.121; fast against promoted top-1 0.896, KL 0.034."""
@@ -239,9 +241,9 @@ def test_w8a8_prefill_fast_accumulation_against_bf16(setup, monkeypatch):
     w8a8 = FastLlama.from_hf(hf, "fp8")
     lps = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("TRIAGE_FP8_FAST_ACCUM", flag)
-        cache = w8a8.new_cache(prompt.shape[0], prompt.shape[1] + 8, False)
-        lps[flag] = torch.log_softmax(w8a8.prefill(prompt, cache, all_logits=True).float(), dim=-1)
+        with overridden(fp8_fast_accum=flag == "1"):
+            cache = w8a8.new_cache(prompt.shape[0], prompt.shape[1] + 8, False)
+            lps[flag] = torch.log_softmax(w8a8.prefill(prompt, cache, all_logits=True).float(), dim=-1)
     same, promoted, fast = C.agreement(lps["0"], lps["1"]), C.agreement(ref, lps["0"]), C.agreement(ref, lps["1"])
     print(f"fp8 prefill fast vs promoted accumulation: {_fmt(same)} | vs BF16: promoted {_fmt(promoted)}, "
           f"fast {_fmt(fast)}")

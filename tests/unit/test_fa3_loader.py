@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.engines.fast import fa3
+from core.engines.fast.options import overridden
 
 
 @pytest.fixture(autouse=True)
@@ -13,30 +14,35 @@ def fresh_loader(monkeypatch):
     monkeypatch.setattr(fa3, "_LOADED", {})
 
 
-def test_off_the_gpu_or_turned_off_it_says_so(monkeypatch):
-    monkeypatch.delenv("TRIAGE_FA3", raising=False)
-    assert fa3.why_not("cpu", 32, 8, 128) == "not on a CUDA device"
-    monkeypatch.setenv("TRIAGE_FA3", "0")
-    assert fa3.why_not("cuda", 32, 8, 128) == "turned off (TRIAGE_FA3=0)"
+def test_off_the_gpu_or_turned_off_it_says_so():
+    with overridden(fa3=True):
+        assert fa3.why_not("cpu", 32, 8, 128) == "not on a CUDA device"
+    with overridden(fa3=False):
+        assert fa3.why_not("cuda", 32, 8, 128) == "turned off (TRIAGE_FA3=0)"
 
 
-def test_a_missing_library_names_the_build_script(monkeypatch, tmp_path):
-    monkeypatch.setenv("TRIAGE_FA3_LIB", str(tmp_path / "none.so"))
-    why = fa3._entry(str(fa3.lib_path()))
+def test_a_missing_library_names_the_build_script(tmp_path):
+    with overridden(fa3_lib=str(tmp_path / "none.so")):
+        why = fa3._entry(str(fa3.lib_path()))
     assert isinstance(why, str) and "scripts/build_fa3.sh" in why and "none.so" in why
 
 
-def test_a_file_that_is_not_the_library_is_refused_with_the_reason(monkeypatch, tmp_path):
+def test_a_file_that_is_not_the_library_is_refused_with_the_reason(tmp_path):
     junk = tmp_path / "junk.so"
     junk.write_bytes(b"\x7fELF not really")
-    monkeypatch.setenv("TRIAGE_FA3_LIB", str(junk))
-    assert fa3._entry(str(fa3.lib_path())).startswith(f"FlashAttention-3's library at {junk} does not load:")
+    with overridden(fa3_lib=str(junk)):
+        assert fa3._entry(str(fa3.lib_path())).startswith(f"FlashAttention-3's library at {junk} does not load:")
 
 
-def test_a_call_without_the_library_or_with_wrong_inputs_raises_what_is_wrong(monkeypatch, tmp_path):
+@pytest.fixture
+def no_library(tmp_path):
+    with overridden(fa3_lib=str(tmp_path / "none.so")):
+        yield
+
+
+def test_a_call_without_the_library_or_with_wrong_inputs_raises_what_is_wrong(no_library):
     import torch
 
-    monkeypatch.setenv("TRIAGE_FA3_LIB", str(tmp_path / "none.so"))
     q = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
     kv = torch.zeros(1, 4, 1, 128, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="scripts/build_fa3.sh"):

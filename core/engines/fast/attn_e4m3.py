@@ -23,9 +23,10 @@ and decode attention then keeps the Triton kernel. TRIAGE_ATTN_E4M3_CUDA=0 turns
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from core.engines.fast.options import options
 
 HEAD_DIM = 128
 WARPS = 4
@@ -310,7 +311,7 @@ attn_split_e4m3(const unsigned short* __restrict__ q, const unsigned char* __res
 
 
 def turned_off() -> bool:
-    return os.environ.get("TRIAGE_ATTN_E4M3_CUDA", "1") == "0"
+    return not options().attn_e4m3_cuda
 
 
 @functools.lru_cache(maxsize=None)

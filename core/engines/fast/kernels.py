@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 import warnings
 
 import torch
@@ -38,6 +37,7 @@ import triton
 import triton.language as tl
 
 from core.engines.fast import attn_e4m3
+from core.engines.fast.options import options
 from core.engines.fast.tuned_table import read_tuned_table
 
 try:  # grid dependency control (programmatic dependent launch), Triton >= 3.3
@@ -60,16 +60,15 @@ MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
 
 
 @functools.lru_cache(maxsize=None)
-def _pdl_on(device_index: int) -> bool:
-    return (HAVE_GDC and os.environ.get("TRIAGE_PDL", "1") != "0"
-            and torch.cuda.get_device_capability(device_index) >= (9, 0))
+def _hopper_or_later(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def pdl_available() -> bool:
     """Programmatic dependent launch: a kernel is scheduled while the one before it drains, instead of after it ends,
     and waits (griddepcontrol.wait, `_pdl_enter`) before it touches memory. Hopper and later; TRIAGE_PDL=0 turns
     it off."""
-    return _pdl_on(torch.cuda.current_device())
+    return HAVE_GDC and options().pdl and _hopper_or_later(torch.cuda.current_device())
 
 
 _PDL_SCOPE = contextvars.ContextVar("pdl_scope", default=False)

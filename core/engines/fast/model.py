@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from torch.nn import functional as F
 
 from core import fp8
 from core.engines.fast import fa3
+from core.engines.fast.options import options
 
 E4M3 = fp8.E4M3
 MODES = ("bf16", "fp8-wo", "fp8")
@@ -59,7 +59,7 @@ def fp8_fast_accum() -> bool:
     partial sums to float32, as vLLM's CUTLASS FP8 GEMMs on Hopper do (`...PingpongFP8FastAccum`): on the H200 the
     8K-token prompt pass 4-13% faster, and as far from BF16 as with promotion (docs/PERFORMANCE.md).
     TRIAGE_FP8_FAST_ACCUM=0 promotes, as the torch-op pass does."""
-    return os.environ.get("TRIAGE_FP8_FAST_ACCUM", "1") != "0"
+    return options().fp8_fast_accum
 
 
 def unsupported_config_reasons(config) -> list[str]:
@@ -566,7 +566,7 @@ class DecodeGraph:
         d = model.dims
         widest = max(d.hidden, d.heads * d.head_dim)
         # measured with programmatic dependent launch (Hopper and later) only, which lets the weight loads go early
-        if (batch != 1 or os.environ.get("TRIAGE_FOLD", "1") == "0" or widest > K.PROLOGUE_MAX_K
+        if (batch != 1 or not options().fold or widest > K.PROLOGUE_MAX_K
                 or not K.pdl_available()):
             return frozenset()
         return FOLDS_MEASURED_FASTER[model.mode]

@@ -13,10 +13,11 @@ TRIAGE_FA3_LIB names the library file (default: build/libtriage_fa3.so beside th
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import torch
+
+from core.engines.fast.options import options
 
 
 HEAD_DIM = 128
@@ -25,7 +26,7 @@ DTYPE_BF16, DTYPE_E4M3 = 0, 1  # the library's codes for its element types
 
 
 def lib_path() -> Path:
-    return Path(os.environ.get("TRIAGE_FA3_LIB") or DEFAULT_LIB)
+    return Path(options().fa3_lib or DEFAULT_LIB)
 
 
 _LOADED: dict[str, object] = {}  # path -> entry point; failures are not kept, so a library built later is found
@@ -50,7 +51,7 @@ def _entry(path: str):
 
 def why_not(device, hq: int, hkv: int, d: int) -> str | None:
     """None if FA3 can run the prompt's attention of this shape on this device; else why not."""
-    if os.environ.get("TRIAGE_FA3", "1") == "0":
+    if not options().fa3:
         return "turned off (TRIAGE_FA3=0)"
     device = torch.device(device)
     if device.type != "cuda":
