@@ -230,10 +230,11 @@ def _send_all(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: 
                 return
             futures.append(pool.submit(one, i))
 
-    workers = int(load) if mode == "concurrency" else min(256, max(8, len(prompts)))
+    # exactly C workers for C clients; an open loop gets one more, for the thread that schedules the arrivals
+    workers = int(load) if mode == "concurrency" else min(256, max(8, len(prompts))) + 1
     futures: list = []
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=workers + 1) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         try:
             if mode == "concurrency":
                 futures += [pool.submit(one, i) for i in range(len(prompts))]
@@ -405,6 +406,8 @@ def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = 
         raise SweepError(f"Mode {mode!r} is not one of {', '.join(MODES)}.")
     slo = {k: v for k, v in (("ttft_p99", check_slo("--slo-ttft-p99", slo_ttft_p99)),
                              ("itl_p99", check_slo("--slo-itl-p99", slo_itl_p99))) if v is not None}
+    if not 1 <= min_requests <= 10_000:
+        raise SweepError(f"--min-requests must be 1 to 10000 (got {min_requests}).")
     if not 5 <= max_seconds <= 3600:
         raise SweepError(f"--max-seconds must be 5 to 3600 (got {max_seconds:g}).")
     if not 1 <= max_new_tokens <= 4096 or not 1 <= prompt_tokens <= 32768:

@@ -1,4 +1,4 @@
-"""`python -m diagnostics sweep --url URL`: raise the load on a running vLLM server until it breaks; say where and why."""
+"""`python -m diagnostics sweep --url URL`: raise the load on a vLLM server until it breaks; say where and why."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dataset", help="a text file with one prompt per line (or JSON lines with 'prompt')")
     p.add_argument("--slo-ttft-p99", type=float, help="SLO on the client's TTFT p99, seconds")
     p.add_argument("--slo-itl-p99", type=float, help="SLO on the client's inter-token latency p99, seconds")
+    p.add_argument("--min-requests", type=int, default=6,
+                   help="requests per step at least (default 6; a step sends 2 per client or 4 per req/s if more)")
     p.add_argument("--max-seconds", type=float, default=120.0, help="time budget for the whole sweep (default 120)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any answer (default 120)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     res = sweep(args.url, args.mode, steps, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens,
                 dataset=args.dataset, slo_ttft_p99=args.slo_ttft_p99, slo_itl_p99=args.slo_itl_p99,
-                max_seconds=args.max_seconds, api_key=args.api_key, timeout_s=args.timeout, progress=progress)
+                max_seconds=args.max_seconds, min_requests=args.min_requests, api_key=args.api_key,
+                timeout_s=args.timeout, progress=progress)
     run_id = None if args.no_history else res.record(started_at=started)
     if args.json:
         print(json.dumps({**res.to_dict(), "history_id": run_id}, indent=2, default=str))
