@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA (torch.cuda.is_available() is False)", allow_module_level=True)
 pytest.importorskip("triton")
 
-from core.engines.fast import attn_e4m3  # noqa: E402
+from core.engines.fast.kernels import attn_e4m3  # noqa: E402
 from core.engines.fast import kernels as K  # noqa: E402
 from core.engines.fast.options import overridden  # noqa: E402
 

@@ -129,7 +129,7 @@ def test_graph_with_split_k_linears_matches_torch_path(setup, mode, monkeypatch)
     each graph with its own scratch, weight-only reading its f16 rows: as close to the torch-op path as the graph
     that does not split (the small model's shapes are not in the tuned table, so this sets them)."""
     from core.engines.fast import kernels as K
-    from core.engines.fast import tune
+    from core.engines.fast.kernels import tune
 
     hf, prompt, _, _ = setup
     fast = FastLlama.from_hf(hf, mode)

@@ -79,7 +79,9 @@ def graph_time_us(calls, replays: int = 5) -> float:
     return start.elapsed_time(end) * 1000 / (replays * len(calls))
 
 
-def _weights(mode: int, n: int, k: int, copies: int, device):
+def rotated_weights(mode: int, n: int, k: int, copies: int, device):
+    """`copies` random weights of an [n, k] linear in `mode` (bf16, or E4M3 with per-channel scales), as (w, scale)
+    pairs, to rotate through when timing (`rotated_copies`)."""
     out = []
     for _ in range(copies):
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
@@ -98,7 +100,7 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print, x16:
     elem = 2 if mode == K.MODE_BF16 else 1
     wbytes = n * k * elem
     copies = rotated_copies(wbytes)
-    ws = _weights(mode, n, k, copies, device)
+    ws = rotated_weights(mode, n, k, copies, device)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
     xs = None
     if mode == K.MODE_W8A8:  # the linear reads activations already in E4M3
@@ -115,10 +117,10 @@ def tune_shape(mode: int, m: int, n: int, k: int, device="cuda", log=print, x16:
             # straight to the implementation: linear()'s fallback would time torch under this config's name
             if cfg["kernel"] == "torch":
                 def call(w, s):
-                    K._linear_torch(x, w, s, xs, out, mode, False)
+                    K.linear_torch(x, w, s, xs, out, mode, False)
             else:
                 def call(w, s, cfg=cfg):
-                    K._linear_triton(x, w, s, xs, out, mode, False, cfg, x_f16)
+                    K.linear_triton(x, w, s, xs, out, mode, False, cfg, x_f16)
             calls = [functools.partial(call, w, s) for w, s in ws]
             calls[0]()
             got = out.float().clone()
