@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from torch.nn import functional as F  # noqa: E402
 
 from core.engines.fast import fa3  # noqa: E402
-from core.engines.fast.model import FastLlama, _causal_attention  # noqa: E402
+from core.engines.fast.model import FastLlama, causal_attention  # noqa: E402
 from core.engines.fast.options import overridden  # noqa: E402
 
 D = 128
@@ -52,7 +52,7 @@ def test_bf16_attention_is_as_close_to_float32_as_cudnn(T):
         return ((out.float() - ref).norm() / ref.norm()).item()
 
     got = fa3.causal_attention_bf16(q, k, v)
-    cudnn = _causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    cudnn = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     print(f"T={T}: FA3 {rel(got):.2e}, SDPA {rel(cudnn):.2e} from float32")
     assert got.shape == q.shape and torch.isfinite(got).all()
     assert rel(got) <= 1.5 * rel(cudnn) + 1e-3

@@ -24,9 +24,9 @@ def test_the_shipped_table_loads():
 
 def test_the_bench_usage_names_a_table_that_loads():
     # The bench's own usage line must point at a real file in a layout its --tuned reader accepts.
-    doc = ast.get_docstring(ast.parse((ROOT / "bench" / "fp8_speed.py").read_text()))
+    doc = ast.get_docstring(ast.parse((ROOT / "bench" / "fast" / "fp8_speed.py").read_text()))
     paths = re.findall(r"--tuned (\S+)", doc)
-    assert paths, "bench/fp8_speed.py's docstring shows no --tuned usage"
+    assert paths, "bench/fast/fp8_speed.py's docstring shows no --tuned usage"
     for p in paths:
         assert read_tuned_table(ROOT / p)
 

@@ -1,10 +1,10 @@
 """Prefill (time to first token) of the fast path per precision, and which attention kernel SDPA runs, on one GPU.
 
-    python -m bench.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
-    python -m bench.prefill_speed --prompts 8192 --json $OUT/prefill.json
-    python -m bench.prefill_speed --skip-torch-ops --json core/data/prefill_h200.json   # what the pages show
+    python -m bench.fast.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
+    python -m bench.fast.prefill_speed --prompts 8192 --json $OUT/prefill.json
+    python -m bench.fast.prefill_speed --skip-torch-ops --json core/data/prefill_h200.json   # what the pages show
 
-For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama._prefill_fused`, what the engine runs; W8A8 with
+For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama.prefill(fused=True)`, what the engine runs; W8A8 with
 its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default), where FlashAttention-3 is
 built (core/engines/fast/fa3) also with the attention through SDPA (cuDNN) instead, and through the plain torch-op
 pass (`fused=False`, what ran before; --skip-torch-ops leaves it out): one prompt of each length into a fresh cache,
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/prefill_speed.py needs a CUDA GPU.")
+        sys.exit("bench/fast/prefill_speed.py needs a CUDA GPU.")
     props = torch.cuda.get_device_properties(0)
     config = synthetic_config(args.model)
     dims = Dims.from_config(config)

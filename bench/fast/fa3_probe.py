@@ -1,7 +1,7 @@
 """FlashAttention-3's causal prompt attention (core/engines/fast/fa3: BF16, and E4M3 as vLLM's FP8 KV cache runs it on
 Hopper) against cuDNN's BF16 attention (what the prompt pass runs without it), one layer, on one Hopper GPU.
 
-    python -m bench.fa3_probe [--lens 8192,32768,125000] [--json $OUT/fa3.json]
+    python -m bench.fast.fa3_probe [--lens 8192,32768,125000] [--json $OUT/fa3.json]
 
 Llama-3-8B's attention shape (32 query heads, 8 KV heads, head_dim 128), random q/k/v; K and V read in place from a
 cache laid out as the engine's ([rows, kv_heads, max_len, head_dim]). Errors at 4,096 tokens against float32
@@ -18,10 +18,10 @@ import sys
 import torch
 from torch.nn import functional as F
 
-from bench.prompt_attn_probe import median_ms
+from bench.fast.prompt_attn_probe import median_ms
 from core import fp8
 from core.engines.fast import fa3
-from core.engines.fast.model import _causal_attention
+from core.engines.fast.model import causal_attention
 
 HQ, HKV, D = 32, 8, 128
 
@@ -54,7 +54,7 @@ def attention_e4m3(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def cudnn(q, k, v):
-    return _causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    return causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
 
 
 def errors(T: int) -> dict:
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/fa3_probe.py needs a CUDA GPU (Hopper).")
+        sys.exit("bench/fast/fa3_probe.py needs a CUDA GPU (Hopper).")
     why = fa3.why_not("cuda", HQ, HKV, D)
     if why:
         sys.exit(f"FlashAttention-3 cannot run here: {why}")

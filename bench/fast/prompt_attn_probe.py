@@ -1,7 +1,7 @@
 """Causal prompt attention in E4M3 on FP8 tensor cores, one layer, against cuDNN's BF16 attention (what the prompt
 pass runs), on one GPU: a measured candidate, not used by the engine (docs/PERFORMANCE.md, 2026-12-03).
 
-    python -m bench.prompt_attn_probe [--len 32768] [--configs 64x128x4x3,...] [--json $OUT/probe.json]
+    python -m bench.fast.prompt_attn_probe [--len 32768] [--configs 64x128x4x3,...] [--json $OUT/probe.json]
 
 With an FP8 KV cache, vLLM on Hopper attends over the prompt in FP8 (FlashAttention-3's E4M3 forward). torch has no
 such kernel; this Triton one does what FA3's E4M3 path does, with finer scales: the query quantized per (token, head)
@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from core import fp8
-from core.engines.fast.model import _causal_attention
+from core.engines.fast.model import causal_attention
 
 HQ, HKV, D = 32, 8, 128
 # probabilities times V scale / the largest V scale are in [0, 1]; times this power of two (exact) they stay in E4M3's
@@ -140,7 +140,7 @@ def errors(T: int, configs: list[tuple]) -> dict:
         return {"rms_rel": round((diff.pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item(), 5),
                 "worst_row_rel": round((diff.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).max().item(), 5)}
 
-    res = {"cudnn_bf16": err(_causal_attention(q.transpose(1, 2), fp8.dequantize(k8, ks[..., None], torch.bfloat16),
+    res = {"cudnn_bf16": err(causal_attention(q.transpose(1, 2), fp8.dequantize(k8, ks[..., None], torch.bfloat16),
                                                fp8.dequantize(v8, vs[..., None], torch.bfloat16)).transpose(1, 2))}
     for cfg in configs:
         name = "e4m3 " + "x".join(map(str, cfg))
@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--json")
     a = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/prompt_attn_probe.py needs a CUDA GPU with FP8 tensor cores (Hopper).")
+        sys.exit("bench/fast/prompt_attn_probe.py needs a CUDA GPU with FP8 tensor cores (Hopper).")
     configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "len": a.len}
     res["errors_4096"] = errors(4096, configs)
@@ -184,7 +184,7 @@ def main() -> None:
     flops = 4 * T * T * D * HQ / 2
     kd, vd = fp8.dequantize(k8, ks[..., None], torch.bfloat16), fp8.dequantize(v8, vs[..., None], torch.bfloat16)
     qt = q.transpose(1, 2)
-    ms = median_ms(lambda: _causal_attention(qt, kd, vd), a.reps)
+    ms = median_ms(lambda: causal_attention(qt, kd, vd), a.reps)
     res["cudnn_bf16_ms"] = ms
     print(f"cuDNN BF16 over the dequantized cache: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
     res["e4m3"] = {}
@@ -198,7 +198,7 @@ def main() -> None:
             continue
         res["e4m3"][c] = ms
         print(f"E4M3 {c}: {ms:.2f} ms, {flops / ms / 1e9:.0f} TFLOP/s")
-    ms = median_ms(lambda: _causal_attention(qt, kd, vd), a.reps)
+    ms = median_ms(lambda: causal_attention(qt, kd, vd), a.reps)
     res["cudnn_bf16_ms_again"] = ms
     print(f"cuDNN BF16 again (how much the same kernel varies within a run): {ms:.2f} ms")
     vt_ms = median_ms(lambda: v8.transpose(2, 3).contiguous(), a.reps)

@@ -1,6 +1,6 @@
 """How fast could the batch-1 decode step get if some of its small kernels cost nothing? A bound, not a speed-up.
 
-    python -m bench.decode_bound_probe      # on one CUDA GPU (Hopper: the step runs with programmatic dependent launch)
+    python -m bench.fast.decode_bound_probe      # on one CUDA GPU (Hopper: the step runs with programmatic dependent launch)
 
 The step is captured with some kernels simply not launched (their outputs are left stale, so the logits mean
 nothing): the attention's combine, RoPE + the K/V write, W8A8's silu_mul, the whole attention, log_softmax. Each
@@ -18,8 +18,9 @@ from unittest import mock
 
 import torch
 
-from bench.fp8_speed import time_decode
+from bench.fast.fp8_speed import time_decode
 from core.engines.fast import kernels as K
+from core.engines.fast.kernels import attention
 from core.engines.fast.model import Dims, FastLlama
 from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
@@ -29,21 +30,14 @@ def _nothing(*a, **k):
     return None
 
 
-class _NoLaunch:
-    """Stands in for a Triton kernel: `kernel[grid](...)` launches nothing."""
-
-    def __getitem__(self, grid):
-        return _nothing
-
-
 # variant -> {(module, attribute): replacement}
 VARIANTS = {
     "full step": {},
-    "no combine": {(K, "_attn_combine_kernel"): _NoLaunch()},
+    "no combine": {(attention, "combine_splits"): _nothing},
     "no rope/kv write": {(K, "rope_store"): _nothing},
     "no silu_mul": {(K, "silu_mul"): _nothing},
     "no attention": {(K, "decode_attention"): _nothing},
-    "no combine, rope, silu_mul": {(K, "_attn_combine_kernel"): _NoLaunch(), (K, "rope_store"): _nothing,
+    "no combine, rope, silu_mul": {(attention, "combine_splits"): _nothing, (K, "rope_store"): _nothing,
                                    (K, "silu_mul"): _nothing},
     "no log_softmax": {(torch, "log_softmax"): lambda x, dim: x},
 }
@@ -57,7 +51,7 @@ def main() -> None:
     ap.add_argument("--tuned", default="core/engines/fast/tuned_h200.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/decode_bound_probe.py needs a CUDA GPU.")
+        sys.exit("bench/fast/decode_bound_probe.py needs a CUDA GPU.")
     K.TUNED.update(read_tuned_table(args.tuned))
     config = synthetic_config("llama-3-8b")
     dims = Dims.from_config(config)

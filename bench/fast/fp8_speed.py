@@ -1,8 +1,8 @@
 """Decode tokens/s of the fast path (static KV cache + CUDA-graph decode step) per precision, against the HBM floor.
 
-    python -m bench.fp8_speed                       # Llama-3-8B shape, random weights, on one CUDA GPU
-    python -m bench.fp8_speed --json core/data/fp8_speed_h200.json --out $OUT
-    python -m bench.fp8_speed --tuned core/engines/fast/tuned_h200.json   # skip tuning: the shipped H200 table
+    python -m bench.fast.fp8_speed                       # Llama-3-8B shape, random weights, on one CUDA GPU
+    python -m bench.fast.fp8_speed --json core/data/fp8_speed_h200.json --out $OUT
+    python -m bench.fast.fp8_speed --tuned core/engines/fast/tuned_h200.json   # skip tuning: the shipped H200 table
 
 For bf16, fp8 W8A8 and fp8 weight-only, each with the auto (bf16) and the FP8 KV cache, at batch 1, 8, 64 and
 prompt 512 and 32K: ms per decode step (CUDA-graph replays back to back, timed with events), tokens/s
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from core.engines.fast import kernels as K
-from core.engines.fast import tune
+from core.engines.fast.kernels import linears, tune
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama
 from core.engines.fast.options import overridden
 from core.engines.fast.tuned_table import read_tuned_table
@@ -114,7 +114,7 @@ def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
             "kernels": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:12])}
 
 
-# name -> (DecodeGraph folds, kernels.GEMV_PREFETCH)
+# name -> (DecodeGraph folds, kernels.linears.GEMV_PREFETCH)
 FOLD_VARIANTS = {"none": (frozenset(), False), "prefetch": (frozenset(), True),
                  "norm+o": (frozenset({"norm", "o"}), False), "norm+o+prefetch": (frozenset({"norm", "o"}), True),
                  "norm+o+silu+prefetch": (frozenset({"norm", "o", "silu"}), True)}
@@ -160,8 +160,8 @@ def silu_sweep(dims: Dims, precisions) -> dict:
         if mode == K.MODE_W8A8:
             continue
         copies = tune.rotated_copies(3 * inter * hid * (2 if mode == 0 else 1), most=16)
-        wg = tune._weights(mode, 2 * inter, hid, copies, "cuda")
-        wd = tune._weights(mode, hid, inter, copies, "cuda")
+        wg = tune.rotated_weights(mode, 2 * inter, hid, copies, "cuda")
+        wd = tune.rotated_weights(mode, hid, inter, copies, "cuda")
         row = {}
         with K.pdl_scope(True):
             def separate(c):
@@ -202,7 +202,7 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
             if name == "lm_head" and p != precisions[0]:
                 continue
             copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-            ws = tune._weights(mode, n, k, copies, "cuda")
+            ws = tune.rotated_weights(mode, n, k, copies, "cuda")
             out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             xo, h = torch.empty_like(x), torch.empty_like(x)
             xs = torch.empty(1, device="cuda", dtype=torch.float32)
@@ -247,9 +247,9 @@ def fold_ab(models: dict, prompts, steps: int) -> dict:
                 if rep == 0:
                     m.prefill(ids, cache, rows=slice(0, 1))
                 for v, (folds, prefetch) in FOLD_VARIANTS.items():
-                    K.GEMV_PREFETCH = prefetch
+                    linears.GEMV_PREFETCH = prefetch
                     times[(p, v)].append(time_decode(m, cache, 1, prompt, steps, folds)["ms_per_step"])
-        K.GEMV_PREFETCH = True
+        linears.GEMV_PREFETCH = True
         last, pos = ids[0, -1:], torch.full((1,), prompt - 1, device="cuda")
         for p, m in models.items():
             m.prefill(ids, cache, rows=slice(0, 1))
@@ -300,7 +300,7 @@ def main() -> None:
                     "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench/fp8_speed.py needs a CUDA GPU.")
+        sys.exit("bench/fast/fp8_speed.py needs a CUDA GPU.")
 
     precisions = args.precisions.split(",")
     batches = [int(b) for b in args.batches.split(",")]
@@ -341,7 +341,7 @@ def main() -> None:
 
     models = {p: FastLlama(dims, master, p, rotary=config) for p in precisions}
     meta["batch1_folds"] = {p: sorted(DecodeGraph.default_folds(m, 1)) for p, m in models.items()}
-    meta["gemv_prefetch"] = K.GEMV_PREFETCH
+    meta["gemv_prefetch"] = linears.GEMV_PREFETCH
     if args.fold_ab:
         result = {**meta, "prologue_sweep": prologue_sweep(dims, precisions),
                   "silu_sweep": silu_sweep(dims, precisions),

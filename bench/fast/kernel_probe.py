@@ -1,12 +1,13 @@
-"""Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration,
-the same on the CUDA cores (`--parts cores`: kernel_variants.attn_split_cores under each launch), weight-only FP8
-linears at batch 8 and 64 against BF16 (and from int32 words), the batch-1 W8A8 GEMVs with E4M3 turned into float32
-by moving bits (`--parts gemv`), a torch-profiler table of where a long prompt pass spends its kernel time, and `ncu`
-of the attention kernels. Each part writes its results to --json as
-soon as it ends. Results: docs/PERFORMANCE.md, "decode attention over the E4M3 cache".
+"""Probe on one GPU, for choosing kernels: decode attention over an E4M3 KV cache under each launch configuration
+(`--parts attention`, `splits`, `cuda`: attn_e4m3's CUDA kernel), weight-only FP8 linears at batch 8 and 64 against
+BF16 (`--parts wo`), the batch-1 W8A8 GEMVs against BF16's (`--parts gemv`), a torch-profiler table of where a long
+prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as
+soon as it ends. Results: docs/fast-engine.md and docs/PERFORMANCE.md, "decode attention over the E4M3 cache". The
+variants that lost (on the CUDA cores, V transposed, byte planes, E4M3 words) are in git: bench/kernel_variants.py
+before #36.
 
-    python -m bench.kernel_probe --json $OUT/probe.json --out $OUT
-    python -m bench.kernel_probe --parts attention,prefill --prefill 125000
+    python -m bench.fast.kernel_probe --json $OUT/probe.json --out $OUT
+    python -m bench.fast.kernel_probe --parts attention,prefill --prefill 125000
 """
 from __future__ import annotations
 
@@ -23,9 +24,8 @@ import traceback
 import torch
 import triton
 
-from bench import kernel_variants as V
 from core.engines.fast import kernels as K
-from core.engines.fast import tune
+from core.engines.fast.kernels import tune
 
 RESULTS: dict = {}
 
@@ -123,34 +123,6 @@ def part_attention():
                         out, ref, exact)
 
 
-def part_cores():
-    """Decode attention over the E4M3 cache without the tensor cores (kernel_variants.attn_split_cores) under each
-    launch, against the kernel in use: time, bits, error against float32 attention over the same E4M3 values."""
-    S = attn_setup()
-    hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
-    calls, out = attn_calls(S)
-    fp8_now = K.AttnWorkspace.CONFIG[True]
-    now, nbytes = calls[f"fp8 T{fp8_now[0]} w{fp8_now[1]} s{fp8_now[2]}"]
-    now()
-    ref = out.clone()
-    exact = float32_attention(S, out.shape)
-    cands = {"in use": (now, nbytes, True)}
-    for rnd in (True, False):
-        for bt in (16, 32, 64):
-            for warps in (2, 4, 8):
-                for per_sm in (4, 8):
-                    for stages in ((2, 3) if bt == 32 else (2,)):
-                        ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
-                        cands[f"cores {'round' if rnd else 'fold'} T{bt} w{warps} s{stages} x{per_sm}"] = (
-                            functools.partial(V.decode_attention_cores, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
-                                              S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d), rnd), nbytes, True)
-    return measure_each(cands, out, ref, exact)
-
-
-WO_CFGS = [(64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4), (32, 256, 4, 4),
-           (128, 128, 4, 3), (64, 512, 8, 3), (128, 64, 4, 4), (256, 64, 8, 3)]
-
-
 def part_splits():
     """Decode attention with more or fewer KV splits (AttnWorkspace's programs per SM at the longest length), for
     the E4M3 and the bf16 cache at 32K tokens, batch 8 and 1: time, and error against float32 attention over the
@@ -203,56 +175,11 @@ def bf16_cache_call(S, out):
                               1 / math.sqrt(d)), B * hkv * S["length"] * d * 4, False)
 
 
-def part_vt():
-    """Decode attention over the E4M3 cache with V stored transposed ([B, H, D, T], kernel_variants.attn_split_vt),
-    each launch, rounding like the eager cache or with the scales folded, against the kernel in use; batch 8 and 1."""
-    res = {}
-    for batch in (8, 1):
-        S = attn_setup(batch=batch)
-        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
-        out, now, ref, exact, nbytes = in_use(S)
-        v8t = S["v8"].transpose(2, 3).contiguous()
-        calls = {f"b{batch} in use": (now, nbytes, True)}
-        for fold in (False, True):
-            for bt, warps, stages in ((64, 2, 3), (64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 3), (32, 2, 3)):
-                ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, 4)
-                calls[f"b{batch} vt {'fold' if fold else 'round'} T{bt} w{warps} s{stages}"] = (
-                    functools.partial(V.decode_attention_vt, S["q"], S["k8"], v8t, S["ks"], S["vs"], S["pos"], out,
-                                      ws, hq, hkv, d, 1 / math.sqrt(d), fold), nbytes, True)
-        res.update(measure_each(calls, out, ref, exact))
-        del S, v8t
-        torch.cuda.empty_cache()
-    return res
-
-
-def part_planes():
-    """Decode attention over the E4M3 cache read as int32 words, each word's bytes as four planes of head dims with a
-    dot each (kernel_variants.attn_split_planes), each launch, against the kernel in use and the bf16 cache's kernel;
-    32K tokens, batch 8 and 1."""
-    res = {}
-    for batch in (8, 1):
-        S = attn_setup(batch=batch)
-        hq, hkv, d, B = S["hq"], S["hkv"], S["d"], S["batch"]
-        out, now, ref, exact, nbytes = in_use(S)
-        calls = {f"b{batch} in use": (now, nbytes, True), f"b{batch} bf16 cache": bf16_cache_call(S, out)}
-        for bt, warps, stages in ((64, 2, 3), (64, 4, 3), (64, 4, 2), (128, 4, 3), (128, 8, 3), (32, 2, 3),
-                                  (64, 2, 4), (128, 2, 3)):
-            for per_sm in (4, 8):
-                ws = workspace(B, hq, hkv, d, S["max_len"], bt, warps, stages, per_sm)
-                calls[f"b{batch} planes T{bt} w{warps} s{stages} x{per_sm}"] = (
-                    functools.partial(V.decode_attention_planes, S["q"], S["k8"], S["v8"], S["ks"], S["vs"],
-                                      S["pos"], out, ws, hq, hkv, d, 1 / math.sqrt(d)), nbytes, True)
-        res.update(measure_each(calls, out, ref, exact))
-        del S
-        torch.cuda.empty_cache()
-    return res
-
-
 def part_cuda():
     """Decode attention over the E4M3 cache through attn_e4m3's CUDA kernel (16-byte loads turned into f16 MMA
     operands in registers) at several programs per SM, against the Triton split kernel and the bf16 cache's kernel;
     32K tokens at batch 8 and 1, and 4K tokens at batch 1."""
-    from core.engines.fast import attn_e4m3
+    from core.engines.fast.kernels import attn_e4m3
     res = {"why_not": attn_e4m3.why_not("cuda", 32, 8, 128)}
     for batch, length in ((8, 32768), (1, 32768), (1, 4096)):
         S = attn_setup(batch=batch, length=length)
@@ -282,53 +209,23 @@ def part_wo():
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             for mode in (K.MODE_BF16, K.MODE_WO):
                 copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-                ws = tune._weights(mode, n, k, copies, "cuda")
+                ws = tune.rotated_weights(mode, n, k, copies, "cuda")
                 cfg = K.config_for(mode, m, n, k)
                 x16 = x.to(torch.float16) if mode == K.MODE_WO else None  # as DecodeGraph gives it at several rows
                 calls = [functools.partial(K.linear, x, w, s, None, out, mode, False, cfg, x16) for w, s in ws]
                 calls[0]()
-                ref = out.clone()
                 row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))
-                if mode == K.MODE_WO:
-                    bm = K.block_m_for(m)
-                    for variant, kernel in (("words", V.linear_wo_words), ("rows", V.linear_wo_f16_rows)):
-                        for bn, bk, w_, st in WO_CFGS:
-                            name = f"wo {variant} {bn}x{bk} w{w_} s{st}"
-                            try:
-                                def call(w, s, bn=bn, bk=bk, w_=w_, st=st, variant=variant, kernel=kernel):
-                                    wv = w.view(torch.int32) if variant == "words" else w
-                                    kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
-                                        x, wv, s, s, out, m, n, k, x.stride(0), wv.stride(0), out.stride(0), MODE=1,
-                                        SILU_X=False, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, EVEN=True,
-                                        num_warps=w_, num_stages=st)
-                                wcalls = [functools.partial(call, w, s) for w, s in ws]
-                                wcalls[0]()
-                                same = bool(torch.equal(out, ref))
-                                err = float((out.float() - ref.float()).norm() / ref.float().norm())
-                                row[name] = dict(us=tune.graph_time_us(wcalls), identical=same, rel_diff=err)
-                            except Exception as exc:
-                                row[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 del ws
                 torch.cuda.empty_cache()
-            best = {v: min(((r["us"], kname) for kname, r in row.items()
-                            if isinstance(r, dict) and kname.startswith(f"wo {v} ")), default=(float("nan"), "-"))
-                    for v in ("words", "rows")}
-            log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us, "
-                + ", ".join(f"best {v} {b[0]:.1f} us ({b[1]}, rel diff "
-                            f"{row[b[1]]['rel_diff'] if b[1] in row else '-'})" for v, b in best.items()))
+            log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us")
             res.append(row)
     return res
 
 
-GEMV_PROLOGUE_CFGS = [(4, 4), (8, 4), (16, 4), (8, 8), (16, 8), (32, 8)]
-GEMV_LOOP_CFGS = [(4, 2048, 4), (8, 1024, 4), (8, 2048, 8), (16, 1024, 8), (4, 4096, 8), (16, 2048, 8)]
-
-
 @torch.inference_mode()
 def part_gemv():
-    """Batch-1 W8A8 linears of the Llama-3-8B shape with the E4M3 weight converted to float32 by moving bits
-    (kernel_variants._e4m3_as_f32_low) instead of conversion instructions, against kernels.py's kernels and BF16's;
-    graphs of rotated weight copies, programmatic dependent launch on, as in the decode step."""
+    """Batch-1 W8A8 linears of the Llama-3-8B shape through the kernels in use, against BF16's; graphs of rotated
+    weight copies, programmatic dependent launch on, as in the decode step."""
     K.load_tuned()
     res = []
     with K.pdl_scope(True):
@@ -341,7 +238,7 @@ def part_gemv():
             prologue = k <= K.PROLOGUE_MAX_K
             for mode in (K.MODE_BF16, K.MODE_W8A8):
                 copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-                ws = tune._weights(mode, n, k, copies, "cuda")
+                ws = tune.rotated_weights(mode, n, k, copies, "cuda")
                 gb = n * k * (2 if mode == 0 else 1) / 1e9
                 label = "bf16" if mode == 0 else "w8a8"
                 if prologue:
@@ -349,9 +246,8 @@ def part_gemv():
                 else:
                     calls = [functools.partial(K.linear, xq if mode else x, w, s, xs, out, mode) for w, s in ws]
                 calls[0]()
-                ref = out.clone()
                 us = tune.graph_time_us(calls)
-                row[f"{label} kernels.py"] = dict(us=us, TBps=gb / us * 1e3)
+                row[f"{label} in use"] = dict(us=us, TBps=gb / us * 1e3)
                 if mode == K.MODE_BF16:
                     del ws
                     torch.cuda.empty_cache()
@@ -361,32 +257,6 @@ def part_gemv():
                     us = tune.graph_time_us(dot)
                     row["w8a8 tuned linear on E4M3 x"] = dict(us=us, TBps=gb / us * 1e3,
                                                               cfg=K.config_for(mode, 1, n, k))
-                for conv in (0, 1, 2):
-                    for cfg in (GEMV_PROLOGUE_CFGS if prologue else GEMV_LOOP_CFGS):
-                        if not prologue and k % cfg[1]:
-                            continue  # gemv_w8a8 takes whole tiles only
-                        key = f"w8a8 convert{conv} {'x'.join(map(str, cfg))}"
-                        try:
-                            def call(w, s, cfg=cfg, conv=conv):
-                                if prologue:
-                                    bn, warps = cfg
-                                    V.gemv_w8a8_prologue[(triton.cdiv(n, bn),)](
-                                        w, s, x, out, n, w.stride(0), K=k, KP2=k, BLOCK_N=bn, CONVERT=conv,
-                                        num_warps=warps, num_stages=1, **K._launch())
-                                else:
-                                    bn, bk, warps = cfg
-                                    V.gemv_w8a8[(triton.cdiv(n, bn),)](
-                                        xq, w, s, xs, out, n, k, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, CONVERT=conv,
-                                        num_warps=warps, num_stages=1, **K._launch())
-                            vcalls = [functools.partial(call, w, s) for w, s in ws]
-                            out.zero_()
-                            vcalls[0]()
-                            torch.cuda.synchronize()
-                            same = bool(torch.equal(out, ref))
-                            us = tune.graph_time_us(vcalls)
-                            row[key] = dict(us=us, TBps=gb / us * 1e3, identical=same)
-                        except Exception as exc:
-                            row[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 del ws
                 torch.cuda.empty_cache()
             log(f"  {name} {n}x{k}: " + ", ".join(
@@ -400,7 +270,7 @@ def part_ncu(out_dir):
     cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:attn_split", "--launch-count", "3",
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "MemoryWorkloadAnalysis",
            "--section", "Occupancy", "--section", "SchedulerStats",
-           sys.executable, "-m", "bench.kernel_probe", "--ncu-target"]
+           sys.executable, "-m", "bench.fast.kernel_probe", "--ncu-target"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         text = p.stdout + "\n" + p.stderr[-3000:]
@@ -522,14 +392,8 @@ def main():
         try:
             if part == "attention":
                 RESULTS[part] = part_attention()
-            elif part == "cores":
-                RESULTS[part] = part_cores()
-            elif part == "vt":
-                RESULTS[part] = part_vt()
             elif part == "cuda":
                 RESULTS[part] = part_cuda()
-            elif part == "planes":
-                RESULTS[part] = part_planes()
             elif part == "splits":
                 RESULTS[part] = part_splits()
             elif part == "wo":
