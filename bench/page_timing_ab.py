@@ -7,13 +7,13 @@ Prints one JSON line. Compare checkouts in one sitting and alternate them (these
 """
 import json, re, sys, tempfile
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])  # the app and test helpers of the checkout measured, not this one
 from playwright.sync_api import sync_playwright
 from tests.e2e.helpers import CHROMIUM, CHROMIUM_ARGS, AppServer, goto, metric_value, new_page, wait_idle
 
 # the file watcher off in both checkouts, also in those from before .streamlit/config.toml turned it off
+# the checkout measured serves its own app (its folder is the app's first import path), this one only drives it
 srv = AppServer("app.py", Path(tempfile.mkdtemp()) / "h.sqlite", Path(tempfile.mkdtemp()) / "server.log",
-                env={"STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}).start()
+                env={"STREAMLIT_SERVER_FILE_WATCHER_TYPE": "none"}, root=Path(sys.argv[1]).resolve()).start()
 out = {"repo": sys.argv[1]}
 try:
     with sync_playwright() as p:
