@@ -1,6 +1,7 @@
 """How fast could the batch-1 decode step get if some of its small kernels cost nothing? A bound, not a speed-up.
 
-    python -m bench.fast.decode_bound_probe      # on one CUDA GPU (Hopper: the step runs with programmatic dependent launch)
+    python -m bench.fast.decode_bound_probe  # on one CUDA GPU (Hopper: the step runs with programmatic dependent
+                                             # launch)
 
 The step is captured with some kernels simply not launched (their outputs are left stale, so the logits mean
 nothing): the attention's combine, RoPE + the K/V write, W8A8's silu_mul, the whole attention, log_softmax. Each

@@ -1,8 +1,8 @@
 """Prefill (time to first token) of the fast path per precision, and which attention kernel SDPA runs, on one GPU.
 
-    python -m bench.fast.prefill_speed                          # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
+    python -m bench.fast.prefill_speed                     # Llama-3-8B shape, random weights, 8K / 32K / 125K tokens
     python -m bench.fast.prefill_speed --prompts 8192 --json $OUT/prefill.json
-    python -m bench.fast.prefill_speed --skip-torch-ops --json core/data/prefill_h200.json   # what the pages show
+    python -m bench.fast.prefill_speed --skip-torch-ops --json core/data/prefill_h200.json  # what the pages show
 
 For BF16 and FP8 W8A8, each through the fused kernels (`FastLlama.prefill(fused=True)`, what the engine runs; W8A8 with
 its FP8 GEMMs' partial sums promoted to float32 and with fast accumulation, the default), where FlashAttention-3 is

@@ -464,8 +464,8 @@ _CUDNN_REFUSED: set = set()  # (head_dim, dtype) cuDNN's attention did not take 
 
 
 def causal_attention(q, k, v):
-    """Causal SDPA over grouped K/V, through cuDNN's fused attention where it runs (H200, one layer at 32K tokens:
-    cuDNN 14.6 ms, flash 25.2 ms, 2026-12-01), SDPA's own choice otherwise. Only the enabled set is narrowed for
+    """Causal SDPA over grouped K/V, through cuDNN's fused attention where it runs (faster than flash on the H200:
+    docs/fast-engine.md#cudnn-prompt-attention), SDPA's own choice otherwise. Only the enabled set is narrowed for
     the call: a priority order set through sdpa_kernel outlives it (torch restores the old order as an explicit
     one, and its unset default is what prefers cuDNN on Hopper), which sent later default calls to flash."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -494,14 +494,9 @@ def _rope_params(rotary_config, dims: Dims):
     return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
 
 
-# Which folds (DecodeGraph) a batch-1 step uses, per mode: those that measured faster on the H200 (bench/fp8_speed.py
-# --fold-ab). "norm" and "o" (2026-12-02, prompt 512, without -> with both): BF16 4.40 -> 4.34 ms a step, W8A8
-# 2.78 -> 2.74, weight-only 2.95 -> 2.64 (its E4M3 upcast is cheaper in the whole-row FMA kernel). "silu" on top
-# (2026-12-03, prompts 512 / 32K, two runs): weight-only 2.630 -> 2.591 and 3.879 -> 3.836 ms; BF16 slower (4.03 ->
-# 4.09); W8A8 not folded: its row's E4M3 quantization needs the row's amax, known only once every program is done,
-# and both ways tried were slower than silu_mul's own kernel (2.71 -> 2.98 ms with the down GEMV quantizing the
-# bf16 row as it reads it, 2.72 -> 3.11 ms with the gate|up kernel's last program quantizing it; PERFORMANCE.md).
-# TRIAGE_FOLD=0 turns them all off.
+# Which folds (DecodeGraph) a batch-1 step uses, per mode: those that measured faster on the H200
+# (docs/fast-engine.md#folds; W8A8 keeps silu_mul: its row's E4M3 scale needs the whole row). TRIAGE_FOLD=0 turns
+# them all off.
 FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
                          "fp8-wo": frozenset({"norm", "o", "silu"})}
 
@@ -546,7 +541,7 @@ class DecodeGraph:
             self.attnq = torch.empty(B, d.heads * d.head_dim, dtype=E4M3, device=dev)
             self.actq = torch.empty(B, d.inter, dtype=E4M3, device=dev)
         # Weight-only at several rows: the producers also write their rows in f16, which the linears' f16 dots read
-        # instead of each program converting the same bf16 activations (H200, 64 rows: gate|up 65.2 -> 53.1 us)
+        # instead of each program converting the same bf16 activations (docs/fast-engine.md#f16-activations)
         f16 = model.mode == "fp8-wo" and B > 1
         self.h16 = torch.empty(B, d.hidden, dtype=torch.float16, device=dev) if f16 else None
         self.attn16 = torch.empty(B, d.heads * d.head_dim, dtype=torch.float16, device=dev) if f16 else None
@@ -622,8 +617,8 @@ class DecodeGraph:
                 # one row: the down projection computes SiLU(gate) * up as it loads it (one launch fewer)
                 L["down"].fast(self.gu, None, self.delta, silu_x=True)
             else:
-                # several rows: a computed (not loaded) dot operand stalls the tensor-core pipeline; measured
-                # ~3x slower on the H200 at batch 8, so the activation gets its own kernel
+                # several rows: a computed (not loaded) dot operand stalls the tensor-core pipeline, so the
+                # activation gets its own kernel (docs/fast-engine.md#silu-several-rows)
                 K.silu_mul(self.gu, self.act, a16_out=self.act16)
                 L["down"].fast(self.act, None, self.delta, x16=self.act16)
         if fold_norm:

@@ -39,9 +39,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, m_ptr, l_pt
         k = tl.load(k_ptr + kv_off, mask=tmask[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=tmask[:, None], other=0.0)
         if FP8:
-            # dequantize exactly as FP8KV.read(): (q.float() * scale).to(bf16). Folding the scales into the scores
-            # and p instead, with the E4M3 bits moved into f16 (no conversion instructions), measured no faster
-            # on the H200 (2026-11-29), so the version that rounds like the eager reference stays.
+            # dequantize exactly as FP8KV.read(): (q.float() * scale).to(bf16); folding the scales in measured no
+            # faster (docs/fast-engine.md#e4m3-dequant)
             ks = tl.load(ks_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
             vs = tl.load(vs_ptr + b * stride_sb + kvh * stride_sh + offs_t, mask=tmask, other=0.0)
             k = (k.to(tl.float32) * ks[:, None]).to(tl.bfloat16)
@@ -92,8 +91,7 @@ class AttnWorkspace:
     launch configuration of the split kernel for the cache's K/V dtype."""
 
     # (BLOCK_T, num_warps, num_stages, programs per SM at the longest length), per K/V dtype
-    # E4M3 K/V: two warps and three stages, 198 us against 290 us with the bf16 settings for one layer at 32K tokens x
-    # batch 8 on the H200, same result bit for bit (bench/kernel_probe.py, 2026-12-01)
+    # E4M3 K/V: two warps and three stages, measured faster on the H200 (docs/fast-engine.md#e4m3-attention-launch)
     CONFIG = {False: (64, 4, 2, 4), True: (64, 2, 3, 4)}
 
     # E4M3 K/V through the CUDA kernel (attn_e4m3): 4 warps, programs per SM at the longest length
@@ -150,6 +148,5 @@ def _attn_split(q, k_cache, v_cache, k_scale, v_scale, pos, ws, hq, hkv, d, sm_s
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_scale.stride(0) if fp8 else 0, k_scale.stride(1) if fp8 else 0,
         HQ=hq, HKV=hkv, G=g, GP=max(16, triton.next_power_of_2(g)), D=d, BLOCK_T=ws.block_t, FP8=fp8,
-        # the E4M3 split kernel runs without it: with it, a batch-1 step at 32K tokens got slower on the H200
-        # (W8A8 4.01 -> 4.54 ms), where the bf16-cache one got faster (4.19 -> 4.07)
+        # the E4M3 split kernel runs without PDL: slower with it on the H200 (docs/fast-engine.md#e4m3-split-pdl)
         num_warps=ws.num_warps, num_stages=ws.num_stages, **launch_options(allowed=not fp8))

@@ -44,8 +44,7 @@ _PDL_SCOPE = contextvars.ContextVar("pdl_scope", default=False)
 @contextlib.contextmanager
 def pdl_scope(on: bool):
     """Launches inside use programmatic dependent launch where available. Decode graphs of one row turn it on:
-    on the H200 (2026-12-01, bench/fp8_speed.py) it took a batch-1 step from 4.53 to 4.40 ms (BF16) and 3.03 to
-    2.80 ms (FP8 W8A8), but made batch 8 slower for BF16 (4.78 -> 5.08 ms) and weight-only FP8 (5.74 -> 6.73)."""
+    faster at batch 1, slower at batch 8 on the H200 (docs/fast-engine.md#pdl)."""
     token = _PDL_SCOPE.set(on)
     try:
         yield

@@ -56,7 +56,7 @@ def _linear_tile(x_ptr, x16_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, str
         if MODE == 1:
             if F16_DOT:
                 # E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the limit:
-                # 2026-12-02 on the H200, 6144x4096 at 8 rows 20.6 us against 12.5); bf16 -> f16 is exact inside
+                # docs/fast-engine.md#f16-dot); bf16 -> f16 is exact inside
                 # f16's range (below 6.1e-5 it keeps 2^-24 steps; past 65504 it overflows: see _linear_kernel)
                 acc = tl.dot(w.to(tl.float16), x.to(tl.float16), acc)
             else:
@@ -220,9 +220,8 @@ def _gemv_prologue_kernel(w_ptr, ws_ptr, x_ptr, d_ptr, xo_ptr, lnw_ptr, out_ptr,
         tl.store(out_ptr + offs_n, out.to(tl.bfloat16), mask=nmask)
 
 
-# (BLOCK_N, num_warps) of gemv_prologue per mode: the best on the H200 for every Llama-3-8B batch-1 linear it folds
-# into (2026-12-02, bench/fp8_speed.py --fold-ab; within 0.3 us of each shape's own best). PROLOGUE_CFG, keyed by
-# (mode, N, K, silu_out), overrides them; --fold-ab fills it from its sweep.
+# (BLOCK_N, num_warps) of gemv_prologue per mode: the best on the H200 for the Llama-3-8B batch-1 linears
+# (docs/fast-engine.md#prologue-launch). PROLOGUE_CFG, keyed by (mode, N, K, silu_out), overrides them.
 PROLOGUE_DEFAULT = {MODE_BF16: (2, 4), MODE_WO: (8, 4), MODE_W8A8: (8, 4)}
 PROLOGUE_CFG: dict[tuple[int, int, int, bool], tuple[int, int]] = {}
 PROLOGUE_MAX_K = 8192  # the whole row is one tile: registers bound it
@@ -247,15 +246,13 @@ def gemv_prologue(x, w, w_scale, out, mode: int, delta=None, x_out=None, norm_we
     return out
 
 
-# The GEMV's first-tile prefetch, for weights of more than 4 tiles along K. H200, 2026-12-02 (bench/fp8_speed.py
-# --fold-ab, which also measures the step without it): on the down projections (7-14 tiles) it took a BF16 batch-1
-# step from 4.34 to 4.03 ms; on every GEMV, with 2-tile ones among them (K = 4096 in 2048-wide tiles: it leaves the
-# pipelined loop a single tile), the step went from 4.40 to 4.46 ms.
+# The GEMV's first-tile prefetch, for weights of more than 4 tiles along K: faster on the H200 there, slower on
+# every GEMV (docs/fast-engine.md#gemv-prefetch).
 GEMV_PREFETCH = True
 
 
-# Launch configurations, keyed by (mode, m_key(M), N, K). bench/fp8_speed.py tunes them on the GPU and fills this
-# table before capturing graphs; FastLlamaEngine loads the table measured on an H200 (tuned_h200.json) on Hopper;
+# Launch configurations, keyed by (mode, m_key(M), N, K). bench/fast/fp8_speed.py tunes them on the GPU and fills
+# this table before capturing graphs; FastLlamaEngine loads the table measured on an H200 (tuned_h200.json) on Hopper;
 # without a tuned entry, `default_config` is used.
 TUNED: dict[tuple[int, int, int, int], dict] = {}
 

@@ -90,7 +90,8 @@ def add_rmsnorm(x, delta, weight, eps, h_out, scale_out=None, q_out=None, h16_ou
                               scale_out if scale_out is not None else x, q_out if q_out is not None else x,
                               h16_out if h16_out is not None else x, N, eps, HAS_DELTA=delta is not None,
                               WANT_H=h_out is not None, WANT_SCALE=scale_out is not None,
-                              WANT_H16=h16_out is not None, BLOCK=block, num_warps=_row_warps(block), **launch_options())
+                              WANT_H16=h16_out is not None, BLOCK=block, num_warps=_row_warps(block),
+                              **launch_options())
     return h_out
 
 
