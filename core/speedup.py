@@ -1,13 +1,13 @@
-"""The FP8/BF16 speedups measured on the H200, for pages to show beside a setup: decode (bench/fp8_speed.py) and the
-prompt pass, i.e. time to first token (bench/prefill_speed.py)."""
+"""The FP8/BF16 speedups measured on the H200, for pages to show beside a setup: decode (bench/fast/fp8_speed.py) and
+the prompt pass, i.e. time to first token (bench/fast/prefill_speed.py)."""
 from __future__ import annotations
 
 import json
 from functools import lru_cache
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("data") / "fp8_speed_h200.json"  # written by python -m bench.fp8_speed --json
-PREFILL = Path(__file__).with_name("data") / "prefill_h200.json"  # python -m bench.prefill_speed --json
+RESULTS = Path(__file__).with_name("data") / "fp8_speed_h200.json"  # written by python -m bench.fast.fp8_speed --json
+PREFILL = Path(__file__).with_name("data") / "prefill_h200.json"  # python -m bench.fast.prefill_speed --json
 
 
 @lru_cache(maxsize=None)
@@ -40,7 +40,7 @@ def source_line() -> str:
     launch = f", programmatic dependent launch at {pdl}" if pdl and pdl != "off" else ""
     if any(d.get("batch1_folds", {}).values()):
         launch += ", norms folded into the linears at batch 1"
-    return (f"Measured by bench/fp8_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
+    return (f"Measured by bench/fast/fp8_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
             f"{d.get('model')}, fast CUDA-graph decode path{launch}; tok/s at decode.")
 
 
@@ -81,6 +81,6 @@ def prefill_source_line() -> str:
     d = _read(PREFILL)
     if not d:
         return ""
-    return (f"Measured by bench/prefill_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
+    return (f"Measured by bench/fast/prefill_speed.py on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}), "
             f"{d.get('model')}, one prompt into a fresh cache, prompt attention through "
             f"{d.get('prompt_attention', 'SDPA')}; seconds from the first kernel to the logits.")

@@ -2,7 +2,7 @@
 load them, and the format is checked in tests on machines without a GPU).
 
 Two layouts exist: the shipped table (tuned_h200.json: metadata plus "configs") and the bare list of rows that
-`python -m bench.fp8_speed --out D` writes to D/tuned_linears.json; its full result JSON keeps the rows under
+`python -m bench.fast.fp8_speed --out D` writes to D/tuned_linears.json; its full result JSON keeps the rows under
 "tuned_linears". Each row is {"key": [mode, batch bucket, N, K], "cfg": {...}}.
 """
 from __future__ import annotations
