@@ -29,9 +29,10 @@ class FleetRun:
 
 
 def run(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
-        save: bool = True) -> FleetRun:
+        save: bool = True, at: float | None = None) -> FleetRun:
+    """The checklist now, or as it stood at unix time `at` (the queries' window ends there)."""
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    snap = collect(prom, selector, replica_label, window)
+    snap = collect(prom, selector, replica_label, window, at)
     findings = evaluate(snap, CHECKS)
     inputs = {"prometheus_url": snap.prometheus_url, "selector": snap.selector, "replica_label": snap.replica_label,
               "window": snap.window, "auth": prom.auth_description}

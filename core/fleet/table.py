@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from core.fleet.fleet import FleetSnapshot, Replica
+from core.fleet.promql import PEER_MIN_FINISHED
 from core.fmt import fmt_bytes, fmt_s
 from core.telemetry.nvml import decode_throttle
 
@@ -53,6 +54,11 @@ GPU_COLUMNS = (
 
 
 HELP = {
+    "state": "DOWN: its last scrape failed. STALLED: no token, prompt token or finished request over the stall "
+             "window while its running + waiting gauges showed work all along (a stopped engine freezes them; /health "
+             "still answers 200), with how long nothing moved. silent: no progress and no work shown while the "
+             f"fleet's median replica finished {PEER_MIN_FINISHED}+ requests. An idle replica (no requests) is up, "
+             "never stalled.",
     "TTFT mean": "Exact mean time to first token over the window: rate of _sum over rate of _count.",
     "TTFT p99": "histogram_quantile over the window; in brackets the histogram bucket it fell in: the value is "
                 "interpolated anywhere inside it, so the slowest request may be far below it.",
@@ -83,14 +89,30 @@ def _extra(r: Replica, key: str) -> str:
 
 
 def state(r: Replica) -> str:
-    return {True: "up", False: "DOWN", None: "?"}[r.up]
+    """DOWN (scrape failing), STALLED (no progress with requests in flight), silent (no progress while the fleet
+    serves), up, or ? (not in /api/v1/targets)."""
+    if r.up is False:
+        return "DOWN"
+    if r.values.get("stalled") is not None:
+        return "STALLED"
+    if r.values.get("silent") is not None:
+        return "silent"
+    return {True: "up", None: "?"}[r.up]
+
+
+def _stalled_for(snap: FleetSnapshot, r: Replica) -> str:
+    if snap.stalled(r) is None:
+        return ""
+    seconds, more = snap.no_progress_s(r)
+    return f" ({'>' if more else '~'}{seconds:.0f} s)"
 
 
 def worst_first(snap: FleetSnapshot) -> list[Replica]:
-    """Down first, then outliers (highest z first), then by p99 TTFT."""
+    """Down first, then stalled, then silent, then outliers (highest z first), then by p99 TTFT."""
     def key(r: Replica):
         z = max((float("inf") if z is None else z for z in r.outliers.values()), default=0.0)
-        return (r.up is not False, -z, -(r.values.get("ttft_p99_s") or 0.0), r.name)
+        return (r.up is not False, r.values.get("stalled") is None, r.values.get("silent") is None, -z,
+                -(r.values.get("ttft_p99_s") or 0.0), r.name)
     return sorted(snap.replicas, key=key)
 
 
@@ -100,7 +122,7 @@ def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, st
     errors = any(r.last_error for r in snap.replicas)
     out = []
     for r in worst_first(snap):
-        row = {snap.replica_label: r.name, "state": state(r),
+        row = {snap.replica_label: r.name, "state": state(r) + _stalled_for(snap, r),
                "last scrape": "N/A" if r.last_scrape_age_s is None else f"{r.last_scrape_age_s:.0f} s ago"}
         if errors:
             row["last error"] = r.last_error

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from core.fleet.fleet import FleetSnapshot, Replica
-from core.fleet.promql import host_of
+from core.fleet.promql import PEER_MIN_FINISHED, host_of
 from core.fmt import fmt_s
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
@@ -290,9 +290,66 @@ def decide_xid(snap: FleetSnapshot) -> Outcome:
         clean=f"No XID errors in the last {snap.window}.", evidence=ev)
 
 
+# What to do with a stalled replica: the single-server liveness remedies (core/deployment/liveness.py's
+# engine_stopped and no_progress), restated here since feature packages do not import each other.
+STALL_REMEDY = ("On that replica's host, find its engine core (`ps -eo pid,stat,args | grep EngineCore`). State T: "
+                "something paused it (SIGSTOP, a debugger, a cgroup freezer); `kill -CONT PID` resumes it if that was "
+                "on purpose. Otherwise take its stack with `py-spy dump --pid PID` (add --native for the C++/CUDA "
+                "frames) to see where it waits, then restart the replica. `python -m diagnostics watch --url "
+                "http://REPLICA` names the kind of stall (hung kernel, deadlock, admission). Restart on this rule, "
+                "not on /health: the API server answers /health and /metrics while the engine is stuck.")
+SILENT_REMEDY = ("Either the load balancer sends it nothing (readiness probe failing, taken out of the Service, "
+                 "sticky sessions elsewhere) or its engine is wedged with the gauges at 0 (vllm#37729). Send it one "
+                 "request directly (`curl http://REPLICA/v1/completions` with max_tokens 1): no token back means "
+                 "stalled; then as for a stall: `py-spy dump --pid PID` of its engine core, and restart.")
+
+
+def decide_stalled(snap: FleetSnapshot) -> Outcome:
+    if "stalled" not in snap.promql:
+        return skip("progress: no vllm:generation_tokens_total, prompt_tokens_total, request_success_total or "
+                    "num_requests_running series under this selector")
+    judged = [r for r in snap.replicas if r.values.get("progress") is not None]
+    stalled = [r for r in snap.replicas if snap.stalled(r) == "stalled"]
+    silent = [r for r in snap.replicas if snap.stalled(r) == "silent"]
+    ev = _evidence(snap, stalled + silent, ("running", "waiting", "work_min", "progress"), "stalled")
+    ev["stall_window"] = snap.stall_window
+    ev["promql_silent"] = snap.promql.get("silent", "")
+    for r in stalled + silent:
+        s, more = snap.no_progress_s(r)
+        ev[f"{r.name} no_progress_s"] = f"more than {s:.0f}" if more else round(s)
+
+    def how(r: Replica) -> str:
+        s, more = snap.no_progress_s(r)
+        since = f"{'more than ' if more else 'about '}{s:.0f} s"
+        if snap.stalled(r) == "silent":
+            return f"{r.name}: no progress for {since}"
+        return (f"{r.name}: no token and no finished request for {since} with {_count(r.values.get('running'))} "
+                f"running and {_count(r.values.get('waiting'))} waiting (gauges frozen at those values)")
+
+    def listed(rows: list[Replica]) -> str:
+        return "; ".join(how(r) for r in rows[:SHOW]) + (f"; and {len(rows) - SHOW} more" if len(rows) > SHOW else "")
+
+    if stalled:
+        return fail(f"Stalled while /health may still answer 200 (nothing moved over the last {snap.stall_window} "
+                    f"with requests in flight): {listed(stalled)}.", STALL_REMEDY, evidence=ev)
+    if silent:
+        return warn(f"Silent while the fleet serves (no progress over the last {snap.stall_window} while the median "
+                    f"replica finished {PEER_MIN_FINISHED}+ requests): {listed(silent)}.", SILENT_REMEDY, evidence=ev)
+    busy = sum(1 for r in judged if (r.values.get("progress") or 0) > 0)
+    return passed(f"No replica stalled over the last {snap.stall_window}: {busy} of {len(judged)} made progress, the "
+                  "rest had no requests in flight.", evidence=ev)
+
+
+def _count(v: float | None) -> str:
+    return "?" if v is None else f"{v:.0f}"
+
+
 CHECKS = (
     Check("fleet.replica_down", "Replica down", Severity.HIGH,
           "a replica's scrape target is not up (/api/v1/targets)", decide_down),
+    Check("fleet.stalled", "Replica stalled (no progress with requests in flight)", Severity.HIGH,
+          "increase() of generation and prompt tokens and finished requests all 0 over the stall window while "
+          "min_over_time(running + waiting) > 0, per replica", decide_stalled),
     Check("vllm.metrics_off", "vLLM stats logging off", Severity.MEDIUM,
           "a healthy target of the vLLM jobs exports no vllm:* series (--disable-log-stats)", decide_metrics_off),
     Check("vllm.kv_pressure", "KV cache full and preempting", Severity.HIGH,

@@ -1,9 +1,9 @@
-"""`python -m diagnostics fleet`: every vLLM replica a Prometheus knows, as a table, with the fleet checklist."""
+"""`python -m diagnostics fleet`: every vLLM replica a Prometheus knows, as a table, with the fleet checklist; with
+--alert-rules, the checks that can run inside Prometheus written as a rule file instead."""
 from __future__ import annotations
 
 import argparse
 import json
-
 
 
 def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -23,9 +23,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "fleet", help="table and checklist of every vLLM replica in a Prometheus",
         description="Reads every vLLM replica's metrics (and GPU metrics from dcgm-exporter or the console's "
                     "exporter) from a Prometheus, ranks the replicas against the fleet median and runs the fleet "
-                    "checklist. The result is saved to History. Exit 0 whenever it ran.")
-    add_prometheus_args(p, required=True)
+                    "checklist. The result is saved to History. Exit 0 whenever it ran. With --alert-rules FILE it "
+                    "writes the checks that can run inside Prometheus (stall, target down, KV pressure, saturation, "
+                    "slow replica) as a Prometheus rule file and exits; --prometheus-url is then optional (it only "
+                    "finds which metric names the fleet uses; without it, native vllm: names).")
+    add_prometheus_args(p, required=False)
     p.add_argument("--json", action="store_true", help="print the fleet and the findings as JSON")
+    p.add_argument("--alert-rules", metavar="FILE", help="write a Prometheus rule file for --selector, "
+                   "--replica-label and --window (2m is a good alerting window) to FILE and exit")
+    p.add_argument("--for", dest="for_", metavar="DURATION", help="the rules' `for:` (default: half the stall "
+                   "window, e.g. 60s for --window 2m)")
     p.set_defaults(func=main)
 
 
@@ -46,9 +53,34 @@ def print_run(fleet_run, as_json: bool) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from core.errors import InputError
     from core.fleet.prom import Prometheus
     from diagnostics import fleet
 
+    if args.alert_rules:
+        return write_rules(args)
+    if not args.prometheus_url:
+        raise InputError("fleet needs --prometheus-url (the Prometheus that scrapes the vLLM servers), or "
+                         "--alert-rules FILE to write the alert rules only.")
     out = fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window)
     print_run(out, args.json)
+    return 0
+
+
+def write_rules(args: argparse.Namespace) -> int:
+    from core.fleet.fleet import names_at
+    from core.fleet.prom import Prometheus
+    from diagnostics import fleet_rules
+
+    names, where = None, ""
+    if args.prometheus_url:
+        prom = Prometheus(args.prometheus_url)
+        names, where = names_at(prom, args.selector), prom.base_url
+    rules = fleet_rules.export(args.alert_rules, names, args.selector, args.replica_label, args.window, args.for_,
+                               where)
+    print(f"Wrote {len(rules)} alert rules to {args.alert_rules}: {', '.join(r.alert for r in rules)}.")
+    if not names:
+        print("Metric names: native vllm: assumed; give --prometheus-url to use the names your Prometheus holds "
+              "(vllm_ or ray_vllm_ after relabelling).")
+    print(f"Check it with `promtool check rules {args.alert_rules}`, then list it under rule_files in prometheus.yml.")
     return 0

@@ -113,6 +113,100 @@ def states(seen) -> list[str]:
     return [f"{t}s {v.state}/{v.kind}" for t, v in seen]
 
 
+# --- the Fleet half of #35: the same server through a real Prometheus, the fleet check and the exported rules ------
+FLEET_WINDOW = "20s"  # the stall window (promql.stall_window's floor): longer than a 3000-token prefill here
+STALL_RULES = ("VllmReplicaStalled", "VllmReplicaSilent")
+
+
+@pytest.fixture(scope="module")
+def fleet_prom(server, tmp_path_factory):
+    """A real Prometheus scraping this module's server every second, evaluating the exported rule file (written by
+    the CLI, as a user would) every second. It lives from the first fleet test to the module's end, so the long-prompt
+    soak above runs under its eye."""
+    from types import SimpleNamespace
+
+    from tests import promstack
+
+    why = promstack.missing_reason()
+    if why:
+        if os.environ.get("TRIAGE_TESTS_WITHOUT_PROMETHEUS") == "1":
+            pytest.skip(f"{why}; skipped on purpose (TRIAGE_TESTS_WITHOUT_PROMETHEUS=1)")
+        pytest.fail(f"The fleet stall tests need Prometheus: {why}.", pytrace=False)
+    rules = tmp_path_factory.mktemp("fleet-rules") / "vllm-alerts.yml"
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "fleet", "--alert-rules", str(rules), "--window",
+                          FLEET_WINDOW], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    instance = server.base_url.split("//", 1)[1]
+    prom = promstack.PrometheusServer([promstack.scrape_job("vllm", [instance], 1.0)],
+                                      REPO / "artifacts" / "prometheus-stall.log", rule_files=(rules,))
+    prom.start()
+    try:
+        yield SimpleNamespace(prom=prom, url=prom.url, rules=rules, instance=instance, started=time.time())
+    finally:
+        prom.stop()
+
+
+def _prom_get(url: str, path: str, **params) -> dict:
+    r = requests.get(url + path, params=params, timeout=10)
+    r.raise_for_status()
+    return r.json()["data"]
+
+
+def fleet_now(stack, at: float | None = None):
+    """The fleet checklist as the console runs it (diagnostics.fleet.run), now or at unix time `at`."""
+    from core.fleet.prom import Prometheus
+    from diagnostics import fleet
+
+    run = fleet.run(Prometheus(stack.url), "", "instance", FLEET_WINDOW, save=False, at=at)
+    return run, {f.check_id: f for f in run.result.findings}
+
+
+def alerts(stack, names=STALL_RULES) -> list[dict]:
+    """The alerts Prometheus holds now (pending or firing) among `names`."""
+    return [a for a in _prom_get(stack.url, "/api/v1/alerts")["alerts"] if a["labels"]["alertname"] in names]
+
+
+def wait_for_history(stack, seconds: float) -> None:
+    """Until Prometheus holds `seconds` of this server's samples: the stall rule judges a replica only once it was
+    scraped a whole stall window ago."""
+    deadline = time.monotonic() + seconds + 30
+    while time.time() - stack.started < seconds + 2 or not _prom_get(
+            stack.url, "/api/v1/query", query=f"vllm:num_requests_running offset {int(seconds)}s")["result"]:
+        assert time.monotonic() < deadline, f"Prometheus has no {seconds:g} s of samples of {stack.instance}"
+        time.sleep(0.5)
+
+
+def stall_matches(stack, start: float, end: float) -> list:
+    """Every second from start to end: the stall queries' answers (must be empty) and the ALERTS series Prometheus
+    wrote for the stall rules (pending or firing), so no single evaluation can slip by between polls."""
+    run, _ = fleet_now(stack, at=end)
+    found = []
+    for col in ("stalled", "silent"):
+        if col in run.snapshot.promql:
+            found += _prom_get(stack.url, "/api/v1/query_range", query=run.snapshot.promql[col], start=start,
+                               end=end, step=1)["result"]
+    span = max(1, int(end - start))
+    found += _prom_get(stack.url, "/api/v1/query", time=end,
+                       query=f'ALERTS{{alertname=~"{"|".join(STALL_RULES)}"}}[{span}s]')["result"]
+    return found
+
+
+def test_fleet_an_idle_replica_is_never_stalled_through_prometheus(server, fleet_prom):
+    groups = _prom_get(fleet_prom.url, "/api/v1/rules")["groups"]
+    loaded = [r["name"] for g in groups for r in g["rules"]]
+    assert "VllmReplicaStalled" in loaded and "VllmTargetDown" in loaded, loaded  # Prometheus loaded the export
+    wait_for_history(fleet_prom, 20 + 2)
+    start = time.time() - 20
+    run, found = fleet_now(fleet_prom)
+    r = run.snapshot.replica(fleet_prom.instance)
+    assert r is not None and r.up and r.values.get("progress") == 0 and r.values.get("running") == 0, r
+    assert found["fleet.stalled"].status.value == "PASS", found["fleet.stalled"]
+    bad = [r for g in _prom_get(fleet_prom.url, "/api/v1/rules")["groups"] for r in g["rules"]
+           if r.get("health") != "ok"]
+    assert not bad, bad  # every exported rule evaluates in Prometheus (lastError empty)
+    assert not stall_matches(fleet_prom, start, time.time())
+
+
 def test_an_idle_server_is_idle_and_never_stalled(server):
     observer = Observer(server.base_url)
     observer.connect()
@@ -136,6 +230,85 @@ def test_long_prompts_under_steady_load_are_serving_never_stalled(server):
     assert not [s for s in states(seen) if STALLED in s], states(seen)
     assert counts.get(SERVING, 0) >= 0.8 * len(seen), states(seen)
     assert load.done > 0 and not load.errors, load.errors[:3]
+
+
+def _load_span(stack, lookback_s: int) -> tuple[float, float] | None:
+    """(first, last) unix seconds with requests running on the server in the last lookback_s, from Prometheus."""
+    now = time.time()
+    res = _prom_get(stack.url, "/api/v1/query_range", query="vllm:num_requests_running > 0", start=now - lookback_s,
+                    end=now, step=1)["result"]
+    ts = [float(t) for series in res for t, _ in series["values"]]
+    return (min(ts), max(ts)) if ts else None
+
+
+def test_fleet_long_prompts_are_never_stalled_through_prometheus(server, fleet_prom):
+    """Over the long-prompt soak above (its own load when run alone): 3000-token prompts in 512-token chunks, so a
+    prefill is in progress at most scrapes and the counters stay flat for seconds at a time."""
+    span = _load_span(fleet_prom, int(SOAK_S) + 30)
+    if span is None or span[1] - span[0] < 20 + 10:
+        load = Load(server.base_url, clients=3, prompt_tokens=LONG_PROMPT, max_tokens=24)
+        try:
+            wait_running(server.base_url)
+            time.sleep(20 + 12)
+        finally:
+            load.end()
+        assert load.done > 0 and not load.errors, load.errors[:3]
+        span = _load_span(fleet_prom, 60)
+    start, end = span
+    assert end - start >= 20 + 5, span
+    assert not stall_matches(fleet_prom, start, end + 5)  # every second of it, query and rule alike
+    moved = []
+    for t in range(int(start) + 20, int(end), 5):  # the checklist itself at moments inside the load
+        run, found = fleet_now(fleet_prom, at=t)
+        assert found["fleet.stalled"].status.value == "PASS", (t - start, found["fleet.stalled"])
+        moved.append(run.snapshot.replica(fleet_prom.instance).values.get("progress"))
+    print(f"long prompts: {end - start:.0f} s of load, progress per 20 s window at {len(moved)} moments: {moved}")
+    assert moved and all(m and m > 0 for m in moved), moved
+
+
+def test_fleet_names_a_sigstopped_engine_stalled_and_prometheus_fires_the_rule(server, fleet_prom):
+    """Requests in flight, the engine core stopped, /health and /metrics still 200: the fleet check names the replica
+    stalled and Prometheus's own evaluation of the exported rule goes to firing; both clear after SIGCONT."""
+    core = engine_core(server)
+    load = Load(server.base_url, clients=4, prompt_tokens=16, max_tokens=200, repeat=False)
+    check_s = alert_s = None
+    try:
+        wait_running(server.base_url)
+        time.sleep(2)
+        os.kill(core.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        assert requests.get(server.base_url + "/health", timeout=5).status_code == 200
+        while (check_s is None or alert_s is None) and time.monotonic() < stopped_at + 50:
+            run, found = fleet_now(fleet_prom)
+            if check_s is None and found["fleet.stalled"].status.value == "FAIL":
+                check_s, finding, snap = time.monotonic() - stopped_at, found["fleet.stalled"], run.snapshot
+            if alert_s is None and any(a["state"] == "firing" and a["labels"].get("instance") == fleet_prom.instance
+                                       for a in alerts(fleet_prom, ("VllmReplicaStalled",))):
+                alert_s = time.monotonic() - stopped_at
+            time.sleep(1)
+        print(f"SIGSTOP: fleet.stalled after {check_s} s, the exported rule firing after {alert_s} s")
+        assert check_s is not None and alert_s is not None, (check_s, alert_s, alerts(fleet_prom))
+        assert fleet_prom.instance in finding.verdict and "py-spy dump --pid" in finding.remedy, finding
+        r = snap.replica(fleet_prom.instance)
+        assert r.up and (r.values["running"] or 0) + (r.values.get("waiting") or 0) > 0, r  # the frozen gauges
+        assert snap.promql["stalled"] in finding.evidence["promql"]
+        from core.fleet.table import rows
+        assert rows(snap)[0]["state"].startswith("STALLED"), rows(snap)[0]
+        assert check_s <= 35 and alert_s <= 45
+    finally:
+        os.kill(core.pid, signal.SIGCONT)
+    resumed_at = time.monotonic()
+    cleared = None
+    while time.monotonic() < resumed_at + 30:
+        _, found = fleet_now(fleet_prom)
+        if found["fleet.stalled"].status.value == "PASS" and not alerts(fleet_prom):
+            cleared = time.monotonic() - resumed_at
+            break
+        time.sleep(1)
+    load.end()
+    print(f"after SIGCONT: check and alert clear after {cleared} s")
+    assert cleared is not None, (found["fleet.stalled"], alerts(fleet_prom))
+    assert load.done == 4, load.errors
 
 
 def _secs(verdict) -> float:
@@ -228,3 +401,29 @@ def test_sigkill_of_the_engine_core_is_named_dead(server):
     assert (v.state, v.kind) == (STALLED, "engine_dead"), states(seen)
     assert f"pid {core.pid}" in v.headline and "restart" in v.remedy
     assert detected_s <= DETECT_S
+
+
+def test_fleet_a_killed_engine_is_a_target_down_never_a_stall(server, fleet_prom):
+    """After the SIGKILL above (or its own, when run alone): vLLM's API server exits, the target goes down, and the
+    fleet says replica down, not stalled; Prometheus's target-down rule takes it, the stall rule does not."""
+    if server.server.proc.poll() is None:
+        try:
+            os.kill(engine_core(server).pid, signal.SIGKILL)
+        except (AssertionError, psutil.Error, ProcessLookupError):
+            pass
+    killed = time.time()
+    deadline = time.monotonic() + 30
+    while True:
+        run, found = fleet_now(fleet_prom)
+        r = run.snapshot.replica(fleet_prom.instance)
+        down = [a for a in alerts(fleet_prom, ("VllmTargetDown",))
+                if a["labels"].get("instance") == fleet_prom.instance]
+        if r is not None and r.up is False and down:
+            break
+        assert time.monotonic() < deadline, (r, alerts(fleet_prom, ("VllmTargetDown",)))
+        time.sleep(1)
+    gone = found["fleet.replica_down"]
+    assert gone.status.value == "FAIL" and fleet_prom.instance in gone.verdict, gone
+    assert found["fleet.stalled"].status.value == "PASS", found["fleet.stalled"]
+    print(f"killed: target down, VllmTargetDown {down[0]['state']} {time.time() - killed:.1f} s after this test began")
+    assert not stall_matches(fleet_prom, killed - 10, time.time())

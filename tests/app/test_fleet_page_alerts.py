@@ -1,0 +1,31 @@
+"""The Fleet page's alerting part in Streamlit's AppTest, over a hand-made fleet with one stalled replica: the state
+column says STALLED, the stall query is shown as it stands (pasteable as an alert rule) and the rule file is offered
+for download. The page over a real Prometheus and real vLLM servers is tests/vllm/test_fleet_browser.py's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from diagnostics.checks.fleet import CHECKS
+from diagnostics.findings import RunResult
+from diagnostics.fleet import FleetRun
+from diagnostics.runner import evaluate
+from tests.unit.test_fleet_stall import _replica, _snap
+
+PAGE = str(Path(__file__).resolve().parents[2] / "views" / "fleet.py")
+
+
+def test_the_fleet_page_shows_the_stall_query_and_offers_the_rule_file():
+    stuck = _replica("stuck", running=4.0, work_min=4.0, stalled=4.0, progress_last_t=970.0)
+    snap = _snap([_replica("busy", running=2.0, progress=10.0), stuck], prometheus_url="http://127.0.0.1:9")
+    result = RunResult("now", 300.0, 300.0, False, "host", {}, tuple(evaluate(snap, CHECKS)), ())
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.session_state["fleet_run"] = FleetRun(snap, result)
+    at.run()
+    assert not at.exception, at.exception
+    assert snap.promql["stalled"] in [c.value for c in at.code]
+    table = at.dataframe[0].value
+    assert table.iloc[0]["instance"] == "stuck" and table.iloc[0]["state"].startswith("STALLED")
+    button = at.get("download_button")[0]
+    assert "alert rules" in button.label
