@@ -1,7 +1,7 @@
 """How long the default precision compare takes (6 built-in prompts, 32 tokens, FP32 against FP8 W8A8), in one
 process, with each of the torch engine's CPU paths:
 
-    fast       what the console runs: core/engines/cpu_fast.py (oneDNN-packed linears, matmul decode attention)
+    fast       what the console runs: core/engines/torch/cpu_fast.py (oneDNN-packed linears, matmul decode attention)
                and the FP8 C kernel
     reference  TRIAGE_CPU_FAST=0 (plain nn.Linear, SDPA), FP8 C kernel
     eager      TRIAGE_CPU_FAST=0 and fp8_cpu.turned_off() (FP8Linear's eager path): the console before both
@@ -22,7 +22,7 @@ import sys
 import time
 
 from bench.fp8_cpu_bench import cpu_model
-from core import fp8_cpu
+from core.engines.torch import fp8_cpu
 from core.compare import run as cp
 from core.compare.prompts import default_prompts
 from core.compare.result import Side

@@ -9,7 +9,7 @@ same way: decode tok/s = batch x (N - 1) / (time of an N-token run - time of a 1
 token drop out; best of --reps for each. The two engines do not run at the same time (vLLM loads after the torch runs,
 in a process of its own), so read the ratio with the load averages printed beside it.
 The torch engine runs twice, its reference path (TRIAGE_CPU_FAST=0: plain nn.Linear, SDPA) and its fast path
-(core/engines/cpu_fast.py). Record results in docs/PERFORMANCE.md with the machine and date.
+(core/engines/torch/cpu_fast.py). Record results in docs/PERFORMANCE.md with the machine and date.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import time
 
 from bench.fp8_cpu_bench import cpu_model, prompt_ids
 from core.engines.base import GenerationParams
-from core.engines.torch_engine import TorchEngine
+from core.engines.torch.engine import TorchEngine
 from core.engines.vllm_engine import vllm_python
 from core.models import ModelSpec, embedded_model_dir
 from core.precision import KVDtype, Precision
@@ -75,7 +75,7 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     torch_load = os.getloadavg()[0]
     ours, labels = {}, {}
-    for path, flag in (("reference", "0"), ("fast", "1")):  # core/engines/cpu_fast.py off, then on
+    for path, flag in (("reference", "0"), ("fast", "1")):  # core/engines/torch/cpu_fast.py off, then on
         os.environ["TRIAGE_CPU_FAST"] = flag
         engine = TorchEngine(ModelSpec("embedded"), Precision.BF16, KVDtype.AUTO, device="cpu")
         ids = prompt_ids(engine, args.prompt_tokens)

@@ -16,7 +16,7 @@ import time
 
 
 from core.engines.base import GenerationParams
-from core.engines.torch_engine import TorchEngine
+from core.engines.torch.engine import TorchEngine
 from core.models import parse_model
 from core.precision import KVDtype, parse_precision
 

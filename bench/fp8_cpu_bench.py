@@ -5,8 +5,8 @@ process.
                                             [--threads 2] [--profile]
 
 --family fp8 (default): the embedded model at BF16, FP8 (W8A8) and FP8 weight-only, each FP8 precision through
-core/fp8_cpu.py's kernel ("kernel") and through FP8Linear's eager path ("eager", `fp8_cpu.turned_off()`).
---family int: BF16, INT4, INT4 AWQ and INT8 weight-only, through core/int_cpu.py ("kernel") and the torch ops that
+core/engines/torch/fp8_cpu.py's kernel ("kernel") and through FP8Linear's eager path ("eager", `fp8_cpu.turned_off()`).
+--family int: BF16, INT4, INT4 AWQ and INT8 weight-only, through core/engines/torch/int_cpu.py ("kernel") and the torch ops that
 dequantized their weights before ("eager", `int_cpu.turned_off()`).
 Every repeat runs all rows back to back, so the shared machine's load hits every row alike; the best of the repeats is
 kept. Greedy, no EOS stop, the same prompt for every row of a batch. Also says whether kernel and eager gave the same
@@ -23,9 +23,9 @@ import subprocess
 import sys
 import time
 
-from core import fp8_cpu, int_cpu
+from core.engines.torch import fp8_cpu, int_cpu
 from core.engines.base import GenerationParams
-from core.engines.torch_engine import TorchEngine
+from core.engines.torch.engine import TorchEngine
 from core.models import ModelSpec
 from core.precision import KVDtype, Precision
 

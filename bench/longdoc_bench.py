@@ -43,7 +43,7 @@ def measure(args) -> tuple[str, list[str]]:
     from core.long_context import kvcache
     from core.long_context import document as longdoc
     from core.long_context import runs as longrun
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
     from core.models import parse_model
     from core.precision import KVDtype, parse_precision
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     from core.long_context import document as longdoc
     from core.long_context import runs as longrun
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
     from core.models import parse_model
     from core.precision import parse_precision
 

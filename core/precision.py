@@ -17,8 +17,8 @@ class Precision(str, Enum):
     FP16 = "fp16"
     FP8 = "fp8"  # E4M3 W8A8: per-output-channel weight scales, dynamic per-token activation scales
     FP8_WEIGHT_ONLY = "fp8-wo"  # E4M3 weights, upcast to the base dtype for the matmul (W8A16)
-    # Integer precisions (core/quant.py), torch engine only; lm_head and embeddings stay at the base dtype.
-    # W8A8: per-output-channel weight scales, dynamic per-token activation scales, int8 products (core/quant.py: int_mm)
+    # Integer precisions (core/engines/torch/quant.py), torch engine only; lm_head and embeddings stay at the base dtype.
+    # W8A8: per-output-channel weight scales, dynamic per-token activation scales, int8 products (core/engines/torch/quant.py: int_mm)
     INT8 = "int8"
     INT8_WEIGHT_ONLY = "int8-wo"  # int8 weights, upcast to the base dtype for each matmul (W8A16)
     INT4 = "int4"  # weight-only, groups of 128 along the input, asymmetric (zero point), two weights a byte
@@ -34,7 +34,7 @@ class Precision(str, Enum):
 
     @property
     def is_int(self) -> bool:
-        """Integer weights (core/quant.py): INT8 W8A8, INT8 weight-only, INT4 and INT4 with AWQ scaling."""
+        """Integer weights (core/engines/torch/quant.py): INT8 W8A8, INT8 weight-only, INT4 and INT4 with AWQ scaling."""
         return self in (Precision.INT8, Precision.INT8_WEIGHT_ONLY, Precision.INT4, Precision.INT4_AWQ)
 
     @property
@@ -115,7 +115,7 @@ def unsupported_reasons(precision: Precision, kv: KVDtype, device: Device, engin
                 )
     if engine in ("vllm", "vllm-cpu") and precision.is_int:
         reasons.append(
-            f"{precision.label} is this console's own online quantization (core/quant.py); vLLM cannot quantize a "
+            f"{precision.label} is this console's own online quantization (core/engines/torch/quant.py); vLLM cannot quantize a "
             "BF16 checkpoint to INT8 or INT4 at load (it runs INT8/INT4 only from pre-quantized checkpoints: "
             "compressed-tensors, GPTQ, AWQ). Use the torch engine for this precision."
         )

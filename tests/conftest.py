@@ -33,7 +33,7 @@ def engine_cache():
     import gc
     from collections import OrderedDict
 
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
     from core.models import ModelSpec
     from core.precision import KVDtype, Precision
     from core.telemetry.run_peak import trim_heap

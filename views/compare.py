@@ -21,14 +21,10 @@ STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "cal
 
 
 def loader(side: Side, progress):
-    # Torch engines come from the shared registry, so the Model page and this page hold one copy of each setup.
-    # session.load also makes the setup this session's current model; comparing should not change that.
+    # Torch engines come from the shared pool, so the Model page and this page hold one copy of each setup.
     if side.engine != "torch":
         return load_engine(side, progress)
-    previous = ss.get("setup")
-    engine = session.load(Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
-    ss["setup"] = previous
-    return engine
+    return session.pooled(Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
 
 
 def side_inputs(col, title: str, default: Precision, key: str):

@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from bench.fast.prompt_attn_probe import median_ms
-from core import fp8
+from core.engines.torch import fp8
 from core.engines.fast import fa3
 from core.engines.fast.model import causal_attention
 

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch.nn import functional as F
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from core import fp8
+from core.engines.torch import fp8
 from core.engines.fast.model import causal_attention
 
 HQ, HKV, D = 32, 8, 128

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 from core.compare import agreement as ag
 from core.compare.prompts import Prompt, unique_names
 from core.compare.result import CompareResult, PromptResult, Side
-from core.engines.base import (Cancelled, EngineError, GenerationParams, Score, UnsupportedCombination,
-                               length_groups)
+from core.engines.base import Cancelled, EngineError, GenerationParams, Score, length_groups
 from core.errors import InputError
 
 ENGINES = ("torch", "vllm", "remote")
@@ -47,77 +44,19 @@ def vllm_gpu_share(reference: Side, candidate: Side) -> float | None:
 
 
 def load_engine(side: Side, progress: ProgressFn | None = None, gpu_share: float | None = None):
-    """A ready engine for `side`. Raises UnsupportedCombination/EngineError with a message for the user.
-    `gpu_share`: the GPU memory fraction a local vLLM server may take (None: vLLM's default)."""
-    if side.engine == "torch":
-        from core.engines.factory import build_engine  # the CUDA-graph engine where it runs, else TorchEngine
-        from core.models import parse_model
+    """A ready engine for `side` (through core.engines.factory.open_engine). Raises UnsupportedCombination/
+    EngineError with a message for the user. `gpu_share`: the GPU memory fraction a local vLLM server may take."""
+    from core.engines.factory import EngineChoice, open_engine
 
-        return build_engine(parse_model(side.model), side.precision, side.kv_dtype, progress=progress)
-    if side.engine == "vllm":
-        from pathlib import Path
-
-        from core.engines.vllm_engine import VllmEngine
-
-        model_dir = None if side.model in ("", "embedded") else str(Path(side.model).expanduser())
-        return VllmEngine(model_dir, side.precision, side.kv_dtype, gpu_memory_utilization=gpu_share).load(progress)
-    if side.engine == "remote":
-        from core.engines.remote import RemoteEngine
-
-        eng = RemoteEngine(side.url, model=side.model or None, api_key=side.api_key, timeout_s=120.0)
-        eng.connect()
-        reasons = eng.unsupported_reasons(side.precision, side.kv_dtype)
-        if reasons:
-            raise UnsupportedCombination(reasons)
-        return eng
-    raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
-
-
-def _is_torch(engine) -> bool:
-    return getattr(engine, "name", "") == "torch" and hasattr(engine, "model")
-
-
-def _torch_score_batch(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
-    """Teacher-forced scores of several (prompt, continuation) pairs in one forward pass of a TorchEngine.
-
-    Same numerics as TorchEngine.score (a fresh cache of the engine's KV dtype, so an FP8 KV cache is applied to
-    what attention reads), but left-padded and batched, and with logits only for the continuation positions."""
-    import torch
-
-    from core.engines.torch_engine import left_padded, make_cache
-
-    dev = engine.device.kind
-    pad = engine.tokenizer.pad_token_id or 0
-    seqs = [list(p) + list(c) for p, c in items]
-    width = max(len(s) for s in seqs)
-    keep = max(len(c) for _, c in items) + 1  # the last column predicts past the sequence; kept for simple slicing
-    with torch.inference_mode(), engine.lock:
-        ids, mask = left_padded(seqs, pad, dev)
-        out = engine.model(
-            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=make_cache(engine.config, engine.kv_dtype), cache_position=torch.arange(width, device=dev),
-            use_cache=True, logits_to_keep=keep,
-        )
-        scores = []
-        for b, (_, cont) in enumerate(items):
-            n = len(cont)
-            lp = torch.log_softmax(out.logits[b, keep - 1 - n: keep - 1].float(), dim=-1)
-            tv, ti = lp.topk(top_k, dim=-1)
-            target = lp.gather(1, torch.tensor(cont, device=lp.device)[:, None])[:, 0]
-            scores.append(Score(list(cont), target.tolist(), [dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
-                                lp.cpu().numpy()))
-        return scores
+    if side.engine not in ENGINES:
+        raise InputError(f"Unknown engine {side.engine!r}; choose one of: {', '.join(ENGINES)}.")
+    return open_engine(EngineChoice(side.engine, side.model, side.precision, side.kv_dtype, url=side.url,
+                                    api_key=side.api_key, gpu_share=gpu_share), progress)
 
 
 def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
-    """Teacher-forced scores for every (prompt ids, continuation ids) pair: batched forward passes on torch, parallel
-    prompt_logprobs requests on a server (which batches them itself)."""
-    if _is_torch(engine):
-        return _torch_score_batch(engine, items, top_k)
-    if "full" in inspect.signature(engine.score).parameters:  # an in-process engine (the fast CUDA one): exact KL
-        return [engine.score(p, c, top_k, full=True) for p, c in items]
-    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-        return list(pool.map(lambda it: engine.score(it[0], it[1], top_k), items))
+    """Teacher-forced scores for every (prompt ids, continuation ids) pair, batched as the engine does best."""
+    return engine.score_many(items, top_k)
 
 
 def _generate(engine, texts: list[str], params: GenerationParams, stop):

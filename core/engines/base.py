@@ -203,6 +203,11 @@ class MemoryReport:
 
 
 class Engine(Protocol):
+    """What every engine offers. In-process engines (torch, fast) also mix in core.engines.hf_side.HFSide (encode,
+    token_texts, bos_ids, vocab_size) and have window_logprobs(ids, keep) for a document scored in windows; the
+    torch engine alone keeps a prompt pass for scoring (generate_keeping_prompt_pass) and exposes its numerics
+    (linear_kernels, calibrate_static_fp8, layer_errors)."""
+
     name: str  # a short key: "torch", "torch-fast", "vllm-cpu", "vllm", "remote"
     ran: str  # what really executes, for labels, History and JSON: "torch eager on CPU", "vllm 0.32.0 on ..."
 
@@ -219,6 +224,11 @@ class Engine(Protocol):
     def stream(self, prompt: str, params: GenerationParams) -> Iterator[StreamEvent]: ...
 
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8) -> Score: ...
+
+    def score_many(self, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+        """Teacher-forced scores of (prompt ids, continuation ids) pairs, batched as the engine does best: one padded
+        pass in process (with full distributions, for exact KL), parallel prompt_logprobs requests on a server."""
+        ...
 
     def memory_report(self) -> MemoryReport: ...
 

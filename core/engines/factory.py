@@ -1,17 +1,80 @@
-"""Pick the engine for a setup: the fast CUDA-graph path where it can run, the eager torch engine otherwise."""
+"""The one door to an engine: `open_engine(choice)` turns what a user picked (an EngineChoice) into a loaded engine.
+
+"torch" is the CUDA-graph engine where it can run (NVIDIA GPU, a Llama-shaped model, BF16/FP8), else the eager torch
+engine; "torch-eager" always the eager one (integer precisions, static FP8 and the layer analysis need its
+numerics); "vllm" a local vLLM server started here; "remote" an OpenAI-compatible server already running.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
 
-def build_engine(spec, precision, kv_dtype, progress=None):
-    from core.engines.torch_engine import TorchEngine, current_device
+from core.errors import InputError
+from core.models import ModelSpec
+from core.precision import KVDtype, Precision
 
-    device = current_device()
-    if device.kind == "cuda" and spec.kind in ("synthetic", "hf_dir"):
-        from core.engines.fast import fast_decode_unavailable_reasons
-        from core.models import load_config
+KINDS = ("torch", "torch-eager", "vllm", "remote")
+Progress = Callable[[float, str], None]
 
-        if not fast_decode_unavailable_reasons(device, precision, kv_dtype, load_config(spec)):  # no reason: it can run
-            from core.engines.fast import FastLlamaEngine
 
-            return FastLlamaEngine(spec, precision, kv_dtype, progress=progress)
-    return TorchEngine(spec, precision, kv_dtype, progress=progress)
+@dataclass(frozen=True)
+class EngineChoice:
+    kind: str  # one of KINDS
+    model: ModelSpec | str = "embedded"  # torch/vllm: a spec, or what a user types; remote: the served name or ""
+    precision: Precision = Precision.BF16
+    kv_dtype: KVDtype = KVDtype.AUTO
+    url: str = ""  # remote only
+    api_key: str | None = None  # remote only; never saved
+    device: str | None = None  # torch kinds: "cpu" or "cuda" to force one (None: the best present)
+    calibration: str | None = None  # torch kinds: AWQ's calibration text (None: the shipped sample prose)
+    gpu_share: float | None = None  # vllm only: the GPU memory fraction its server may take (None: vLLM's default)
+
+    def spec(self) -> ModelSpec:
+        from core.models import parse_model
+
+        return self.model if isinstance(self.model, ModelSpec) else parse_model(self.model)
+
+
+def open_engine(choice: EngineChoice, progress: Progress | None = None):
+    """A ready engine for `choice`. Raises UnsupportedCombination/EngineError/RemoteError with a message for the user."""
+    if choice.kind in ("torch", "torch-eager"):
+        from core.engines.torch.engine import TorchEngine, current_device
+
+        spec = choice.spec()
+        device = current_device(choice.device)
+        if choice.kind == "torch" and device.kind == "cuda" and spec.kind in ("synthetic", "hf_dir"):
+            from core.engines.fast import fast_decode_unavailable_reasons
+            from core.models import load_config
+
+            if not fast_decode_unavailable_reasons(device, choice.precision, choice.kv_dtype, load_config(spec)):
+                from core.engines.fast import FastLlamaEngine
+
+                return FastLlamaEngine(spec, choice.precision, choice.kv_dtype, device=choice.device,
+                                       progress=progress)
+        return TorchEngine(spec, choice.precision, choice.kv_dtype, device=choice.device, progress=progress,
+                           calibration=choice.calibration)
+    if choice.kind == "vllm":
+        from pathlib import Path
+
+        from core.engines.vllm_engine import VllmEngine
+
+        model = choice.model if isinstance(choice.model, str) else choice.model.path
+        model_dir = None if model in ("", "embedded") else str(Path(model).expanduser())
+        return VllmEngine(model_dir, choice.precision, choice.kv_dtype,
+                          gpu_memory_utilization=choice.gpu_share).load(progress)
+    if choice.kind == "remote":
+        from core.engines.base import UnsupportedCombination
+        from core.engines.remote import RemoteEngine
+
+        eng = RemoteEngine(choice.url, model=str(choice.model) or None, api_key=choice.api_key, timeout_s=120.0)
+        eng.connect()
+        reasons = eng.unsupported_reasons(choice.precision, choice.kv_dtype)
+        if reasons:
+            raise UnsupportedCombination(reasons)
+        return eng
+    raise InputError(f"Unknown engine {choice.kind!r}; choose one of: {', '.join(KINDS)}.")
+
+
+def build_engine(spec: ModelSpec, precision: Precision, kv_dtype: KVDtype, progress: Progress | None = None):
+    """The in-process engine for a setup (the pool's loader): open_engine with kind "torch"."""
+    return open_engine(EngineChoice("torch", spec, precision, kv_dtype), progress)

@@ -1,4 +1,4 @@
-"""Loaded engines shared by every browser session of the process: keyed by Setup (model, precision, KV dtype, engine),
+"""Loaded engines shared by every browser session of the process: keyed by Setup (model, precision, KV dtype),
 one load at a time, at most KEEP loaded (the least recently used idle one is unloaded first).
 
 Pure Python: the pages hold one EnginePool for the process (views/common/session.py), so eight browser tabs on the
@@ -21,7 +21,6 @@ class Setup:
     spec: ModelSpec
     precision: Precision
     kv_dtype: KVDtype = KVDtype.AUTO
-    engine: str = "torch"
 
     @property
     def label(self) -> str:

@@ -315,6 +315,13 @@ class RemoteEngine:
                               "teacher-forced scoring needs vLLM's {token id: {logprob, rank}} per position.") from exc
         return Score(list(continuation_ids), target, tops)
 
+    def score_many(self, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+        """Teacher-forced scores of several pairs, as parallel requests: the server batches them as they arrive."""
+        if not items:
+            return []
+        with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+            return list(pool.map(lambda it: self.score(it[0], it[1], top_k), items))
+
     def memory_report(self) -> MemoryReport:
         """What the server says about itself: KV cache size from cache_config_info, RSS from process metrics."""
         from core.telemetry.vllm_metrics import scrape

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from core import cbuild
+from core.engines.torch import cbuild
 from core.engines.base import EngineError, Generation, GenerationParams, MemoryReport, Score, StreamEvent, \
     UnsupportedCombination
 from core.engines.remote import RemoteEngine
@@ -373,6 +373,9 @@ class VllmEngine:
 
     def score(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 8) -> Score:
         return self._r().score(prompt_ids, continuation_ids, top_k)
+
+    def score_many(self, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+        return self._r().score_many(items, top_k)
 
     def tokenize(self, text: str) -> list[int]:
         return self._r().tokenize(text)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from core.engines.hf_side import HFSide
 from core.errors import InputError
 from core.models import embedded_converted_dir
 from core.textfile import DocumentError, source_text
@@ -213,9 +214,9 @@ def fit(s: DocStats, mode: str = "head") -> tuple[list[int], str | None]:
 
 
 @dataclass(frozen=True)
-class TokenizerOnly:
+class TokenizerOnly(HFSide):
     """What a document's statistics and the KV cache calculator need of a model, without its weights: the tokenizer,
-    the config and the position limit (named as an engine names them, so either can be passed)."""
+    the config and the position limit, and an engine's token side (so either can be passed)."""
     label: str
     tokenizer: Any
     config: Any

@@ -30,15 +30,11 @@ def _noop(*_):
 
 def plain_ids(engine, text: str) -> list[int]:
     """Token ids of `text` without special tokens."""
-    tok = engine.tokenizer
-    if callable(tok):
-        return tok(text, add_special_tokens=False)["input_ids"]
-    return engine.encode(text)
+    return engine.encode_plain(text)
 
 
 def bos(engine) -> list[int]:
-    b = getattr(engine.tokenizer, "bos_token_id", None)
-    return [b] if b is not None else []
+    return engine.bos_ids
 
 
 def exact_prompt(engine, filler: list[int], n: int) -> list[int]:

@@ -1,5 +1,5 @@
 """Which layer broke it: the per-linear relative output error of each quantizer against the unquantized model on the
-calibration text, with the activation statistics behind it (core/quant.py's layer_errors), ranked."""
+calibration text, with the activation statistics behind it (core/engines/torch/quant.py's layer_errors), ranked."""
 from __future__ import annotations
 
 from core.precision import Precision
@@ -10,20 +10,20 @@ CALIBRATION_TOKENS = 256
 def analyze(spec, base: Precision = Precision.BF16, calibration: str | None = None, tokens: int = CALIBRATION_TOKENS,
             device: str | None = None, engine=None, progress=lambda f, m: None) -> dict:
     """Loads `spec` at `base` (or uses the given unquantized engine), measures every linear, unloads what it loaded."""
-    from core import quant
+    from core.engines.torch import quant
 
     if base.is_fp8 or base.is_int:
         raise ValueError("The layer analysis measures against an unquantized model (fp32, bf16 or fp16).")
     owned = engine is None
     if owned:
-        from core.engines.torch_engine import TorchEngine
+        from core.engines.factory import EngineChoice, open_engine
 
-        engine = TorchEngine(spec, base, device=device, progress=lambda f, m: progress(0.5 * f, m))
+        engine = open_engine(EngineChoice("torch-eager", spec, base, device=device),
+                             lambda f, m: progress(0.5 * f, m))
     try:
         progress(0.5, "Measuring each linear layer")
         ids = quant.calibration_ids(engine.tokenizer, calibration, tokens)
-        with engine.lock:
-            rows = quant.layer_errors(engine.model, ids)
+        rows = engine.layer_errors(ids)
     finally:
         if owned:
             engine.unload()

@@ -98,17 +98,6 @@ def plan_windows(n_tokens: int, window: int, stride: int, max_positions: int | N
         prev_end, start = end, start + stride
 
 
-def document_ids(tokenizer, text: str) -> list[int]:
-    if callable(tokenizer):
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer.encode(text))
-
-
-def _bos(tokenizer) -> list[int]:
-    b = getattr(tokenizer, "bos_token_id", None)
-    return [b] if b is not None else []
-
-
 # ---- one pass over the windows --------------------------------------------------------------------------------
 
 def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, progress: Progress, should_stop,
@@ -117,7 +106,7 @@ def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, prog
     import torch
 
     dev = engine.device.kind
-    bos = _bos(engine.tokenizer)
+    bos = engine.bos_ids
     fwd_s, tokens = 0.0, 0
     for i, w in enumerate(windows):
         if should_stop and should_stop():
@@ -125,29 +114,21 @@ def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, prog
         progress(i / len(windows), f"{what}: window {i + 1} of {len(windows)}")
         ids = bos + doc[w.start:w.end]
         keep = w.end - w.first_scored + 1
-        with torch.inference_mode(), engine.lock:
-            engine._ensure_loaded()
-            t0 = time.perf_counter()
-            logits = engine.model(input_ids=torch.tensor([ids], device=dev), use_cache=False,
-                                  logits_to_keep=keep).logits[0, :-1]
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            fwd_s += time.perf_counter() - t0
-            tokens += len(ids)
-            lp = torch.log_softmax(logits.float(), dim=-1)
+        lp, seconds = engine.window_logprobs(ids, keep)
+        fwd_s += seconds
+        tokens += len(ids)
+        with torch.inference_mode():
             on_window(w, lp, torch.tensor(doc[w.first_scored:w.end], device=dev))
     return {"forward_s": fwd_s, "prefill_tok_s": tokens / fwd_s if fwd_s > 0 else None, "tokens": tokens}
 
 
 def _engine_numbers(engine, doc: list[int], decode_tokens: int = DECODE_TOKENS) -> dict:
     """Weights, peak memory and decode speed of a loaded engine (greedy tokens after the document's start)."""
-    prompt = _bos(engine.tokenizer) + doc[:64]
+    prompt = engine.bos_ids + doc[:64]
     gen = engine.generate([prompt], GenerationParams(max_new_tokens=max(2, decode_tokens), stop_at_eos=False,
                                                      top_logprobs=0))[0]
     mem = engine.memory_report()
-    from core import quant
-
-    kernels = quant.kernels(engine.model) if getattr(engine, "model", None) is not None else []
+    kernels = engine.linear_kernels() if hasattr(engine, "linear_kernels") else []  # the torch engine's numerics
     return {"weights_bytes": mem.weights_bytes, "weights_by_dtype": mem.weights_by_dtype, "peak_bytes": mem.peak_bytes,
             "peak_source": mem.peak_source, "decode_tok_s": gen.decode_tok_s, "kernels": kernels}
 
@@ -221,19 +202,20 @@ def _worst(engine, doc: list[int], positions: list[int], kl: list[float], ref_to
 def default_loader(spec, device: str | None = None, calibration: str | None = None):
     """Loads a fresh TorchEngine per variant (integer precisions and static FP8 need the eager engine)."""
     def load(variant: Variant, progress: Progress):
-        from core.engines.torch_engine import TorchEngine
+        from core.engines.factory import EngineChoice, open_engine
 
-        eng = TorchEngine(spec, variant.precision, device=device, progress=progress, calibration=calibration)
+        eng = open_engine(EngineChoice("torch-eager", spec, variant.precision, device=device, calibration=calibration),
+                          progress)
         if variant.static_tokens:
-            from core import fp8, quant
+            from core.engines.torch import quant
 
             ids = quant.calibration_ids(eng.tokenizer, calibration, variant.static_tokens)
-            have = len(ids) - len(_bos(eng.tokenizer))
+            have = len(ids) - len(eng.bos_ids)
             if have < variant.static_tokens:
                 eng.unload()
                 raise InputError(f"{variant.name} calibrates on {variant.static_tokens:,} tokens; the calibration "
                                  f"text has {have:,}. Give a longer calibration text or a smaller N.")
-            fp8.calibrate_static(eng.model, ids)
+            eng.calibrate_static_fp8(ids)
         return eng
     return load
 
@@ -246,7 +228,7 @@ def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, w
         on_result: Callable[[dict], None] = _noop) -> dict:
     """The quality table of `candidates` against `reference` over the document. `load(variant, progress)` gives an
     engine (default: a fresh TorchEngine, unloaded after its pass; a caller's loader keeps its engines)."""
-    from core.engines.torch_engine import current_device
+    from core.engines.torch.engine import current_device
     from core.textfile import check_text
 
     check_text(doc_text, document_name)
@@ -280,10 +262,10 @@ def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, w
     # else the first loaded below. The cache key needs the ids, so the reference engine is loaded only on a miss.
     tok_engine = get(reference, 0)
     ref_engine = tok_engine
-    doc = document_ids(tok_engine.tokenizer, doc_text)
-    windows = plan_windows(len(doc), window, stride, tok_engine.max_positions, len(_bos(tok_engine.tokenizer)))
+    doc = tok_engine.encode_plain(doc_text)
+    windows = plan_windows(len(doc), window, stride, tok_engine.max_positions, len(tok_engine.bos_ids))
     positions = _scored_positions(windows)
-    vocab = tok_engine.model.config.vocab_size
+    vocab = tok_engine.vocab_size
     full = len(positions) * vocab * 4 <= refcache.FULL_LIMIT_BYTES
     meta = refcache.key_meta(f"{spec.kind}:{spec.path}:{spec.label}:{current_device(device).kind}", reference.name,
                              "auto", refcache.document_hash(doc), window, stride, 0 if full else top_k)

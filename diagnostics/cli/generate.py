@@ -21,8 +21,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from core.engines.base import GenerationParams
-    from core.engines.torch_engine import TorchEngine
-    from core.models import parse_model
+    from core.engines.factory import EngineChoice, open_engine
     from core.precision import parse_kv_dtype, parse_precision
 
     if not args.prompt.strip():
@@ -30,8 +29,9 @@ def run(args) -> int:
         return 2
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_logprobs=args.top_logprobs).validated()
-    engine = TorchEngine(parse_model(args.model), parse_precision(args.precision), parse_kv_dtype(args.kv_dtype),
-                         device=args.device)
+    # the CUDA-graph engine where it can run (as on the Model page), else the eager one
+    engine = open_engine(EngineChoice("torch", args.model, parse_precision(args.precision),
+                                      parse_kv_dtype(args.kv_dtype), device=args.device))
     stream = not args.json and sys.stdout.isatty()
     shown = [0]
 

@@ -56,7 +56,7 @@ def test_empty_and_binary_documents_get_messages():
 
 
 def test_stored_layer_analysis_renders_ranked_table_and_heatmap():
-    from core import quant
+    from core.engines.torch import quant
 
     errs = {q: 0.01 * (i + 1) for i, q in enumerate(quant.LAYER_QUANTIZERS)}
     hist = {"min": -6.0, "max": 1.0, "counts": [1, 5, 2]}

@@ -1,4 +1,4 @@
-"""The torch engine's CPU fast path (core/engines/cpu_fast.py) against its reference path (TRIAGE_CPU_FAST=0: HF's
+"""The torch engine's CPU fast path (core/engines/torch/cpu_fast.py) against its reference path (TRIAGE_CPU_FAST=0: HF's
 modules as loaded) on the real embedded model: the same greedy tokens, padded batches and sliding-window layers
 included, and the same teacher-forced log-probabilities up to float rounding."""
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.engines import cpu_fast
+from core.engines.torch import cpu_fast
 from core.engines.base import GenerationParams
 from tests.engines.ties import assert_same_tokens_until_a_tie, common_prefix
 
@@ -21,7 +21,7 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: past
 
 @pytest.fixture(scope="module")
 def reference_engine():
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
     from core.models import ModelSpec
     from core.precision import KVDtype, Precision
 
@@ -98,7 +98,7 @@ def test_packed_linear_keeps_its_weight_and_output(dtype):
     lin = torch.nn.Linear(96, 40, bias=True).to(dtype)
     packed = cpu_fast.PackedLinear(lin)
     x = torch.randn(3, 5, 96, generator=g).to(dtype)
-    assert torch.equal(packed.weight, lin.weight)  # the layer analysis (core/quant.py) reads it back exactly
+    assert torch.equal(packed.weight, lin.weight)  # the layer analysis (core/engines/torch/quant.py) reads it back exactly
     assert isinstance(packed, torch.nn.Linear)
     with torch.inference_mode():
         assert torch.allclose(packed(x).float(), lin(x).float(), atol=1e-2 if dtype is torch.bfloat16 else 1e-5)

@@ -1,10 +1,10 @@
-"""The CPU FP8 kernel (core/fp8_cpu.py) against the eager reference path of FP8Linear: the same E4M3 values and
+"""The CPU FP8 kernel (core/engines/torch/fp8_cpu.py) against the eager reference path of FP8Linear: the same E4M3 values and
 scales, so the same tokens and a near-zero KL on the real embedded model."""
 import numpy as np
 import pytest
 import torch
 
-from core import fp8, fp8_cpu
+from core.engines.torch import fp8, fp8_cpu
 from core.engines.base import GenerationParams
 from tests.engines.ties import assert_same_tokens_until_a_tie
 

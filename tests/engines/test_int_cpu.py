@@ -1,11 +1,11 @@
-"""The integer layers' CPU kernel (core/int_cpu.py) against their torch ops: the same bf16 weights bit for bit; the
+"""The integer layers' CPU kernel (core/engines/torch/int_cpu.py) against their torch ops: the same bf16 weights bit for bit; the
 few-row GEMV the same products as F.linear on them (summed in another order); float32 GEMMs of the same values for
 many rows where the CPU has no bf16 GEMM; and the same tokens on the real embedded model."""
 import pytest
 import torch
 from torch.nn import functional as F
 
-from core import cbuild, int_cpu, quant
+from core.engines.torch import cbuild, int_cpu, quant
 from core.engines.base import GenerationParams
 from tests.engines.ties import assert_same_tokens_until_a_tie
 

@@ -6,8 +6,8 @@ A short document (the first ~200 tokens of the shipped sample prose, windows of 
 import pytest
 import torch
 
-from core import quant
-from core.engines.torch_engine import count_weight_bytes
+from core.engines.torch import quant
+from core.engines.torch.engine import count_weight_bytes
 from core.models import ModelSpec
 from core.precision import Precision
 from core.quality import run as qr

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from core import fp8
+from core.engines.torch import fp8
 from core.engines.base import Cancelled, GenerationParams, length_groups
-from core.engines.torch_engine import PREFILL_PAD_TOKENS, TorchEngine
+from core.engines.torch.engine import PREFILL_PAD_TOKENS, TorchEngine
 from core.errors import InputError
 from core.models import REFERENCE_CONTINUATION, REFERENCE_PROMPT, ModelSpec
 from core.precision import KVDtype, Precision
@@ -118,7 +118,7 @@ def test_a_prompt_pass_too_big_to_copy_is_not_kept_and_the_compare_scores_anyway
     """With too little free memory for a copy of the cache, no prompt pass is kept and the compare scores with full
     passes, to the same numbers as over a kept pass (FP32: equal to float rounding)."""
     from core.compare import run as cp
-    from core.engines import torch_engine
+    from core.engines.torch import engine as torch_engine
 
     e = engine_cache("fp32")
     params = GenerationParams(max_new_tokens=4, top_logprobs=5, stop_at_eos=False)
@@ -270,7 +270,7 @@ def test_fp8_fit_check_counts_the_bf16_load_peak(monkeypatch):
     """FP8 weights load at BF16 and are quantized afterwards: a GPU or host with room for the FP8 weights but not for
     the BF16 load is refused before loading, with both numbers. The free-memory reading is the one injected value: no
     machine here has a size between the two."""
-    from core.engines import torch_engine as te
+    from core.engines.torch import engine as te
     from core.models import synthetic_config
 
     config = synthetic_config("llama-3-8b")

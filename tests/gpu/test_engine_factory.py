@@ -32,7 +32,7 @@ def test_synthetic_llama_gets_the_fast_engine(precision, kv):
 
 
 def test_the_eager_engine_names_itself_and_its_gpu():
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
 
     engine = TorchEngine(ModelSpec("synthetic", "llama-3-8b"), Precision.BF16, KVDtype.AUTO)
     try:
@@ -49,7 +49,7 @@ def test_the_eager_engine_scores_over_its_kept_prompt_pass_on_cuda():
     (prefilled apart, caches joined on the GPU), rows in another order; the same function as a full pass."""
     import numpy as np
 
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch.engine import TorchEngine
 
     engine = TorchEngine(ModelSpec("synthetic", "llama-3-8b"), Precision.FP32, KVDtype.AUTO)
     try:
@@ -85,10 +85,10 @@ def test_vllm_would_see_this_gpus_real_capability():
 
 @pytest.mark.parametrize("precision", [Precision.INT8, Precision.INT8_WEIGHT_ONLY, Precision.INT4])
 def test_integer_precisions_run_on_cuda_and_say_which_kernel(precision):
-    """The integer layers (core/quant.py) on the GPU through the eager engine (the fast path refuses them): they
+    """The integer layers (core/engines/torch/quant.py) on the GPU through the eager engine (the fast path refuses them): they
     generate, store int8 / packed uint8, and name the kernel that really ran (torch._int_mm pads decode's one row)."""
-    from core import quant
-    from core.engines.torch_engine import TorchEngine
+    from core.engines.torch import quant
+    from core.engines.torch.engine import TorchEngine
 
     engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
     try:
@@ -102,5 +102,28 @@ def test_integer_precisions_run_on_cuda_and_say_which_kernel(precision):
         ran = quant.kernels(engine.model)
         print(f"{precision.value}: kernels {ran}, decode {g.decode_tok_s:.1f} tok/s")
         assert ran and (precision is not Precision.INT8 or any("_int_mm" in k for k in ran))
+    finally:
+        engine.unload()
+
+
+def test_the_engine_door_gives_the_fast_engine_and_its_scores_agree():
+    """open_engine("torch") on a Llama shape is the fast engine; what features call through the door (score_many,
+    window_logprobs, the HF side) gives the same numbers as its own score()."""
+    import numpy as np
+
+    from core.engines.factory import EngineChoice, open_engine
+
+    engine = open_engine(EngineChoice("torch", "llama-3-8b", Precision.BF16))
+    try:
+        assert engine.name == "torch-fast" and engine.vocab_size == 128256
+        ids = engine.encode("the engine door, " * 8)
+        items = [(ids[:20], ids[20:28]), (ids[:50], ids[50:53])]
+        batch = engine.score_many(items, top_k=5)
+        for (p, c), s in zip(items, batch):
+            one = engine.score(p, c, top_k=5, full=True)
+            assert s.continuation_ids == c and np.allclose(s.full_logprobs, one.full_logprobs, atol=1e-5)
+        lp, seconds = engine.window_logprobs(ids[:28], keep=9)  # positions 19..26 predict ids[20..27]
+        assert lp.shape == (8, engine.vocab_size) and seconds > 0
+        assert np.allclose(lp.cpu().numpy(), batch[0].full_logprobs, atol=2e-2)  # bf16 passes of other lengths
     finally:
         engine.unload()

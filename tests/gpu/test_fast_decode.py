@@ -4,7 +4,7 @@
 
 A small random Llama (GQA 4:1 like Llama-3-8B) with random weights and prompts from a fixed seed (printed;
 TRIAGE_TEST_SEED=N draws another), so the bars below are met or missed the same way on every run. For each precision and KV cache dtype, teacher-forced over the BF16 reference's greedy continuation:
-- the fast path agrees with the eager path at the same precision (HF model + core.fp8, as TorchEngine runs it)
+- the fast path agrees with the eager path at the same precision (HF model + core.engines.torch.fp8, as TorchEngine runs it)
   much more closely than that precision differs from BF16;
 - against BF16, the fast path is no worse than the eager path at the same precision (the issue's bar);
 and free-running greedy ids of the fast path match its own torch-op path (same numerics, other kernels).
@@ -182,7 +182,7 @@ def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
 def test_silu_fold_computes_the_separate_kernels_bit_for_bit(mode):
     """Fold "silu": the gate|up kernel writing SiLU(gate) * up against the gate|up kernel then silu_mul: the same
     bits (and the same residual sum), for pair tiles of 1, 4 and 8 columns over a ragged width and an outlier."""
-    from core import fp8
+    from core.engines.torch import fp8
     from core.engines.fast import kernels as K
 
     torch.manual_seed(0)
@@ -284,7 +284,7 @@ def test_weight_only_linear_past_f16_range(silu_x, given_f16):
     """Weight-only FP8 takes its dot in f16: a row with an activation past f16's range (65504) still gets the bf16
     dot's result (the kernel takes such tiles again in bf16, from the bf16 activations also when their f16 copy,
     inf there, was given), the other rows too, and no inf."""
-    from core import fp8
+    from core.engines.torch import fp8
     from core.engines.fast import kernels as K
 
     torch.manual_seed(0)
@@ -312,7 +312,7 @@ def test_split_k_linear_matches_one_slice_and_repeats_bit_for_bit(mode, rows):
     on every call (the slices are added in slice order, whichever program finishes last), and inside a CUDA graph
     replayed twice (each tile's counter goes back to 0). Sizes that do not divide: 200 columns in 64-wide tiles,
     K = 1000 in 128-wide tiles cut in 4 slices (8 tiles: 2, 2, 2, 2) and in 3 (3, 3, 2)."""
-    from core import fp8
+    from core.engines.torch import fp8
     from core.engines.fast import kernels as K
 
     torch.manual_seed(0)
@@ -353,7 +353,7 @@ def test_split_k_weight_only_reads_f16_rows_and_falls_back_per_slice():
     """Weight-only in 4 K-slices over whole tiles (EVEN) with the f16 rows given: a row with an activation past
     f16's range (inf in its f16 copy, in the first slice only) is taken again from the bf16 rows in that slice,
     and every row matches the bf16 dot over the same weights."""
-    from core import fp8
+    from core.engines.torch import fp8
     from core.engines.fast import kernels as K
 
     torch.manual_seed(0)

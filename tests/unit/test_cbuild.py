@@ -1,7 +1,7 @@
-"""core/cbuild.py: the CPU's flags, and a C library's build, its switch and its reasons for not serving."""
+"""core/engines/torch/cbuild.py: the CPU's flags, and a C library's build, its switch and its reasons for not serving."""
 import pytest
 
-from core import cbuild
+from core.engines.torch import cbuild
 
 SOURCE = "int triage_answer(void) { return 42; }\n"
 

@@ -58,7 +58,7 @@ def test_bf16_matches_hf_eager(hf, data):
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("mode", ["fp8-wo", "fp8"])
 def test_fp8_matches_eager_fp8(hf, data, mode, kv):
-    """Same stored E4M3 weights/KV and scales as core.fp8 on the eager path: much closer to the eager FP8 model
+    """Same stored E4M3 weights/KV and scales as core.engines.torch.fp8 on the eager path: much closer to the eager FP8 model
     than either is to BF16, and no worse than it against BF16."""
     prompt, cont, lp_bf16 = data
     ref = C.eager_reference(hf, mode)

@@ -5,7 +5,12 @@ import is still a dependency). The rules:
 - no import circle among the project's modules;
 - streamlit only in app.py and views/ (core and diagnostics run in the CLI and in tests without a browser);
 - no import from a lower layer to a higher one (LAYERS, top first); within core, feature packages do not import
-  each other (each mirrors one page).
+  each other (each mirrors one page);
+- every top-level folder with Python in it is in a layer or named as outside the product (OUTSIDE);
+- the product never imports bench/ or tests/;
+- bench/ imports no streamlit and does not edit sys.path (it runs as `python -m bench.NAME` from the checkout);
+- core basics import no torch, triton or pynvml at module level (importing core stays cheap and GPU-free).
+Each rule is a function of a root folder, so tests/unit/test_layout.py also shows each one failing on a made-up tree.
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("app", "views", "diagnostics", "core")  # the product; bench/ and tests/ sit outside the layers
+PACKAGES = ("app", "views", "diagnostics", "core")  # the product
+OUTSIDE = ("bench", "tests", "scripts", "docs")  # code beside the product, never imported by it
+HEAVY = ("torch", "triton", "pynvml")  # what core basics may import only inside functions
 STREAMLIT_ALLOWED = ("app", "views")
 
 # Top to bottom. A module belongs to the first layer with a prefix it starts with; a module may import its own layer
@@ -29,20 +36,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 FEATURES = LAYERS[2][1]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _project_files() -> dict[str, Path]:
+def _project_files(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     files = {}
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT).parts
-        if rel[0].startswith(".") or rel[0] not in PACKAGES + ("app.py",):
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        if rel[0].startswith(".") or rel[0] not in packages + (("app.py",) if "app" in packages else ()):
             continue
-        files[_module_name(path)] = path
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
     return files
 
 
@@ -145,3 +148,93 @@ def test_feature_packages_do_not_import_each_other():
         mine = _feature(module)
         sideways += [f"{module} imports {t}" for t in targets if mine and _feature(t) not in (None, mine)]
     assert not sideways, "feature packages importing each other:\n" + "\n".join(sorted(sideways))
+
+
+# ---- the rules that keep the house's edges (each shown failing on a made-up tree below) -------------------------
+
+def unplaced_folders(root: Path = ROOT) -> list[str]:
+    """Top-level folders holding Python that are neither product packages nor named as outside it."""
+    folders = {p.relative_to(root).parts[0] for p in root.rglob("*.py") if len(p.relative_to(root).parts) > 1}
+    return sorted(f for f in folders if not f.startswith(".") and f not in PACKAGES + OUTSIDE)
+
+
+def product_imports_of_outside(root: Path = ROOT) -> list[str]:
+    return sorted(f"{module} imports {name}" for module, path in _project_files(root).items()
+                  for name in _imports(path, module) if name.split(".")[0] in ("bench", "tests"))
+
+
+def _touches_sys_path(tree: ast.AST) -> bool:
+    return any(isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+               and node.value.id == "sys" for node in ast.walk(tree))
+
+
+def bench_offences(root: Path = ROOT) -> list[str]:
+    out = []
+    for module, path in _project_files(root, ("bench",)).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        if any(n.split(".")[0] == "streamlit" for n in _imports(path, module)):
+            out.append(f"{module} imports streamlit")
+        if _touches_sys_path(tree):
+            out.append(f"{module} edits sys.path")
+    return sorted(out)
+
+
+def _module_level_imports(nodes) -> list[str]:
+    """Names imported when the module is imported: its body, and if/try blocks in it, not functions or classes."""
+    names = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.append(node.module or "")
+        elif isinstance(node, (ast.If, ast.Try)):
+            names += _module_level_imports(node.body + node.orelse + getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                names += _module_level_imports(handler.body)
+    return names
+
+
+def heavy_basics(root: Path = ROOT) -> list[str]:
+    out = []
+    for module, path in _project_files(root).items():
+        if _layer(module) != len(LAYERS) - 1:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        out += [f"{module} imports {n} at module level" for n in _module_level_imports(tree.body)
+                if n.split(".")[0] in HEAVY]
+    return sorted(out)
+
+
+def test_every_top_level_folder_has_a_place():
+    assert not unplaced_folders(), f"top-level folders in no layer (add them to PACKAGES and LAYERS, or OUTSIDE): " \
+                                   f"{unplaced_folders()}"
+
+
+def test_the_product_never_imports_bench_or_tests():
+    assert not product_imports_of_outside(), product_imports_of_outside()
+
+
+def test_bench_runs_without_streamlit_or_sys_path_edits():
+    assert not bench_offences(), bench_offences()
+
+
+def test_core_basics_import_no_torch_triton_or_pynvml_at_module_level():
+    assert not heavy_basics(), "move the module under core/engines/ or import lazily:\n" + "\n".join(heavy_basics())
+
+
+def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
+    files = {
+        "app.py": "",
+        "core/__init__.py": "",
+        "core/fmt.py": "import torch\nfrom tests.fakes import nvml\n\ndef f():\n    import triton\n",
+        "core/engines/__init__.py": "import torch\n",  # engines may
+        "bench/probe.py": "import sys\nsys.path.insert(0, 'x')\nfrom streamlit.proto import ForwardMsg_pb2\n",
+        "cli/__init__.py": "import streamlit\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert unplaced_folders(tmp_path) == ["cli"]
+    assert product_imports_of_outside(tmp_path) == ["core.fmt imports tests.fakes.nvml"]
+    assert bench_offences(tmp_path) == ["bench.probe edits sys.path", "bench.probe imports streamlit"]
+    assert heavy_basics(tmp_path) == ["core.fmt imports torch at module level"]  # triton inside a function is fine

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from core import fp8
+from core.engines.torch import fp8
 from core.models import ModelError, parse_model
 from core.precision import Device, KVDtype, Precision, parse_precision, unsupported_reasons
 

@@ -1,4 +1,4 @@
-"""Integer quantization numerics (core/quant.py), FP8 static scales, and the quality run's pure parts: windows,
+"""Integer quantization numerics (core/engines/torch/quant.py), FP8 static scales, and the quality run's pure parts: windows,
 metrics, variants, the kept reference file, rendering. No model: small random tensors."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from core import fp8, quant
+from core.engines.torch import fp8, quant
 from core.errors import InputError
 from core.fmt import visible_token
 from core.precision import Device, KVDtype, Precision, unsupported_reasons

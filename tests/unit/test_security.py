@@ -28,7 +28,7 @@ REVIEWED_HTML_FIELDS = {"gauges_html": "gauge_row", "gpu_table_html": "gpu_table
 # Each passes core.models.trust_remote_code(), which is True only when the console was started with
 # TRIAGE_TRUST_REMOTE_CODE=1 (tested below).
 USER_TOGGLED_TRUST_REMOTE_CODE: set[str] = {
-    "core/models.py:load_config", "core/engines/torch_engine.py:_load", "core/engines/fast/engine.py:_load_hf"}
+    "core/models.py:load_config", "core/engines/torch/engine.py:_load", "core/engines/fast/engine.py:_load_hf"}
 
 
 def python_files() -> list[Path]:

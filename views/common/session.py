@@ -28,6 +28,12 @@ def _pool() -> EnginePool:
     return EnginePool()
 
 
+def pooled(setup: Setup, progress=None):
+    """The process's shared engine for `setup`, loaded if needed, without making it this session's current model
+    (a comparison's sides)."""
+    return _pool().load(setup, progress)
+
+
 def load(setup: Setup, progress=None):
     """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
     the previous setup current and loaded."""
@@ -56,7 +62,7 @@ def sidebar_status(box) -> None:
 @st.cache_resource(show_spinner=False)
 def device():
     """Where the torch engine would run (CPU, or the first CUDA GPU with its compute capability)."""
-    from core.engines.torch_engine import current_device
+    from core.engines.torch.engine import current_device
 
     return current_device()
 

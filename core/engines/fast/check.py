@@ -1,7 +1,7 @@
 """Agreement between the fast decoder and the eager reference, as token ids and logprobs (never strings).
 
-The eager reference is what TorchEngine runs: the HF model, core.fp8.quantize_linears for FP8 weights, and
-torch_engine.make_cache for the FP8 KV cache, decoded one token at a time with a DynamicCache. Metrics follow
+The eager reference is what TorchEngine runs: the HF model, core.engines.torch.fp8.quantize_linears for FP8 weights, and
+core.engines.torch.engine.make_cache for the FP8 KV cache, decoded one token at a time with a DynamicCache. Metrics follow
 Teacher-forced top-1 agreement and KL(ref || candidate) over the reference's continuation,
 plus free-running greedy token ids.
 """
@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from core import fp8
+from core.engines.torch import fp8
 from core.engines.fast.model import DecodeGraph, FastLlama
 from core.precision import KVDtype
 
@@ -28,7 +28,7 @@ def eager_reference(hf_model, mode: str):
 def eager_logprobs(ref, prompt: torch.Tensor, cont: torch.Tensor, kv: str) -> torch.Tensor:
     """Teacher-forced, token by token as TorchEngine decodes: prompt [B, T], cont [B, N] -> logprobs [B, N, V]
     where position i predicts cont[:, i]."""
-    from core.engines.torch_engine import make_cache
+    from core.engines.torch.engine import make_cache
 
     cache = make_cache(ref.config, KVDtype(kv))
     out = ref(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -41,7 +41,7 @@ def eager_logprobs(ref, prompt: torch.Tensor, cont: torch.Tensor, kv: str) -> to
 
 @torch.inference_mode()
 def eager_greedy(ref, prompt: torch.Tensor, n: int, kv: str) -> torch.Tensor:
-    from core.engines.torch_engine import make_cache
+    from core.engines.torch.engine import make_cache
 
     cache = make_cache(ref.config, KVDtype(kv))
     out = ref(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -24,13 +24,8 @@ from core.engines.base import (
     append_step,
     stop_if_asked,
 )
-from core.engines.torch_engine import (
-    TorchEngine,
-    available_bytes,
-    current_device,
-    count_weight_bytes,
-    score_from_logprobs,
-)
+from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
+from core.engines.torch.engine import available_bytes, count_weight_bytes, current_device
 from core.engines.fast import fa3
 from core.errors import InputError
 from core.engines.fast.model import DecodeGraph, Dims, FastLlama, fp8_fast_accum
@@ -42,7 +37,7 @@ GRAPH_TOP_K = 20  # GenerationParams allows at most 20 alternatives; one graph s
 LEN_BUCKET = 256  # caches (and graphs) are sized in steps of this many tokens so similar requests reuse them
 
 
-class FastLlamaEngine:
+class FastLlamaEngine(HFSide):
     name = "torch-fast"
 
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
@@ -85,7 +80,7 @@ class FastLlamaEngine:
         from core.engines.fast import kernels
 
         if tune:  # time the candidates on this GPU for this model's shapes (~10 s per precision)
-            from core.engines.fast import tune as tuner
+            from core.engines.fast.kernels import tune as tuner
 
             progress(0.9, "Tuning the decode kernels on this GPU")
             tuner.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
@@ -124,7 +119,7 @@ class FastLlamaEngine:
         if self.model.mode == "fp8" and fp8_fast_accum():
             extra += ", prompt GEMMs with FP8 fast accumulation"
         if self.kv_dtype is KVDtype.FP8:
-            from core.engines.fast import attn_e4m3
+            from core.engines.fast.kernels import attn_e4m3
 
             why = attn_e4m3.why_not(self.device.kind, d.heads, d.kv_heads, d.head_dim)
             extra += (", decode attention over the E4M3 cache in CUDA C++ (NVRTC)" if why is None else
@@ -137,12 +132,6 @@ class FastLlamaEngine:
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
 
-    # tokens and length checks are TorchEngine's own (same tokenizers, same limits)
-    encode = TorchEngine.encode
-    decode = TorchEngine.decode
-    token_texts = TorchEngine.token_texts
-    _check_lengths = TorchEngine._check_lengths
-    _pick = staticmethod(TorchEngine._pick)
 
     # ---- generation ----
     def stream(self, prompt, params: GenerationParams) -> Iterator[StreamEvent]:
@@ -177,7 +166,7 @@ class FastLlamaEngine:
     @torch.inference_mode()
     def _decode(self, ids: list[list[int]], params: GenerationParams, gens: list[Generation],
                 should_stop) -> Iterator[StreamEvent]:
-        self._check_lengths(ids, params)
+        self.check_lengths(ids, params)
         with self.lock:
             self._ensure_loaded()
             B = len(ids)
@@ -205,7 +194,7 @@ class FastLlamaEngine:
                 if params.temperature == 0:
                     nxt = lp.argmax(dim=-1) if step == 0 else out["next"]
                 else:
-                    nxt = self._pick(lp, params, gen)
+                    nxt = pick_next(lp, params, gen)
                 if step == 0:
                     runner.set_state(nxt, pos)
                 elif params.temperature != 0:
@@ -236,6 +225,22 @@ class FastLlamaEngine:
             n = len(continuation_ids)
             lp = torch.log_softmax(logits[len(prompt_ids) - 1: len(prompt_ids) - 1 + n].float(), dim=-1)
             return score_from_logprobs(lp, continuation_ids, top_k, full)
+
+    @torch.inference_mode()
+    def window_logprobs(self, ids: list[int], keep: int) -> tuple[torch.Tensor, float]:
+        """As TorchEngine.window_logprobs: log-softmax at the last keep - 1 positions of one pass, and its seconds."""
+        with self.lock:
+            self._ensure_loaded()
+            t0 = time.perf_counter()
+            cache = self.model.new_cache(1, len(ids), self.kv_dtype is KVDtype.FP8)
+            logits = self.model.prefill(torch.tensor([ids], device="cuda"), cache, all_logits=True)[0]
+            torch.cuda.synchronize()
+            forward_s = time.perf_counter() - t0
+            return torch.log_softmax(logits[len(ids) - keep: len(ids) - 1].float(), dim=-1), forward_s
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.dims.vocab
 
     # ---- memory ----
     def memory_report(self) -> MemoryReport:

@@ -6,7 +6,7 @@ layer over preallocated buffers, so it can be captured once and replayed with on
 
 Two implementations of every op:
 - torch ops (`prefill`, `decode_ref`): any device; the prompt pass and the CPU path; same math as HF eager and as
-  core/fp8.py's FP8Linear and FP8 KV cache, so tests can compare it with the eager reference directly;
+  core/engines/torch/fp8.py's FP8Linear and FP8 KV cache, so tests can compare it with the eager reference directly;
 - Triton kernels (`DecodeGraph`): CUDA only, one decode step, captured in a torch.cuda.CUDAGraph.
 
 Weights are held fused (q|k|v and gate|up). FP8 quantizes each output row on its own (per-channel scales), so
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from core import fp8
+from core.engines.torch import fp8
 from core.engines.fast import fa3
 from core.engines.fast.options import options
 
@@ -114,7 +114,7 @@ class Lin:
         return self.w.numel() * self.w.element_size() + (self.scale.numel() * 4 if self.scale is not None else 0)
 
     def ref(self, x: torch.Tensor) -> torch.Tensor:
-        """Exactly core.fp8.FP8Linear (or F.linear for bf16): the eager numerics."""
+        """Exactly core.engines.torch.fp8.FP8Linear (or F.linear for bf16): the eager numerics."""
         if self.mode == "bf16":
             return F.linear(x, self.w)
         if self.mode == "fp8-wo":
@@ -143,7 +143,7 @@ class Lin:
 
 class StaticKVCache:
     """K and V for every layer as [layers, batch, kv_heads, max_len, head_dim]; E4M3 plus a float32 scale per
-    (layer, batch, head, token) when fp8, the scheme of core.fp8.FP8KV. Zero-filled so that masked reads of unused
+    (layer, batch, head, token) when fp8, the scheme of core.engines.torch.fp8.FP8KV. Zero-filled so that masked reads of unused
     slots in the torch path never meet NaN garbage."""
 
     def __init__(self, dims: Dims, batch: int, max_len: int, fp8_kv: bool, device, dtype=torch.bfloat16):

@@ -3,7 +3,7 @@ the launch options), norm.py, linears.py (with tune.py, which times its candidat
 attn_e4m3.py and attn_e4m3.cu). This package names what the rest of the fast engine calls.
 
 Each kernel reproduces, rounding for rounding where it matters, what the eager reference does (HF LlamaRMSNorm, the
-FP8Linear of core/fp8.py, quantize_rows for FP8 KV), so the fast path computes the same function as the eager path
+FP8Linear of core/engines/torch/fp8.py, quantize_rows for FP8 KV), so the fast path computes the same function as the eager path
 at the same precision. What is fused, and why:
 
 - `add_rmsnorm`: residual add + RMSNorm (+ for W8A8 the per-token E4M3 quantization of its output): one pass.

@@ -37,7 +37,7 @@ def _add_rmsnorm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, s_ptr, q_ptr, h16_ptr, N, ep
 
 @triton.jit
 def _quantize_row(v, s_ptr, q_ptr, row, N, offs, mask):
-    """core.fp8.quantize_rows of one bf16 row: scale = max(amax, 1e-12) / 448, q = (v / scale) -> E4M3 (RNE).
+    """core.engines.torch.fp8.quantize_rows of one bf16 row: scale = max(amax, 1e-12) / 448, q = (v / scale) -> E4M3 (RNE).
     Done where the row is produced, so W8A8 linears read E4M3 activations (half the bytes, no work in their loop)."""
     vf = v.to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(vf), axis=0), 1e-12) / 448.0

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core.cbuild import packs_bf16, packs_fp16
+from core.engines.torch.cbuild import packs_bf16, packs_fp16
 
 ATTENTION = "triage_cpu_decode"
 
@@ -28,7 +28,7 @@ def enabled() -> bool:
 
 class PackedLinear(nn.Linear):
     """nn.Linear with its weight reordered once into oneDNN's blocked layout. It stays an nn.Linear for code that
-    inspects linears (the layer analysis of core/quant.py); `weight` unpacks a dense copy on each read."""
+    inspects linears (the layer analysis of core/engines/torch/quant.py); `weight` unpacks a dense copy on each read."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight only to drop it

@@ -17,8 +17,8 @@ import torch
 from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from core import fp8, fp8_cpu, int_cpu, quant
-from core.engines import cpu_fast
+from core.engines.torch import fp8, fp8_cpu, int_cpu, quant
+from core.engines.torch import cpu_fast
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
@@ -33,6 +33,7 @@ from core.engines.base import (
     length_groups,
     stop_if_asked,
 )
+from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
 from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
                          synthetic_config, trust_remote_code)
 from core.errors import InputError
@@ -73,7 +74,7 @@ def count_weight_bytes(config, precision: Precision) -> int:
 
 
 # Quantizing one Linear holds, beside its base-dtype weight: a float32 copy, the scaled float32 values and the 8-bit
-# result (fp8.quantize_rows; about as much for core/quant.py's integer layers), 4 + 4 + 1 bytes a parameter.
+# result (fp8.quantize_rows; about as much for quant.py's integer layers), 4 + 4 + 1 bytes a parameter.
 _QUANTIZE_TEMP_BYTES_PER_PARAM = 9
 
 
@@ -100,18 +101,6 @@ def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, f
                 "(unload other models) or pick a smaller model.")
     return (f"{spec.label} at {precision.label} needs about {settled / GIB:.1f} GiB for its weights; only "
             f"{free / GIB:.1f} GiB is free on {device.name}. Pick a smaller model or a lower precision.")
-
-
-def score_from_logprobs(lp, continuation_ids: list[int], top_k: int, full: bool) -> Score:
-    """A Score from the log-softmax rows that predict each continuation token (one row per token)."""
-    target = torch.tensor(continuation_ids, device=lp.device)
-    tv, ti = lp.topk(top_k, dim=-1)
-    return Score(
-        continuation_ids=list(continuation_ids),
-        target_logprobs=lp.gather(1, target[:, None])[:, 0].tolist(),
-        top_logprobs=[dict(zip(i, v)) for i, v in zip(ti.tolist(), tv.tolist())],
-        full_logprobs=lp.cpu().numpy() if full else None,
-    )
 
 
 def _store_fp8(layer, key_states, value_states) -> None:
@@ -227,7 +216,7 @@ def cache_bytes(cache: DynamicCache) -> int:
     return total
 
 
-class TorchEngine:
+class TorchEngine(HFSide):
     name = "torch"
 
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
@@ -275,7 +264,7 @@ class TorchEngine:
     @property
     def ran(self) -> str:
         text = f"torch eager on {self.device.name}"
-        if self.precision.is_fp8 and self.device.kind == "cpu":  # which FP8 Linear path executes (core/fp8.py)
+        if self.precision.is_fp8 and self.device.kind == "cpu":  # which FP8 Linear path executes (fp8.py)
             text += (f", FP8 linears through the C kernel ({fp8_cpu.isa()})" if fp8_cpu.available()
                      else ", FP8 linears dequantized eagerly")
         if self.precision.is_int and self.precision is not Precision.INT8 and self.device.kind == "cpu":
@@ -317,21 +306,6 @@ class TorchEngine:
             raise ModelError(f"Could not load {spec.label}: {exc}") from exc
         return model.to(dev), tokenizer
 
-    # ---- tokens ----
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            return [int(t) for t in prompt]
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.encode(prompt)
-        return self.tokenizer(prompt).input_ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_texts(self, ids: list[int]) -> list[str]:
-        """The text of each token alone, for side-by-side display."""
-        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
-
     # ---- generation ----
     def stream(self, prompt: str | list[int], params: GenerationParams) -> Iterator[StreamEvent]:
         ids = self.encode(prompt)
@@ -363,20 +337,10 @@ class TorchEngine:
             g.text = self.decode(g.token_ids)
         return gens
 
-    def _check_lengths(self, ids: list[list[int]], params: GenerationParams) -> None:
-        if any(len(i) == 0 for i in ids):
-            raise InputError("A prompt is empty after tokenization; type some text.")
-        longest = max(len(i) for i in ids) + params.max_new_tokens
-        if self.max_positions and longest > self.max_positions:
-            raise InputError(
-                f"Prompt plus new tokens is {longest} tokens; the model handles at most {self.max_positions}. "
-                "Shorten the prompt or ask for fewer new tokens."
-            )
-
     @torch.inference_mode()
     def _decode(self, ids: list[list[int]], params: GenerationParams, gens: list[Generation],
                 should_stop, kept: list | None = None) -> Iterator[StreamEvent]:
-        self._check_lengths(ids, params)
+        self.check_lengths(ids, params)
         with self.lock, self._run_peak():
             self._ensure_loaded()
             dev = self.device.kind
@@ -405,7 +369,7 @@ class TorchEngine:
                 if step == 0 and kept is not None and self._can_keep(cache):
                     rows = torch.arange(batch, device=dev)  # a copy: the decode steps append to `cache`
                     kept.append(PromptPass(join_caches([cache], rows, self.config, self.kv_dtype), mask, logprobs))
-                nxt = self._pick(logprobs, params, gen)
+                nxt = pick_next(logprobs, params, gen)
                 k = params.top_logprobs
                 emitted, now = append_step(gens, done, nxt, logprobs.gather(1, nxt[:, None])[:, 0],
                                            logprobs.topk(k, dim=-1) if k else None, t0, self.eos_ids,
@@ -452,18 +416,6 @@ class TorchEngine:
         order = [i for g in groups for i in g]  # row of the concatenated groups -> row of the batch
         where = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=dev)
         return torch.cat(logits).index_select(0, where), join_caches(parts, where, self.config, self.kv_dtype)
-
-    @staticmethod
-    def _pick(logprobs: torch.Tensor, params: GenerationParams, gen: torch.Generator) -> torch.Tensor:
-        if params.temperature == 0:
-            return logprobs.argmax(dim=-1)
-        probs = torch.softmax(logprobs / params.temperature, dim=-1)
-        if params.top_p < 1.0:
-            sorted_p, idx = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < params.top_p
-            sorted_p = sorted_p * keep
-            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-        return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     # ---- teacher-forced scoring ----
     @torch.inference_mode()
@@ -513,6 +465,66 @@ class TorchEngine:
                     lp = torch.cat([lp, rest[j, :len(cont) - 1]])
                 scores.append(score_from_logprobs(lp, cont, top_k, full))
             return scores
+
+    @torch.inference_mode()
+    def score_many(self, items: list[tuple[list[int], list[int]]], top_k: int) -> list[Score]:
+        """Teacher-forced scores of several (prompt, continuation) pairs in one forward pass.
+
+        Same numerics as `score` (a fresh cache of the engine's KV dtype, so an FP8 KV cache is applied to what
+        attention reads), but left-padded and batched, and with logits only for the continuation positions."""
+        if not items or any(not p or not c for p, c in items):
+            raise InputError("Scoring needs a non-empty prompt and continuation.")
+        dev = self.device.kind
+        pad = self.tokenizer.pad_token_id or 0
+        seqs = [list(p) + list(c) for p, c in items]
+        width = max(len(s) for s in seqs)
+        keep = max(len(c) for _, c in items) + 1  # the last column predicts past the sequence; kept for simple slicing
+        with self.lock, self._run_peak():
+            self._ensure_loaded()
+            ids, mask = left_padded(seqs, pad, dev)
+            out = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                past_key_values=make_cache(self.config, self.kv_dtype), cache_position=torch.arange(width, device=dev),
+                use_cache=True, logits_to_keep=keep,
+            )
+            return [score_from_logprobs(torch.log_softmax(out.logits[b, keep - 1 - len(c): keep - 1].float(), dim=-1),
+                                        c, top_k, full=True) for b, (_, c) in enumerate(items)]
+
+    @torch.inference_mode()
+    def window_logprobs(self, ids: list[int], keep: int) -> tuple[torch.Tensor, float]:
+        """Log-softmax over the vocabulary (float32, [keep - 1, V]) at the last keep - 1 positions of one cache-less
+        pass over `ids` (position i predicts ids[i + 1]), and the seconds the forward pass took (synchronized)."""
+        with self.lock:
+            self._ensure_loaded()
+            t0 = time.perf_counter()
+            logits = self.model(input_ids=torch.tensor([ids], device=self.device.kind), use_cache=False,
+                                logits_to_keep=keep).logits[0, :-1]
+            if self.device.kind == "cuda":
+                torch.cuda.synchronize()
+            forward_s = time.perf_counter() - t0
+            return torch.log_softmax(logits.float(), dim=-1), forward_s
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # ---- the torch numerics, for the Quality page ----
+    def linear_kernels(self) -> list[str]:
+        """Which kernel each kind of quantized linear runs (core/engines/torch/quant.py's kernels())."""
+        self._ensure_loaded()
+        return quant.kernels(self.model)
+
+    def calibrate_static_fp8(self, ids: list[int]) -> None:
+        """Fix static per-tensor FP8 activation scales from a calibration pass over `ids` (FP8 W8A8 only)."""
+        with self.lock:
+            self._ensure_loaded()
+            fp8.calibrate_static(self.model, ids)
+
+    def layer_errors(self, ids: list[int]) -> list[dict]:
+        """Per linear: each quantizer's relative output error against this (unquantized) model on `ids`."""
+        with self.lock:
+            self._ensure_loaded()
+            return quant.layer_errors(self.model, ids)
 
     # ---- memory ----
     @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The CPU this runs on, and the small C libraries built for it (core/fp8_cpu.py, core/int_cpu.py).
+"""The CPU this runs on, and the small C libraries built for it (fp8_cpu.py, int_cpu.py).
 
 A library is built once per machine with the system C compiler into the cache folder, keyed by a hash of its source,
 the compiler, its flags and the CPU (`-march=native` code is only valid on the CPU it was built for); a build or

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core import fp8_cpu
+from core.engines.torch import fp8_cpu
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448.0
@@ -57,7 +57,7 @@ class FP8Linear(nn.Module):
         return self._forward_eager(x)
 
     def _forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        """The same E4M3 values and scales through core/fp8_cpu.py: the per-channel weight scale is applied to the
+        """The same E4M3 values and scales through fp8_cpu.py: the per-channel weight scale is applied to the
         output (x @ (q * s)^T == (x @ q^T) * s^T) and E4M3 -> bf16 is exact, so only rounding order differs from
         `_forward_eager` (tests/engines/test_fp8_cpu.py holds both to the same tokens)."""
         shape = x.shape
@@ -179,7 +179,7 @@ def forward_with_input_hooks(model: nn.Module, ids: list[int], layers: dict[Hash
                              see: Callable[[Hashable, torch.Tensor], None]) -> None:
     """One forward pass of the token ids `ids` (no KV cache) that calls see(key, x) with the input x of each layer in
     `layers` ({key: module}) as it runs; the hooks are removed afterwards, also when the pass fails. Calibration reads
-    activations this way: calibrate_static here, AWQ and the per-layer errors in core/quant.py."""
+    activations this way: calibrate_static here, AWQ and the per-layer errors in core/engines/torch/quant.py."""
     hooks = [m.register_forward_pre_hook(lambda _m, args, key=key: see(key, args[0])) for key, m in layers.items()]
     try:
         dev = next(model.parameters()).device

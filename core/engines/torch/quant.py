@@ -3,7 +3,7 @@ groups of 128 along the input (asymmetric, zero point: the AWQ/GPTQ layout, two 
 after AWQ's activation-aware per-input-channel scaling, searched on a calibration text.
 
 Weights are really stored as int8 / packed uint8 (memory reports count those bytes). lm_head and embeddings stay at
-the base dtype, as for FP8 (core/fp8.py). Each layer records which kernel really ran (`kernel`), so a label never
+the base dtype, as for FP8 (fp8.py). Each layer records which kernel really ran (`kernel`), so a label never
 claims a kernel that fell back.
 
 Also the per-layer error analysis (`layer_errors`): each linear's relative output error under a quantizer, measured on
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from core import cbuild, fp8, int_cpu
+from core.engines.torch import cbuild, fp8, int_cpu
 from core.precision import Precision
 
 GROUP = 128  # INT4 group size along the input dimension
@@ -113,7 +113,7 @@ def _cpu_kernel_label(layer: nn.Module, gemv: bool) -> str:
 
 def _weight_only_cpu(layer: nn.Module, x: torch.Tensor, gemv: Callable[[torch.Tensor], torch.Tensor] | None,
                      weights: Callable[[bool], torch.Tensor]) -> torch.Tensor | None:
-    """A weight-only layer's product on the CPU through core/int_cpu.py, or None where that kernel does not apply
+    """A weight-only layer's product on the CPU through int_cpu.py, or None where that kernel does not apply
     (not bf16, not on the CPU, not built). Up to GEMV_ROWS rows (decode steps): `gemv(x2d)`, which multiplies from
     the codes without writing the weights (None: this layer cannot, e.g. it has a bias). More rows (a prompt):
     `weights(as_float32)`, the very bf16 values `dequantized(bf16)` gives, into a GEMM; on a CPU without bf16 GEMMs

@@ -14,7 +14,7 @@ torch 2.13 converts float8_e4m3fn to bf16/float on the CPU one element at a time
   as ten small torch ops a Linear they took about as long as the products. (On a prompt the same passes in C, single
   threaded, were slower than torch's.)
 
-Built once per machine with the system C compiler (`cc -O3 -march=native`, core/cbuild.py) into the cache folder;
+Built once per machine with the system C compiler (`cc -O3 -march=native`, cbuild.py) into the cache folder;
 where there is no compiler or no x86 vector unit it is not used and FP8Linear falls back to its eager path
 (`available()` says why). Single-threaded on purpose: the work is ~1 byte a parameter and one core keeps up with it,
 and a second OpenMP runtime next to torch's would fight it for the same 2 cores.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from core import cbuild
+from core.engines.torch import cbuild
 
 _SOURCE = Path(__file__).with_name("fp8_cpu.c").read_text()  # built by cbuild, keyed by its text
 

@@ -1,4 +1,4 @@
-"""The integer weight-only layers on the CPU (core/quant.py's INT4 and INT8 weight-only linears) through a small C
+"""The integer weight-only layers on the CPU (quant.py's INT4 and INT8 weight-only linears) through a small C
 library: their weights are the very bf16 values their torch ops give, only computed without torch ops.
 
 Those layers dequantized every weight on every call: as torch ops (unpack the nibbles, stack, subtract the zero
@@ -11,7 +11,7 @@ point, scale, round to bf16, into a fresh tensor) about 7 ms for one 2048 x 640 
 - more rows (a prompt): the weights themselves (`int4_weights`, `int8_weights`), bit for bit what `dequantized(bf16)`
   gives, into a buffer reused per thread and shape, for a GEMM.
 Plain C the compiler vectorizes for this CPU (`-march=native`), AVX2 intrinsics for the lookup (plain C without
-AVX2); built once per machine (core/cbuild.py). Single-threaded, as core/fp8_cpu.py's kernel is.
+AVX2); built once per machine (cbuild.py). Single-threaded, as fp8_cpu.py's kernel is.
 TRIAGE_INT_CPU_KERNEL=0 turns it off.
 Measured: docs/PERFORMANCE.md, "INT4 and INT8 weight-only on the CPU"; tests/engines/test_int_cpu.py.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from core import cbuild
+from core.engines.torch import cbuild
 
 _SOURCE = Path(__file__).with_name("int_cpu.c").read_text()  # built by cbuild, keyed by its text
 
