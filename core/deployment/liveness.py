@@ -28,6 +28,7 @@ STALL_AFTER_S = 15.0  # no progress this long, with work in flight and a failed 
 STOPPED_AFTER_S = 5.0  # a stopped engine process with no progress this long (a debugger's pause is shorter)
 API_DOWN_AFTER_S = 5.0  # nothing answers this long: not a blip
 KV_FULL = 0.95
+IDLE_CANARY_EVERY_S = 30.0  # on a server that looks idle, one canary this often (see canary_due)
 GPU_BUSY_PCT, GPU_IDLE_PCT = 50.0, 5.0
 STOPPED_STATES = ("stopped", "tracing-stop")
 DEAD_STATES = ("zombie", "dead", "gone")
@@ -95,6 +96,24 @@ class Verdict:
 
 def _changed(a: "VllmSnapshot", b: "VllmSnapshot") -> bool:
     return any(getattr(a, f) != getattr(b, f) for f in PROGRESS_FIELDS)
+
+
+def canary_due(previous: "VllmSnapshot | None", snapshot: "VllmSnapshot | None", last_canary: Canary | None,
+               last_canary_age_s: float | None) -> bool:
+    """Whether this round needs the canary. A canary is a real request: it shows in the server's own counters and
+    histograms, so it is sent only where the counters cannot speak for the engine: no readable vllm:* series, the
+    first round, right after a canary that failed (until one gets its token), no progress with requests in flight,
+    and on a server that looks idle once every IDLE_CANARY_EVERY_S (a wedge whose gauges read 0, as in #37729).
+    While counters move, the engine is taking steps and no canary is sent."""
+    if snapshot is None or not snapshot.has_vllm_series or previous is None or last_canary_age_s is None:
+        return True
+    if last_canary is not None and not last_canary.ok:
+        return True
+    if _changed(previous, snapshot):
+        return False
+    if (snapshot.running or 0) + (snapshot.waiting or 0) > 0:
+        return True
+    return last_canary_age_s >= IDLE_CANARY_EVERY_S
 
 
 def _procs(obs: Observation, states: tuple[str, ...], roles: tuple[str, ...] = ("engine core", "worker")) -> list[Proc]:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from core.deployment.liveness import Canary, GpuActivity, Observation, Proc, Tracker, Verdict
+from core.deployment.liveness import Canary, GpuActivity, Observation, Proc, Tracker, Verdict, canary_due
 from core.errors import RemoteError, TriageError
 from core.http import http_get, new_session, normalize_base_url, request
 
@@ -148,6 +148,9 @@ class Observer:
         port = urlsplit(self.base_url).port or (443 if self.base_url.startswith("https") else 80)
         self.processes = ProcessWatch(port) if is_local(self.base_url) else None
         self.gpus = GpuWatch(nvml)
+        self._previous = None  # the last round's snapshot, to see progress
+        self._last_canary: Canary | None = None
+        self._last_canary_t: float | None = None
 
     def connect(self) -> str:
         from core.engines.remote import RemoteEngine
@@ -170,7 +173,13 @@ class Observer:
             health = http_get(self.base_url + "/health", HEALTH_TIMEOUT_S, self.api_key, self._session).status_code
         except RemoteError as exc:
             health_error = str(exc)
-        canary = self.canary()
+        canary = None
+        age = None if self._last_canary_t is None else t - self._last_canary_t
+        if canary_due(self._previous, snap, self._last_canary, age):
+            canary = self.canary()
+            self._last_canary, self._last_canary_t = canary, t
+        if snap is not None:
+            self._previous = snap
         procs, why = self.processes.read() if self.processes else (None, "the server is not on this host")
         gpu = self.gpus.read({p.pid for p in procs or () if p.state != "gone"})
         return Observation(t, health, health_error, snap, scrape_error, canary, gpu, procs, why)
@@ -204,10 +213,11 @@ class Observer:
 class LivenessWatch:
     """Observes one server on a thread, every `interval_s`, for a page that reads `latest()` when it redraws.
 
-    It stops by itself when nobody read it for `idle_stop_s` (a closed browser tab leaves no thread behind)."""
+    It stops by itself when nobody read it for `idle_stop_s` (a closed browser tab, or paused panels, leave no thread
+    behind, and no canaries reach the server after the page is gone); a page that redraws starts a new one."""
 
     def __init__(self, base_url: str, api_key: str | None = None, interval_s: float = 2.0,
-                 idle_stop_s: float = 60.0):
+                 idle_stop_s: float = 10.0):
         self.observer = Observer(base_url, api_key)
         self.base_url = self.observer.base_url
         self.tracker = Tracker()

@@ -5,6 +5,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import time
 
@@ -53,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"watching {observer.base_url} (model {model}) every {args.interval:g} s"
           + ("" if observer.processes else "; not on this host, so its processes are not read"), file=sys.stderr)
     tracker, t0, shown = Tracker(), time.monotonic(), None
+    # Ctrl-C ends a watch even where it was started with SIGINT ignored (a background job), and so does SIGTERM (a
+    # service manager's stop): both end it cleanly, with exit code 0.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while args.max_seconds is None or time.monotonic() - t0 < args.max_seconds:
             started = time.monotonic()

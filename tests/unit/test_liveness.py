@@ -130,3 +130,26 @@ def test_the_checklist_check_is_the_same_verdict():
     stalled = tuple(obs(3.0 * i, running=1, canary=TIMEOUT) for i in range(8))
     out = decide_liveness(CheckContext(vllm_url=url, vllm_liveness=stalled))
     assert out.status is Status.FAIL and out.remedy and out.evidence["kind"] == "no_progress"
+
+
+def test_the_canary_is_sent_only_where_counters_cannot_speak():
+    """A canary is a real request the server counts: none while counters move, one when they stop with work in
+    flight, again after a failed one, and on an idle-looking server once every IDLE_CANARY_EVERY_S."""
+    import dataclasses
+    from pathlib import Path
+
+    from core.deployment.liveness import IDLE_CANARY_EVERY_S, Canary, canary_due
+    from core.telemetry.vllm_metrics import parse_metrics
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    a = parse_metrics((fixtures / "vllm-0.32-cpu-metrics-after-3-requests.txt").read_text(), t=0.0)
+    off = parse_metrics((fixtures / "vllm-0.32-cpu-metrics-disable-log-stats.txt").read_text(), t=0.0)
+    moved = dataclasses.replace(a, generation_tokens=(a.generation_tokens or 0) + 5)
+    busy = dataclasses.replace(a, running=2.0)
+    ok, failed = Canary(True, 0.1), Canary(False, 5.0, "no token within 5 s", timed_out=True)
+    assert canary_due(None, a, None, None)  # the first round
+    assert canary_due(a, None, ok, 2.0) and canary_due(a, off, ok, 2.0)  # no counters to read
+    assert not canary_due(a, moved, ok, 2.0)  # progress speaks for the engine
+    assert canary_due(busy, busy, ok, 2.0)  # work in flight and nothing moved
+    assert canary_due(a, moved, failed, 2.0)  # until a canary gets its token again
+    assert not canary_due(a, a, ok, 2.0) and canary_due(a, a, ok, IDLE_CANARY_EVERY_S)  # idle: now and then
