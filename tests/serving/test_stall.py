@@ -388,11 +388,24 @@ def test_the_deployment_page_shows_a_stalled_server(server, app_server, page):
 
 
 def test_sigkill_of_the_engine_core_is_named_dead(server):
-    """Last: the server does not survive it (vLLM's API server exits when its engine core dies)."""
+    """Last: the server does not survive it (vLLM's API server exits when its engine core dies). A load sweep runs
+    through the kill: it ends as failed, with the steps it finished kept and the reason said."""
+    from core.deployment.sweep import sweep
+
     observer = Observer(server.base_url)
     observer.connect()
     tracker = Tracker()
     core = engine_core(server)
+    finished_steps: list[int] = []
+    swept: dict = {}
+    sweeper = threading.Thread(target=lambda: swept.update(result=sweep(
+        server.base_url, "concurrency", [2.0] * 10, prompt_tokens=16, max_new_tokens=48, max_seconds=300,
+        on_step=lambda r: finished_steps.append(len(r.steps)))), daemon=True)
+    sweeper.start()
+    deadline = time.monotonic() + 120
+    while not finished_steps:
+        assert time.monotonic() < deadline and sweeper.is_alive(), swept
+        time.sleep(0.2)
     load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)
     wait_running(server.base_url)
     watch(observer, tracker, 3.0)  # the engine core's pid is seen (and remembered) before it dies
@@ -406,6 +419,10 @@ def test_sigkill_of_the_engine_core_is_named_dead(server):
     assert (v.state, v.kind) == (STALLED, "engine_dead"), states(seen)
     assert f"pid {core.pid}" in v.headline and "restart" in v.remedy
     assert detected_s <= DETECT_S
+    sweeper.join(120)
+    res = swept["result"]
+    print(f"sweep through the kill: {res.status}, {len(res.steps)} step(s) kept: {res.stopped}")
+    assert res.status == "failed" and 1 <= len(res.steps) < 10 and "step" in res.stopped
 
 
 def test_fleet_a_killed_engine_is_a_target_down_never_a_stall(server, fleet_prom):
