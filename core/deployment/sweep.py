@@ -29,6 +29,7 @@ MODES = ("concurrency", "rate")
 AUTO_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 KNEE_GAIN = 1.15  # twice the load for less than 15% more throughput: the server is full
 KNEE_LATENCY = 1.5  # ... while TTFT p50 grew by half or more
+KEEP_UP = 0.8  # an open loop finishing under this share of its arrivals has fallen behind them
 GROWTH = 1.5  # a phase that grew by half from the lightest step to the heaviest "grows"; less is "flat"
 MAX_STEPS = 12
 SCRAPE_EVERY_S = 1.0
@@ -280,8 +281,9 @@ def run_step(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: s
 # --- the sweep --------------------------------------------------------------------------------------------------------
 
 def _requests_for(mode: str, load: float, min_requests: int) -> int:
-    # Enough requests that every client sends a few (a step's p99 over 2 requests says nothing), bounded for 2 cores.
-    return int(max(min_requests, 2 * load if mode == "concurrency" else 4 * load))
+    # Enough requests that every client sends a few (a step's p99 over 2 requests says nothing), and for an open
+    # loop about 8 s of arrivals (with fewer, the last requests' drain makes the achieved rate read low).
+    return int(max(min_requests, 2 * load if mode == "concurrency" else 8 * load))
 
 
 def _knee(steps: list[Step]) -> dict | None:
@@ -291,6 +293,15 @@ def _knee(steps: list[Step]) -> dict | None:
         if a.achieved_rps <= 0 or a.ttft_p50 is None or b.ttft_p50 is None:
             continue
         gain, slower = b.achieved_rps / a.achieved_rps, b.ttft_p50 / a.ttft_p50
+        if b.mode == "rate":  # an open loop: the server falls behind the arrivals and the wait grows
+            queued = (b.queue_share or 0.0) >= QUEUE_SHARE_SATURATED
+            if b.achieved_rps < KEEP_UP * b.load and (slower >= KNEE_LATENCY or queued):
+                return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
+                        "how": (f"at {b.load:g} req/s of arrivals the server finished only {b.achieved_rps:.2f} req/s "
+                                f"while TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> "
+                                f"{1000 * b.ttft_p50:.0f} ms)" + (f" and queueing was {100 * b.queue_share:.0f}% of "
+                                                                  "TTFT" if queued else ""))}
+            continue
         if b.load / a.load >= 1.5 and gain < KNEE_GAIN and slower >= KNEE_LATENCY:
             return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
                     "how": (f"from {a.load:g} to {b.load:g} {_unit(a.mode)} throughput grew only "

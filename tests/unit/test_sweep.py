@@ -58,6 +58,14 @@ def test_the_knee_is_where_throughput_stops_while_latency_turns_up():
     assert _knee(steps[:2]) is None  # still growing
 
 
+def test_an_open_loop_knee_is_where_the_server_falls_behind_its_arrivals():
+    steps = [step(0.5, 0.5, 0.12, mode="rate"), step(1, 0.98, 0.13, mode="rate"),
+             step(2, 1.7, 0.2, queue=0.1, mode="rate"), step(4, 1.75, 2.3, queue=2.2, mode="rate")]
+    knee = _knee(steps)
+    assert knee["load"] == 2 and "finished only 1.75 req/s" in knee["how"] and "queueing was 96%" in knee["how"]
+    assert _knee(steps[:3]) is None  # 1.7 of 2 req/s: keeping up
+
+
 def test_goodput_is_the_best_step_meeting_every_slo():
     steps = [step(1, 1.0, 0.1), step(2, 1.8, 0.5), step(4, 1.9, 3.0)]
     slo = {"ttft_p99": 1.0, "itl_p99": 0.1}
