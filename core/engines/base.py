@@ -209,7 +209,11 @@ class Engine(Protocol):
     (linear_kernels, calibrate_static_fp8, layer_errors)."""
 
     name: str  # a short key: "torch", "torch-fast", "vllm-cpu", "vllm", "remote"
-    ran: str  # what really executes, for labels, History and JSON: "torch eager on CPU", "vllm 0.32.0 on ..."
+    ran: str  # what really executes, in full, for details, History and JSON: "torch eager on CPU, FP8 linears ..."
+    # The same in a few words for headlines, the sidebar and titles: the engine path and where it runs, joined by
+    # " · " ("torch eager · CPU", "fast path · NVIDIA H200", "vLLM 0.32.0 server · host:8000"). short_ran(ran) gives
+    # the same from a stored `ran`.
+    ran_short: str
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]: ...
 
@@ -233,6 +237,67 @@ class Engine(Protocol):
     def memory_report(self) -> MemoryReport: ...
 
     def unload(self) -> None: ...
+
+
+SEP = " · "  # between the parts of a short label
+
+
+_PRECISION_SHORT = {
+    Precision.FP32: "FP32", Precision.BF16: "BF16", Precision.FP16: "FP16",
+    Precision.FP8: "FP8 W8A8", Precision.FP8_WEIGHT_ONLY: "FP8 W8A16",
+    Precision.INT8: "INT8 W8A8", Precision.INT8_WEIGHT_ONLY: "INT8 W8A16",
+    Precision.INT4: "INT4 g128", Precision.INT4_AWQ: "INT4 AWQ g128",
+}
+
+
+def precision_short(precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO) -> str:
+    """The precision in a few words for short labels ("FP8 W8A8", "BF16 + FP8 KV"); Precision.label is the full one."""
+    return _PRECISION_SHORT[precision] + (" + FP8 KV" if kv_dtype is KVDtype.FP8 else "")
+
+
+def short_label(precision_label: str, ran_short: str) -> str:
+    """A headline-sized label: "FP8 W8A8 · torch eager · CPU". The full `ran` goes one click away (a popover or a
+    tooltip) and into --json output beside this."""
+    return SEP.join(p for p in (precision_label.strip(), ran_short.strip()) if p)
+
+
+def _drop_parentheses(text: str) -> str:
+    out, depth = [], 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    return " ".join("".join(out).split())
+
+
+def _host_port(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "//" in url else "//" + url)
+    return parts.netloc or url
+
+
+def short_ran(ran: str) -> str:
+    """The short form of a full `ran` string (runs saved before ran_short existed keep only the full one):
+    "torch eager on CPU, FP8 linears through ..." -> "torch eager · CPU"; "torch fast path (CUDA graphs, ...) on NVIDIA
+    H200" -> "fast path · NVIDIA H200"; "vLLM 0.32.0 server at http://h:8000" -> "vLLM 0.32.0 server · h:8000".
+    Text of no known shape keeps its first clause."""
+    text = _drop_parentheses(ran or "")
+    if not text:
+        return ""
+    if " at " in text and " server" in text:  # a server named by its URL: the URL carries no commas
+        what, _, url = text.partition(" at ")
+        return SEP.join([what.strip(), _host_port(url.split(",")[0].strip())])
+    head = text.split(",")[0].strip()
+    what, on, where = head.rpartition(" on ")
+    if not on:
+        return head
+    if what.startswith("torch fast path"):
+        what = "fast path"
+    return SEP.join([what.strip(), where.strip()])
 
 
 class ByteTokenizer:

@@ -32,6 +32,20 @@ class Setup:
         """The label with the engine that really runs it: eager torch and the CUDA-graph path differ 13-17x in speed."""
         return f"{self.label} ({engine.ran})"
 
+    @property
+    def model_short(self) -> str:
+        """The model without its parenthesized details: "Gemma 3 270M" (the label names its source and terms)."""
+        from core.engines.base import _drop_parentheses
+
+        return _drop_parentheses(self.spec.label) or self.spec.label
+
+    def short_label(self, engine) -> str:
+        """A headline-sized label: "FP8 W8A8 · torch eager · CPU" (precision, engine path, device or server). The
+        model is named apart; ran_label is the full form, for details one click away."""
+        from core.engines.base import precision_short, short_label
+
+        return short_label(precision_short(self.precision, self.kv_dtype), engine.ran_short)
+
 
 DEFAULT_SETUP = Setup(ModelSpec("embedded"), Precision.BF16)
 

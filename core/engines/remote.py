@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import requests
 
-from core.engines.base import Generation, GenerationParams, MemoryReport, Score, StreamEvent
+from core.engines.base import Generation, GenerationParams, MemoryReport, Score, StreamEvent, short_ran
 from core.errors import InputError, RemoteError
 from core.http import DEFAULT_TIMEOUT_S, api_error, describe, json_body, new_session, normalize_base_url, request
 from core.precision import KVDtype, Precision
@@ -118,6 +118,10 @@ class RemoteEngine:
         info = self._info
         kind = f"vLLM {info.version or ''}".rstrip() if info and info.is_vllm else "OpenAI-compatible"
         return f"{kind} server at {self.base_url}"
+
+    @property
+    def ran_short(self) -> str:
+        return short_ran(self.ran)  # "vLLM 0.32.0 server · host:8000"
 
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         """A running server's precision is fixed by its launch flags; only its KV dtype can be read (/metrics)."""

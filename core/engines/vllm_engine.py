@@ -297,6 +297,11 @@ class VllmEngine:
         kernel = f", FP8 linears: {fp8}" if fp8 else ""
         return f"{what} server on {self.device.name}{kernel}"
 
+    @property
+    def ran_short(self) -> str:
+        flavor, version = vllm_flavor(self.python)
+        return f"{f'{flavor} {version}' if flavor else self.name} server · {self.device.name}"
+
     def unsupported_reasons(self, precision: Precision | None = None, kv_dtype: KVDtype | None = None) -> list[str]:
         precision = precision or self.precision
         kv_dtype = kv_dtype or self.kv_dtype

@@ -129,6 +129,10 @@ class FastLlamaEngine(HFSide):
                   f", prompt attention through SDPA (cuDNN where it runs; FlashAttention-3: {why})")
         return f"torch fast path (CUDA graphs, Triton kernels{extra}) on {self.device.name}"
 
+    @property
+    def ran_short(self) -> str:
+        return f"fast path · {self.device.name}"
+
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
 

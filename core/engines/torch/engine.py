@@ -272,6 +272,10 @@ class TorchEngine(HFSide):
                      else ", integer weights dequantized by torch ops")
         return ", ".join([text] + self.cpu_fast)
 
+    @property
+    def ran_short(self) -> str:
+        return f"torch eager · {self.device.name}"
+
     def unsupported_reasons(self, precision: Precision, kv_dtype: KVDtype) -> list[str]:
         return unsupported_reasons(precision, kv_dtype, self.device, engine="torch")
 
