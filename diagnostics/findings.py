@@ -56,6 +56,17 @@ class Chart:
                 "thresholds": [{"y": y, "label": label} for y, label in self.thresholds],
                 "y_range": list(self.y_range) if self.y_range else None}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Chart":
+        """Back from to_dict (a History payload); absent fields take their defaults, so older payloads open."""
+        series = tuple(Series(str(s.get("name", "")), str(s.get("unit", "")), str(s.get("source", "")),
+                              tuple(s.get("t") or ()), tuple(s.get("v") or ())) for s in d.get("series") or ())
+        thresholds = tuple((float(t["y"]), str(t.get("label", ""))) for t in d.get("thresholds") or ()
+                           if isinstance(t, dict) and isinstance(t.get("y"), (int, float)))
+        y_range = d.get("y_range")
+        return cls(str(d.get("title", "")), series, str(d.get("y_title", "")), thresholds,
+                   tuple(y_range) if y_range and len(y_range) == 2 else None)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -121,6 +132,21 @@ class Finding:
                 "missing": self.missing, "hint": self.hint, "evidence": self.evidence,
                 "charts": [c.to_dict() for c in self.charts]}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        """Back from to_dict; an unknown status or severity (a payload from another version) is shown as it was
+        saved rather than refused: status ERROR is never invented, an unknown one reads SKIP with its text kept."""
+        try:
+            status = Status(d.get("status"))
+        except ValueError:
+            status = Status.SKIP
+        severity = {s.label: s for s in Severity}.get(str(d.get("severity", "")).lower(), Severity.LOW)
+        charts = tuple(Chart.from_dict(c) for c in d.get("charts") or () if isinstance(c, dict))
+        evidence = d.get("evidence") if isinstance(d.get("evidence"), dict) else {}
+        return cls(str(d.get("id", "?")), str(d.get("title", d.get("id", "?"))), severity, status,
+                   str(d.get("verdict", "")), str(d.get("remedy") or ""), evidence, charts,
+                   str(d.get("missing") or ""), str(d.get("hint") or ""))
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -141,3 +167,15 @@ class RunResult:
                 "requested_s": self.requested_s, "window_s": self.window_s, "cancelled": self.cancelled,
                 "host": self.host, "inputs": self.inputs, "counts": self.counts(),
                 "collector_notes": list(self.collector_notes), "findings": [f.to_dict() for f in self.findings]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunResult":
+        """Back from to_dict (a History payload or a JSON report); fields an older payload lacks take defaults."""
+        def num(key: str) -> float:
+            v = d.get(key)
+            return float(v) if isinstance(v, (int, float)) else 0.0
+
+        findings = tuple(Finding.from_dict(f) for f in d.get("findings") or () if isinstance(f, dict))
+        return cls(str(d.get("started_at", "")), num("requested_s"), num("window_s"), bool(d.get("cancelled")),
+                   str(d.get("host", "")), d.get("inputs") if isinstance(d.get("inputs"), dict) else {},
+                   findings, tuple(str(n) for n in d.get("collector_notes") or ()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
+import time
 from dataclasses import dataclass
 
 from core import store
@@ -31,7 +32,8 @@ class FleetRun:
 def run(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
         save: bool = True, at: float | None = None) -> FleetRun:
     """The checklist now, or as it stood at unix time `at` (the queries' window ends there)."""
-    started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    t_start = time.time()  # History shows how long the refresh took: saved with its real start, not start = end
+    started = dt.datetime.fromtimestamp(t_start).astimezone().isoformat(timespec="seconds")
     snap = collect(prom, selector, replica_label, window, at)
     findings = evaluate(snap, CHECKS)
     inputs = {"prometheus_url": snap.prometheus_url, "selector": snap.selector, "replica_label": snap.replica_label,
@@ -42,7 +44,7 @@ def run(prom: Prometheus, selector: str = "", replica_label: str = "instance", w
                        tuple(findings), notes)
     out = FleetRun(snap, result)
     if save:
-        store.record("fleet", history_title(snap), out.to_dict(), history_summary(out))
+        store.record("fleet", history_title(snap), out.to_dict(), history_summary(out), started_at=t_start)
     return out
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from core.fmt import fmt_field, fmt_s, markdown_safe
 from diagnostics.findings import Finding, RunResult, Status
@@ -56,6 +57,54 @@ def evidence_rows(finding: Finding) -> list[tuple[str, str]]:
         else:
             rows.append((evidence_label(key), format_value(key, value)))
     return rows
+
+
+@dataclass(frozen=True)
+class SkipGroup:
+    """Checks skipped for one and the same reason (no NVIDIA driver: every GPU check), shown as one card instead
+    of eight identical ones. Only a view: the run, the JSON and the CLI keep each check's own finding."""
+
+    missing: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def input(self) -> str:
+        """'no GPU' of 'no GPU: No NVIDIA driver here: ...': the input that was missing."""
+        head, sep, _ = self.missing.partition(":")
+        return head.strip() if sep and len(head) <= 40 else ""
+
+    @property
+    def reason(self) -> str:
+        return self.missing.partition(":")[2].strip() if self.input else self.missing
+
+    @property
+    def title(self) -> str:
+        return f"{len(self.findings)} checks skipped" + (f": {self.input}" if self.input else "")
+
+    @property
+    def remedy(self) -> str:
+        """The members' remedy where they agree on one (they share the cause, so usually do), else none."""
+        remedies = {f.remedy for f in self.findings}
+        return remedies.pop() if len(remedies) == 1 else ""
+
+
+def group_skips(findings: Iterable[Finding], min_size: int = 2) -> list[Finding | SkipGroup]:
+    """The findings in their order, SKIPs sharing a missing-input text folded into one SkipGroup (placed where the
+    first of them was); a reason that only one check gives stays that check's own card."""
+    findings = list(findings)
+    by_reason: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.status is Status.SKIP and f.missing:
+            by_reason.setdefault(f.missing, []).append(f)
+    out, placed = [], set()
+    for f in findings:
+        group = by_reason.get(f.missing) if f.status is Status.SKIP and f.missing else None
+        if group is None or len(group) < min_size:
+            out.append(f)
+        elif f.missing not in placed:
+            placed.add(f.missing)
+            out.append(SkipGroup(f.missing, tuple(group)))
+    return out
 
 
 def summary_line(result: RunResult) -> str:

@@ -8,9 +8,8 @@ import streamlit as st
 from core.errors import TriageError
 from diagnostics import job as jobs
 from diagnostics.registry import all_checks
-from diagnostics.report import markdown_safe, summary_line
 from diagnostics.runner import DEFAULT_S, MAX_S
-from views.common.findings import card
+from views.common import checklist_view
 
 POLL_S = 0.5
 
@@ -59,22 +58,4 @@ if running:
 elif job is not None and job.error:
     st.error(f"The checklist failed to run: {job.error}")
 elif job is not None and job.result is not None:
-    result = job.result
-    counts = result.counts()
-    st.subheader("Findings")
-    st.markdown(markdown_safe(summary_line(result)))
-    metrics = st.columns(len(counts))
-    for col, (status, n) in zip(metrics, counts.items()):
-        col.metric(status, n)
-    if result.cancelled:
-        st.warning(f"Cancelled after {result.window_s:.0f} s: the checks ran on a shorter window than asked for.")
-    for note in result.collector_notes:
-        st.caption(note)
-    dl = st.columns(3)
-    stamp = result.started_at.replace(":", "")[:17]
-    for col, (ext, mime, label) in zip(dl, [("md", "text/markdown", "Markdown"), ("json", "application/json", "JSON"),
-                                            ("html", "text/html", "HTML (with charts)")]):
-        col.download_button(f"Download {label}", job.reports[ext], file_name=f"diagnostics-{stamp}.{ext}", mime=mime,
-                            on_click="ignore", icon=":material/download:", width="stretch")
-    for finding in result.findings:
-        card(finding)
+    checklist_view.show(job.result.to_dict(), "diag", reports=job.reports)

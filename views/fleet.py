@@ -15,13 +15,12 @@ from core.fleet import series as fs
 from core.fleet import table
 from core.fleet.prom import Prometheus
 from core.fleet.promql import REPLICA_LABELS
-from core.fmt import fmt_s, markdown_literal
-from diagnostics import fleet, fleet_rules
+from core.fmt import markdown_literal
+from diagnostics import fleet
 from diagnostics.charts import figure
 from diagnostics.context import Series
 from diagnostics.findings import Chart
-from diagnostics.report import summary_line
-from views.common.findings import card
+from views.common import fleet_view
 
 WINDOWS = ("1m", "5m", "15m", "1h")
 ss = st.session_state
@@ -56,44 +55,7 @@ if run is None:
     st.stop()
 
 snap = run.snapshot
-st.caption(markdown_literal(f"{table.header_line(snap)} · Prometheus {snap.prometheus_version} · "
-                            f"{ss.get('fleet_auth', '')} · GPU series: {snap.gpu_source or 'none'}"))
-m = st.columns(5)
-m[0].metric("Replicas", len(snap.replicas))
-m[1].metric("Down", sum(r.up is False for r in snap.replicas))
-m[2].metric("Outliers", sum(bool(r.outliers) for r in snap.replicas))
-m[3].metric("Median TTFT p99", fmt_s(snap.fleet_median.get("ttft_p99_s")))
-m[4].metric("Median ITL p99", fmt_s(snap.fleet_median.get("itl_p99_s")))
-for note in snap.notes:
-    (st.warning if note.startswith("Warning") else st.caption)(markdown_literal(note))
-
-HELP = {h: st.column_config.TextColumn(h, help=text) for h, text in table.HELP.items()}
-st.subheader("Replicas, worst first")
-st.dataframe(pd.DataFrame(table.rows(snap)), hide_index=True, width="stretch", column_config=HELP)
-st.caption("▲ marks a value far above the fleet median (median and MAD, robust to a few bad replicas), with its ratio "
-           "to the median. N/A: no series for that column in this Prometheus (never read as 0). TTFT p99 shows the "
-           "histogram bucket it was interpolated in; queue, prefill and decode are exact means (_sum / _count) with "
-           "their share of the end-to-end latency; queue/TTFT is the share of the time to first token spent waiting.")
-with st.expander("PromQL behind the table"):
-    st.code("\n".join(f"# {k}\n{v}" for k, v in snap.promql.items()), language="promql")
-
-st.subheader("Alerting in Prometheus")
-if "stalled" in snap.promql:
-    st.caption(markdown_literal(
-        f"The stall query (fleet.stalled, over {snap.stall_window}): a replica whose tokens and finished requests did "
-        "not move while it had requests in flight. Pasteable as an alert rule's expr as it stands."))
-    st.code(snap.promql["stalled"], language="promql")
-st.download_button("Download alert rules (Prometheus rule file)", fleet_rules.for_snapshot(snap),
-                   file_name="vllm-fleet-alerts.yml", mime="application/yaml",
-                   help="The checks that can run inside Prometheus (stall, target down, KV pressure, saturation, slow "
-                        "replica) for this selector, replica label and window. Check it with `promtool check rules`, "
-                        "list it under rule_files in prometheus.yml. Same as `python -m diagnostics fleet "
-                        "--alert-rules FILE`.")
-
-st.subheader("Fleet checklist")
-st.markdown(markdown_literal(summary_line(run.result)))
-for finding in run.result.findings:
-    card(finding, key_prefix="fleet")
+fleet_view.show(run.to_dict(), "fleet")
 
 
 def draw(chart: fs.Chart, key: str) -> None:
@@ -103,10 +65,11 @@ def draw(chart: fs.Chart, key: str) -> None:
     start = min(t for pts in chart.lines.values() for t, _ in pts)
     lines = tuple(Series(name, chart.unit, "Prometheus", tuple(t - start for t, _ in pts), tuple(v for _, v in pts))
                   for name, pts in chart.lines.items())
-    st.plotly_chart(figure(Chart(chart.title, lines, f"{chart.title} ({chart.unit})")), key=key,
+    t0 = dt.datetime.fromtimestamp(start).astimezone()  # the x axis as a 24-hour clock of the console's zone
+    st.plotly_chart(figure(Chart(chart.title, lines, f"{chart.title} ({chart.unit})"), t0=t0), key=key,
                     config={"displayModeBar": False})
     st.caption(markdown_literal(f"{len(chart.lines)} of {chart.replicas_total} replicas (highest mean first), from "
-                                f"{dt.datetime.fromtimestamp(start).astimezone():%Y-%m-%d %H:%M:%S %Z}, step "
+                                f"{t0:%Y-%m-%d %H:%M:%S %Z}, step "
                                 f"{chart.step_s:g} s: {chart.promql}"))
 
 
@@ -128,7 +91,7 @@ if r is not None:
     st.caption(markdown_literal(f"{snap.replica_label}={r.name} · targets {', '.join(r.instances) or 'N/A'} · "
                                 f"state {table.state(r)}" + (f" · last error: {r.last_error}" if r.last_error else "")))
     st.dataframe(pd.DataFrame([row for row in table.rows(snap) if row[snap.replica_label] == pick]), hide_index=True,
-                 width="stretch", column_config=HELP)
+                 width="stretch", column_config=fleet_view.column_help())
     cc = st.columns(2)
     for i, key in enumerate(("ttft_p99_s", "running")):
         with cc[i]:

@@ -105,6 +105,29 @@ class FleetSnapshot:
     def replica(self, name: str) -> Replica | None:
         return next((r for r in self.replicas if r.name == name), None)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FleetSnapshot":
+        """Back from to_dict (a History payload or --json); fields an older payload lacks take empty defaults, so
+        what it has is shown and the rest reads N/A."""
+        def dict_of(v: Any) -> dict:
+            return v if isinstance(v, dict) else {}
+
+        def replica(r: dict) -> Replica:
+            return Replica(str(r.get("name", "")), list(r.get("instances") or []), r.get("up"),
+                           r.get("last_scrape_age_s"), str(r.get("last_error") or ""), dict_of(r.get("values")),
+                           dict_of(r.get("gpu")), dict_of(r.get("outliers")), dict_of(r.get("buckets")))
+
+        cost = {k: v for k, v in dict_of(d.get("cost")).items() if k in Cost.__dataclass_fields__}
+        return cls(str(d.get("prometheus_url", "")), str(d.get("selector") or ""),
+                   str(d.get("replica_label") or "instance"), str(d.get("window") or ""),
+                   int(d.get("window_s") or 0), float(d.get("t") or 0.0),
+                   [replica(r) for r in d.get("replicas") or () if isinstance(r, dict)],
+                   dict_of(d.get("promql")), dict_of(d.get("names")), str(d.get("gpu_source") or ""),
+                   list(d.get("no_stats_targets") or []), dict_of(d.get("fleet_median")),
+                   str(d.get("prometheus_version") or "?"), Cost(**cost), float(d.get("elapsed_s") or 0.0),
+                   list(d.get("notes") or []), list(d.get("gpu_keys") or []), str(d.get("asked_replica_label") or ""),
+                   str(d.get("stall_window") or ""), int(d.get("stall_window_s") or 0))
+
 
 def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
             at: float | None = None) -> FleetSnapshot:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from core.precision import Device, KVDtype, Precision, unsupported_reasons
+from diagnostics.checks import no_gpu
 from diagnostics.context import CheckContext
 from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -35,7 +36,7 @@ def decide_fp8_capability(ctx: CheckContext) -> Outcome:
         # weight-only FP8 upcasts for the matmul, so it runs wherever BF16 runs
         return passed(f"FP8 W8A8 is not requested ({where}).", evidence={"requested": precision, "from": where})
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     evidence = {"requested": precision, "from": where}
     evidence.update({g.label: "CC unknown" if g.compute_capability is None else
                      f"CC {g.compute_capability[0]}.{g.compute_capability[1]}" for g in ctx.gpus})
@@ -57,7 +58,7 @@ def decide_fp8_capability(ctx: CheckContext) -> Outcome:
 
 def decide_driver(ctx: CheckContext) -> Outcome:
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     drv = ctx.cuda_driver_version
     if drv is None:
         return skip("CUDA driver version: NVML did not report it")

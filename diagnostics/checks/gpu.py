@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from core.stats import mean, percentile
 from core.telemetry.base import BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT, achievable_dram_bw
+from diagnostics.checks import no_gpu
 from diagnostics.context import CheckContext, GpuWindow, Series
 from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -44,7 +45,7 @@ class Busy:
 def busy_readings(ctx: CheckContext, field: str) -> Outcome | Busy:
     """The readings a GPU check decides on, or the SKIP that says which input is missing."""
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     load_known, running = load_filter(ctx)
     if running and all(r <= 0 for _, r in running):
         return skip("load: vLLM reported 0 running requests for the whole window; send traffic and run again")

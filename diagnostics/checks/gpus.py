@@ -7,6 +7,7 @@ from statistics import median
 
 from core.stats import mean
 from diagnostics.checks.gpu import busy_readings
+from diagnostics.checks import no_gpu
 from diagnostics.context import CheckContext, GpuWindow
 from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, passed, skip, warn
 
@@ -20,7 +21,7 @@ SERVER_PROCESS_MARKS = ("vllm", "enginecore")  # vLLM's process titles: "VLLM::E
 
 def _need_two(ctx: CheckContext) -> Outcome | None:
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     if len(ctx.gpus) < 2:
         return skip(f"one GPU ({ctx.gpus[0].label}): nothing to compare it with")
     return None
@@ -79,7 +80,7 @@ def _slowdown_share(g: GpuWindow) -> tuple[float, set[str], int]:
 
 def decide_throttled(ctx: CheckContext) -> Outcome:
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     shares = {g.label: _slowdown_share(g) for g in ctx.gpus}
     if not any(n for _, _, n in shares.values()):
         return skip("throttle reasons: NVML gave no clock-event readings during the window")
@@ -106,7 +107,7 @@ def _is_server(name: str) -> bool:
 
 def decide_foreign_process(ctx: CheckContext) -> Outcome:
     if not ctx.gpus:
-        return skip(f"no GPU: {ctx.gpu_reason}")
+        return no_gpu(ctx)
     serving = [g for g in ctx.gpus if any(_is_server(name) for _, name in g.processes)]
     if not serving:
         return skip("no vLLM process on any GPU (looked for process names containing 'vllm' or 'EngineCore')")

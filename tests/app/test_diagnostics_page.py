@@ -13,6 +13,7 @@ import core.telemetry.sampler as sampler_mod
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource
 from core.telemetry.sampler import Sampler, shutdown_sampler
+from diagnostics.report import SkipGroup, group_skips
 
 from tests.fakes.nvml import A100, FakeNvml
 
@@ -63,9 +64,17 @@ def test_run_shows_cards_in_severity_order_with_charts_and_downloads(a100_sample
     assert statuses["gpu.idle"] == "WARN"  # 40% util, load unknown without a vLLM URL
     assert statuses["gpu.bandwidth_bound"] == "SKIP"  # no GPM on an A100
 
-    # One card per finding, in the order of the result (FAIL first, SKIP last).
+    # One card per finding, in the order of the result (FAIL first, SKIP last), except that checks skipped for the
+    # same reason (no vLLM URL) share one card that names them all.
     ids = [m.value.split("`")[1] for m in at.markdown if m.value.startswith("**") and "· `" in m.value]
-    assert ids == [f.check_id for f in result.findings]
+    groups = [g for g in group_skips(result.findings) if isinstance(g, SkipGroup)]
+    grouped = {f.check_id for g in groups for f in g.findings}
+    assert ids == [f.check_id for f in result.findings if f.check_id not in grouped]
+    assert {"vllm.reachable", "vllm.kv_pressure"} <= grouped
+    group_titles = [m.value for m in at.markdown if m.value.startswith("**") and "checks skipped" in m.value]
+    assert group_titles == [f"**{g.title}**" for g in groups]
+    shown_captions = "\n".join(c.value for c in at.caption)
+    assert all(f"`{i}`" in shown_captions for i in grouped)
     assert [m.label for m in at.metric] == ["FAIL", "ERROR", "WARN", "PASS", "SKIP"]
     assert len(at.get("plotly_chart")) >= 2  # GPU util and host memory evidence
     assert len(at.get("download_button")) == 3
@@ -96,3 +105,37 @@ def test_bad_url_is_an_error_not_a_traceback(a100_sampler):
     at.button[0].click().run()
     assert not at.exception
     assert at.error and "Cannot start" in at.error[0].value and at.session_state["diag_job"] is None
+
+
+def _show_payload(payload):
+    from views.common import checklist_view
+
+    checklist_view.show(payload, "t")
+
+
+def test_saved_payloads_old_and_unfinished_open_without_a_traceback():
+    """What History and recorded mode hand the view: a full run (charts, JSON round trip), a payload from an older
+    version (fields missing, an unknown status) and an unfinished run's inputs-only payload."""
+    import json
+
+    from diagnostics.context import CheckContext, Series
+    from diagnostics.findings import Chart, Finding, RunResult, Severity, Status
+    from diagnostics.runner import evaluate
+
+    chart = Chart("Host MemAvailable", (Series("MemAvailable", "bytes", "psutil", (0.0, 1.0, 2.0), (3.0, None, 2.0)),),
+                  "GiB", ((2.5, "limit"),))
+    warn = Finding("host.mem_leak", "Host memory leak", Severity.HIGH, Status.WARN, "falls", "find it",
+                   {"slope_mib_per_min": -5.0}, (chart,))
+    full = RunResult("2026-01-01T13:05:00+01:00", 5.0, 5.0, False, "host", {"vllm_url": None},
+                     (warn, *evaluate(CheckContext(gpu_reason="No NVIDIA driver here: no libnvidia-ml."))))
+    payload = json.loads(json.dumps(full.to_dict()))
+    old = {"findings": [{"id": "gpu.idle", "status": "MAYBE", "verdict": "old text"}, {"id": "x.y", "status": "PASS"}]}
+    for p in (payload, old, {"inputs": {"vllm_url": "http://h:8000"}, "requested_s": 60}, {}):
+        at = AppTest.from_function(_show_payload, args=(p,), default_timeout=30).run()
+        assert not at.exception, (p, [e.value for e in at.exception])
+    at = AppTest.from_function(_show_payload, args=(payload,), default_timeout=30).run()
+    assert len(at.get("plotly_chart")) == 1 and len(at.get("download_button")) == 3
+    titles = [m.value for m in at.markdown if "checks skipped: no GPU" in m.value]
+    assert len(titles) == 1  # every GPU check's identical "no driver" skip on one card, with its remedy once
+    assert sum("docker run --gpus all" in m.value for m in at.markdown) == 1
+    assert RunResult.from_dict(payload).to_dict() == payload  # nothing lost on the way through History

@@ -29,3 +29,33 @@ def test_the_fleet_page_shows_the_stall_query_and_offers_the_rule_file():
     assert table.iloc[0]["instance"] == "stuck" and table.iloc[0]["state"].startswith("STALLED")
     button = at.get("download_button")[0]
     assert "alert rules" in button.label
+
+
+def _show_payload(payload):
+    from views.common import fleet_view
+
+    fleet_view.show(payload, "t")
+
+
+def test_a_saved_refresh_opens_in_the_same_view_and_old_payloads_do_not_crash():
+    """The dict a refresh is saved as (History, recordings) through JSON and back draws the same table; a payload
+    with fields missing (an older version) or without a snapshot shows what it has."""
+    import json
+
+    from core.fleet.fleet import FleetSnapshot
+
+    stuck = _replica("stuck", running=4.0, work_min=4.0, stalled=4.0, progress_last_t=970.0)
+    snap = _snap([_replica("busy", running=2.0, progress=10.0), stuck], prometheus_url="http://127.0.0.1:9")
+    result = RunResult("2026-01-01T00:00:00+00:00", 300.0, 300.0, False, "host", {"auth": "no credentials"},
+                       tuple(evaluate(snap, CHECKS)), ())
+    payload = json.loads(json.dumps(FleetRun(snap, result).to_dict()))
+    assert FleetSnapshot.from_dict(payload["fleet"]).to_dict() == payload["fleet"]
+    at = AppTest.from_function(_show_payload, args=(payload,), default_timeout=30).run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert list(table["instance"]) == ["stuck", "busy"] and table.iloc[0]["state"].startswith("STALLED")
+    assert snap.promql["stalled"] in [c.value for c in at.code]
+    old = {"fleet": {"prometheus_url": "http://old:9090", "replicas": [{"name": "a", "up": True}]}}
+    for p in (old, {"fleet": None}, {}, {"fleet": payload["fleet"]}):
+        at = AppTest.from_function(_show_payload, args=(p,), default_timeout=30).run()
+        assert not at.exception, (p, at.exception)

@@ -1,15 +1,20 @@
-"""One finding as a card: shared by the Diagnostics and Fleet pages."""
+"""One finding as a card, and one card for checks skipped for the same reason: shared by Diagnostics and Fleet."""
+from __future__ import annotations
+
+import datetime as dt
+
 import streamlit as st
 
 from diagnostics.charts import figure
 from diagnostics.findings import Status
-from diagnostics.report import STATUS_ICONS, evidence_rows, markdown_safe, remedy_markdown
+from diagnostics.report import STATUS_ICONS, SkipGroup, evidence_rows, markdown_safe, remedy_markdown
 
 BADGE_COLOURS = {Status.FAIL: "red", Status.ERROR: "violet", Status.WARN: "orange", Status.PASS: "green",
                  Status.SKIP: "gray"}
 
 
-def card(f, key_prefix: str = "chart") -> None:
+def card(f, key_prefix: str = "chart", t0: dt.datetime | None = None) -> None:
+    """`t0`: the window's wall-clock start, so the charts' time axis reads as a 24-hour clock."""
     with st.container(border=True):
         head = st.columns([5, 1])
         head[0].markdown(f"**{markdown_safe(f.title)}** · `{f.check_id}`")
@@ -20,9 +25,22 @@ def card(f, key_prefix: str = "chart") -> None:
         if f.status is Status.SKIP:
             return
         for i, chart in enumerate(f.charts):
-            st.plotly_chart(figure(chart), key=f"{key_prefix}-{f.check_id}-{i}", config={"displayModeBar": False})
+            st.plotly_chart(figure(chart, t0=t0), key=f"{key_prefix}-{f.check_id}-{i}",
+                            config={"displayModeBar": False})
         rows = evidence_rows(f)
         if rows:
             with st.expander(f"Evidence ({len(rows)})"):
                 st.dataframe({"what": [k for k, _ in rows], "value": [v for _, v in rows]}, hide_index=True)
         st.caption(f"Looks at: {markdown_safe(f.hint)} · severity {f.severity.label}")
+
+
+def skip_group_card(g: SkipGroup) -> None:
+    """Several checks skipped for one reason: the reason and its remedy once, then which checks they were."""
+    with st.container(border=True):
+        head = st.columns([5, 1])
+        head[0].markdown(f"**{markdown_safe(g.title)}**")
+        head[1].badge(f"{STATUS_ICONS[Status.SKIP]} {len(g.findings)} SKIP", color=BADGE_COLOURS[Status.SKIP])
+        st.markdown(markdown_safe(g.reason))
+        if g.remedy:
+            st.markdown(remedy_markdown(g.remedy))
+        st.caption("Not decided: " + " · ".join(f"{markdown_safe(f.title)} (`{f.check_id}`)" for f in g.findings))
