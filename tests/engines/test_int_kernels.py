@@ -1,0 +1,133 @@
+"""The fast engine's integer kernels (core/engines/fast/kernels/intlinears.py) under Triton's interpreter on the CPU,
+against the torch engine's own ops (core/engines/torch/quant.py): the dequantized weights bit for bit, the int8
+activation quantization bit for bit, W8A8's result bit for bit, weight-only products to float32-accumulation
+rounding. Small shapes (the interpreter runs every program in numpy); the real kernels run in tests/gpu."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels then run in numpy on the CPU
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from core.engines.fast.kernels import intlinears as IL  # noqa: E402
+from core.engines.torch import quant  # noqa: E402
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+INTERPRETED = isinstance(IL._int_linear_kernel, InterpretedFunction)
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("the kernels were imported without Triton's interpreter and there is no GPU", allow_module_level=True)
+
+DEV = "cpu" if INTERPRETED else "cuda"
+N, K = 96, 384  # three INT4 groups; 96 rows: q|k|v-like segments of 64, 16, 16 for AWQ
+
+
+def _weight(seed: int, n: int = N, k: int = K) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    w[3, 5] = 0.3  # an outlier, so a group's range is not typical
+    return w.to(torch.bfloat16).to(DEV)
+
+
+def _awq(seed: int, rows=(64, 16, 16), k: int = K):
+    g = torch.Generator().manual_seed(seed + 100)
+    scales = [torch.exp(torch.randn(k, generator=g) * 0.7) for _ in rows]
+    return [s / (s.max() * s.min()).sqrt() for s in scales], list(rows)
+
+
+def _storage(mode: str, seed: int = 0) -> IL.IntWeight:
+    w = _weight(seed)
+    if mode == "int4-awq":
+        s, rows = _awq(seed)
+        return IL.quantize(w, mode, s, rows)
+    return IL.quantize(w, mode)
+
+
+@pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
+def test_dequantize_is_the_torch_engines_weights_bit_for_bit(mode):
+    iw = _storage(mode)
+    ref = IL.reference_dequantized(iw)
+    got = IL.dequantize(iw)
+    assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+
+
+def test_fused_awq_storage_is_each_projections_int4linear():
+    """Quantizing q|k|v fused with each projection's AWQ scales gives Int4Linear's weights for each projection."""
+    w = _weight(1)
+    s, rows = _awq(1)
+    iw = IL.quantize(w, "int4-awq", s, rows)
+    deq = IL.reference_dequantized(iw)
+    start = 0
+    for si, r in zip(s, rows):
+        lin = torch.nn.Linear(K, r, bias=False).to(DEV)
+        lin.weight.data = w[start:start + r].clone()
+        ref = quant.Int4Linear(lin, si).dequantized(torch.bfloat16)
+        assert torch.equal(deq[start:start + r].view(torch.int16), ref.view(torch.int16))
+        start += r
+
+
+@pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
+def test_one_hot_rows_read_back_each_dequantized_weight(mode):
+    """x = e_k picks column k of the weight the kernel built in registers: exactly the reference's bf16 weight."""
+    iw = _storage(mode, seed=2)
+    ref = IL.reference_dequantized(iw)
+    cols = [0, 1, 127, 128, 255, 382, 383]
+    x = torch.zeros(len(cols), K, dtype=torch.bfloat16, device=DEV)
+    x[torch.arange(len(cols)), cols] = 1.0
+    out = torch.empty(len(cols), N, dtype=torch.bfloat16, device=DEV)
+    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
+    assert torch.equal(out.view(torch.int16), ref[:, cols].t().contiguous().view(torch.int16))
+
+
+@pytest.mark.parametrize("mode,m,split", [("int4", 1, 1), ("int4-awq", 3, 2), ("int8-wo", 8, 1), ("int8-wo", 2, 3)])
+def test_weight_only_products_match_the_reference(mode, m, split):
+    iw = _storage(mode, seed=3)
+    x = (torch.randn(m, K, generator=torch.Generator().manual_seed(m)) ).to(torch.bfloat16).to(DEV)
+    out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2))
+    ref = (x.float() @ IL.reference_dequantized(iw).float().t())
+    rel = float((out.float() - ref).norm() / ref.norm())
+    assert rel < 5e-3, rel  # bf16 output rounding; the weights are the same
+
+
+def test_silu_input_is_the_references_activation():
+    iw = _storage("int8-wo", seed=4)
+    gu = torch.randn(1, 2 * K, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(DEV)
+    out = torch.empty(1, N, dtype=torch.bfloat16, device=DEV)
+    IL.int_linear(gu, iw, out, silu_x=True, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
+    g, u = gu.chunk(2, dim=-1)
+    act = torch.nn.functional.silu(g) * u  # bf16 ops, as HF's MLP rounds them
+    ref = act.float() @ IL.reference_dequantized(iw).float().t()
+    assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_int8_activation_quantization_is_int8_rows_bit_for_bit(silu):
+    m = 3
+    x = (torch.randn(m, (2 if silu else 1) * K, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
+    x[1, 7] = 40.0
+    x = x.to(DEV)
+    q = torch.empty(m, K, dtype=torch.int8, device=DEV)
+    s = torch.empty(m, dtype=torch.float32, device=DEV)
+    IL.int8_rows(x, q, s, silu_x=silu)
+    if silu:
+        g, u = x.chunk(2, dim=-1)
+        x = torch.nn.functional.silu(g) * u
+    rq, rs = quant.int8_rows(x)
+    assert torch.equal(q, rq) and torch.equal(s, rs[:, 0])
+
+
+@pytest.mark.parametrize("m,split", [(1, 1), (5, 2)])
+def test_w8a8_is_the_torch_engines_result_bit_for_bit(m, split):
+    iw = _storage("int8", seed=6)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(6 + m)).to(torch.bfloat16).to(DEV)
+    out = torch.empty(m, N, dtype=torch.bfloat16, device=DEV)
+    xq = torch.empty(m, K, dtype=torch.int8, device=DEV)
+    xs = torch.empty(m, dtype=torch.float32, device=DEV)
+    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2),
+                  xq=xq, xs=xs)
+    ref = IL.reference_linear(x, iw)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
