@@ -119,8 +119,9 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
     for t in _nice_ticks(x0, x1, 6):
         x = sx(t)
         label = (t0 + dt.timedelta(seconds=t)).strftime(CLOCK) if t0 is not None else _fmt(t)
+        anchor = "end" if x > W - PAD_R - 30 else "middle"  # the last label must not run off the right edge
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T + ph}" y2="{PAD_T + ph + 4}" stroke="#999"/>'
-                   f'<text x="{x:.1f}" y="{PAD_T + ph + 16}" text-anchor="middle" fill="#555">{e(label)}</text>')
+                   f'<text x="{x:.1f}" y="{PAD_T + ph + 16}" text-anchor="{anchor}" fill="#555">{e(label)}</text>')
     out.append(f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>')
     out.append(f'<text x="{PAD_L + pw / 2:.0f}" y="{H - 26}" text-anchor="middle" fill="#555">{e(axis_title(t0))}'
                "</text>")

@@ -1,6 +1,7 @@
 """Reports of a checklist run: JSON (everything, for machines), Markdown (for tickets), HTML (one file with charts).
 
-The HTML file is self-contained: plotly.js is inlined once, so it opens offline and can be attached to a ticket.
+The HTML file is self-contained and small: its charts are inline SVG (no charting library, no script), so it opens
+offline and can be attached to a ticket.
 Every piece of text in it is HTML-escaped, because much of it comes from outside (launch commands, URLs, error
 messages, metric labels) and a report is opened in a browser.
 """
@@ -196,6 +197,7 @@ word-break:break-all}
 .badge{display:inline-block;background:var(--c);color:#fff;border-radius:4px;padding:0 .5rem;font-weight:600;
 margin-right:.5rem} .id{color:#666;font-family:monospace}
 .remedy{background:#fafafa;padding:.5rem;border-radius:4px;white-space:pre-line}
+svg.chart{display:block;max-width:760px;margin:.5rem 0}
 table.ev{border-collapse:collapse;margin:.5rem 0} table.ev td{border-bottom:1px solid #eee;padding:.15rem .6rem;
 font-size:.92rem;vertical-align:top} .hint{color:#777;font-size:.85rem}
 """
@@ -223,27 +225,31 @@ def _card(f: Finding, charts_html: list[str]) -> str:
     return "\n".join(parts)
 
 
+def _skip_group_card(g: SkipGroup) -> str:
+    colour = STATUS_COLOURS[Status.SKIP]
+    parts = [f'<div class="card" style="--c:{colour}">',
+             f'<div><span class="badge">{STATUS_ICONS[Status.SKIP]} {len(g.findings)} SKIP</span>'
+             f"<strong>{_e(g.title)}</strong></div>", f"<p>{_e(g.reason)}</p>"]
+    if g.remedy:
+        parts.append(f'<p class="remedy"><strong>What to do:</strong> {_e(g.remedy)}</p>')
+    parts.append('<div class="hint">Not decided: ' + " · ".join(
+        f'<span id="{_e(f.check_id)}">{_e(f.title)} <span class="id">{_e(f.check_id)}</span></span>'
+        for f in g.findings) + "</div></div>")
+    return "\n".join(parts)
+
+
 def to_html(result: RunResult) -> str:
-    import plotly.io as pio
+    """One file, no script: the charts are inline SVG (a few kB each), so it opens offline in any browser and a
+    ticket can carry it. Checks skipped for the same reason share one card; the JSON keeps each finding."""
+    from diagnostics.charts import svg, window_start
 
-    from diagnostics.charts import figure
-
-    cards, any_chart = [], False
-    for f in result.findings:
-        charts_html = []
-        for i, chart in enumerate(f.charts):
-            any_chart = True
-            # Plotly writes the figure as JSON with <, > and / escaped, so no text in it can close the <script>.
-            charts_html.append(pio.to_html(figure(chart, template="plotly_white"), full_html=False,
-                                           include_plotlyjs=False,
-                                           div_id=f"chart-{f.check_id.replace('.', '-')}-{i}",
-                                           config={"displaylogo": False}))
-        cards.append(_card(f, charts_html))
-    script = ""
-    if any_chart:
-        from plotly.offline import get_plotlyjs
-
-        script = f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    t0 = window_start(result.started_at)
+    cards = []
+    for item in group_skips(result.findings):
+        if isinstance(item, SkipGroup):
+            cards.append(_skip_group_card(item))
+        else:
+            cards.append(_card(item, [svg(chart, t0) for chart in item.charts]))
     inputs = result.inputs
     input_rows = [("vLLM URL", inputs.get("vllm_url") or "none given"),
                   ("Launch command", inputs.get("launch_cmd") or "none given")]
@@ -251,7 +257,7 @@ def to_html(result: RunResult) -> str:
     inputs_html = "".join(f"<tr><td>{_e(k)}</td><td><code>{_e(v)}</code></td></tr>" for k, v in input_rows)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Diagnostic checklist · {_e(result.host)}</title>
-<style>{_CSS}</style>{script}</head>
+<style>{_CSS}</style></head>
 <body><h1>Diagnostic checklist</h1>
 <div class="summary">{_e(summary_line(result))}</div>
 <table class="inputs">{inputs_html}</table>
@@ -262,7 +268,7 @@ def to_html(result: RunResult) -> str:
 
 def write_all(result: RunResult, directory: str) -> tuple[dict[str, str], dict[str, str]]:
     """Write report.{md,json,html} under `directory` (created); returns (format -> path, format -> why it was not
-    written). A format whose optional package is missing (HTML needs plotly) is named, never the run's loss."""
+    written). A format whose optional package is missing is named, never the run's loss."""
     from pathlib import Path
 
     d = Path(directory)

@@ -38,27 +38,48 @@ def test_html_escapes_every_piece_of_hostile_text():
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
     # the flag linter's finding about the hostile flag is in the page, escaped
     assert "--fp8-w8a16" in page
-    # the only scripts are plotly.js (once, in <head>) and plotly's own snippet per figure
-    assert page.count('<script type="text/javascript">') == 1
-    plain = [m.end() for m in re.finditer(r"<script>", page)]
-    assert len(plain) == 2 and all(page[i:i + 200].lstrip().startswith("window.PLOTLYENV") for i in plain)
-    assert len(re.findall(r"<script", page)) == 3
+    assert "<script" not in page  # the charts are SVG: the page runs no script at all
 
 
-def test_html_is_self_contained_with_plotly_inlined_once():
+def test_html_is_self_contained_small_with_inline_svg_charts():
     page = report.to_html(hostile_result())
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert not re.search(r"<script[^>]*\bsrc=", page) and "<link" not in page  # opens offline
-    assert page.count("Plotly.newPlot") >= 2  # the host memory chart and the hand-made one
-    assert len(page) > 3_000_000  # plotly.js itself (~4.8 MB) is inside
+    assert not re.search(r"<(script|link|img|iframe)\b|<[^>]*\b(src|href)=", page)  # nothing to fetch: opens offline
+    assert page.count("<svg") == 2 and page.count("<polyline") >= 2  # the host memory chart and the hand-made one
+    assert len(page.encode()) < 100_000  # no charting library inside
 
 
-def test_html_without_charts_has_no_plotly():
-    inputs = {"vllm_url": None, "launch_cmd": None}
-    result = RunResult("t", 1.0, 1.0, False, "h", inputs, tuple(evaluate(CheckContext())))
+def test_svg_chart_draws_clock_times_gaps_and_thresholds():
+    import datetime as dt
+
+    from diagnostics.charts import svg
+
+    chart = Chart("util", (Series("GPU 0", "%", "NVML", (0.0, 1.0, 2.0, 3.0, 4.0), (10.0, 20.0, None, 40.0, 50.0)),),
+                  "%", ((30.0, "idle below"),), (0.0, 105.0))
+    t0 = dt.datetime(2026, 1, 1, 13, 5, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    out = svg(chart, t0)
+    assert out.count("<polyline") == 2  # the missed reading breaks the line
+    assert "13:05:00" in out and "13:05:04" in out and "PM" not in out and "UTC+01:00" in out
+    assert "idle below" in out and 'stroke-dasharray="2 3"' in out
+    assert "seconds since the window started" in svg(chart)
+    assert "no readings" in svg(Chart("empty", (Series("x", "%", "NVML"),), "%"))
+
+
+def test_identical_skips_share_one_card_in_the_html_but_not_in_json_or_text():
+    ctx = CheckContext(gpu_reason="No NVIDIA driver here: libnvidia-ml.so.1 was not found.")
+    result = RunResult("t", 1.0, 1.0, False, "h", {"vllm_url": None, "launch_cmd": None}, tuple(evaluate(ctx)))
+    no_gpu = [f for f in result.findings if f.missing.startswith("no GPU")]
+    assert len(no_gpu) >= 7
+    groups = [g for g in report.group_skips(result.findings) if isinstance(g, report.SkipGroup)]
+    gpu_group = next(g for g in groups if g.input == "no GPU")
+    assert gpu_group.findings == tuple(no_gpu) and gpu_group.title == f"{len(no_gpu)} checks skipped: no GPU"
+    assert "docker run --gpus all" in gpu_group.remedy
     page = report.to_html(result)
-    assert "Plotly.newPlot" not in page and len(page) < 100_000
-    assert page.count('class="card"') == len(result.findings)
+    assert page.count(f"{len(no_gpu)} checks skipped: no GPU") == 1
+    assert page.count("docker run --gpus all") == 1
+    assert all(f'id="{f.check_id}"' in page for f in result.findings)  # every check still has its anchor
+    assert len(json.loads(report.to_json(result))["findings"]) == len(result.findings)
+    assert sum(line.startswith("SKIP") for line in report.to_text(result).splitlines()) == result.counts()["SKIP"]
 
 
 def test_markdown_escapes_links_html_and_table_pipes():
@@ -117,8 +138,8 @@ def test_markdown_escapes_only_what_markdown_needs():
     assert report.markdown_safe("# not a heading\n  #2 nor this") == "\\# not a heading\n  \\#2 nor this"
 
 
-def test_run_without_plotly_writes_markdown_and_json_and_names_the_html(tmp_path):
-    # A host without plotly: the checklist still runs, writes what it can, says what it could not, and exits 0.
+def test_run_without_plotly_writes_every_report(tmp_path):
+    # A host without plotly: the checklist still runs and writes all three reports (the HTML charts are SVG).
     import os
     import subprocess
     import sys
@@ -138,6 +159,6 @@ def test_run_without_plotly_writes_markdown_and_json_and_names_the_html(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["findings"]
     written = sorted(p.suffix for p in out.iterdir())
-    assert written == [".json", ".md"]
-    assert "not written html: the HTML report needs plotly" in proc.stderr and "pip install plotly" in proc.stderr
+    assert written == [".html", ".json", ".md"]
+    assert "not written" not in proc.stderr
     assert "No module named" not in proc.stderr and "error:" not in proc.stderr
