@@ -106,3 +106,22 @@ def visible_token(text: Any) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+# --- paths --------------------------------------------------------------------------------------------------------
+
+def short_path(path: Any, root: Any = None) -> str:
+    """A path for a caption: relative to the repository (or `root`) when inside it, else with the home directory
+    written as ~, so a screen shared in a demo shows no user's home and stays short. Other paths are kept whole."""
+    from pathlib import Path
+
+    p = Path(str(path)).expanduser()
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[1]
+    for anchor, prefix in ((base, ""), (Path.home(), "~/")):
+        try:
+            rel = p.resolve().relative_to(anchor.resolve()) if p.is_absolute() else None
+        except (ValueError, OSError):
+            continue
+        if rel is not None:
+            return prefix + str(rel) if str(rel) != "." else (prefix.rstrip("/") or ".")
+    return str(p)

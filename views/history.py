@@ -1,13 +1,21 @@
 """History: every saved run (checklists, comparisons, benchmarks, long-document runs, generations, probes) from the
-SQLite history in core/store.py. Reopen one, compare two side by side, export or delete. All logic is in core/store.py.
+SQLite history in core/store.py. Reopen one in the view of the page that made it (VIEWS; the raw JSON stays one click
+away), compare two side by side, export or delete. All logic is in core/store.py.
 """
 import json
 
 import streamlit as st
 
 from core import store
+from core.compare.result import title_from_summary
+from core.fmt import markdown_literal, short_path
 from diagnostics.report import markdown_safe
+from views.common import checklist_view, compare_view, fleet_view, quality_view
 from views.common import sweep as sweep_view
+
+# Each kind that has a page drawing its result: the same view, fed the stored payload.
+VIEWS = {"checklist": checklist_view.show, "compare": compare_view.show, "fleet": fleet_view.show,
+         "quality": quality_view.show, "sweep": sweep_view.show}
 
 ss = st.session_state
 st.title("History")
@@ -18,7 +26,7 @@ try:
 except store.StoreError as exc:
     st.error(f"The history is not available: {exc}")
     st.stop()
-st.caption(f"Saved runs live in `{db.path}` (SQLite, schema {schema}); set the TRIAGE_DB environment "
+st.caption(f"Saved runs live in `{short_path(db.path)}` (SQLite, schema {schema}); set the TRIAGE_DB environment "
            "variable before starting the console to keep them elsewhere. Runs whose process ended before they "
            "finished are marked interrupted.")
 
@@ -40,15 +48,41 @@ if not runs:
 n_status = {s: sum(r.status == s for r in runs) for s in store.STATUSES}
 c[2].caption(f"{len(runs)} run(s), newest first; {n_status['interrupted']} interrupted, {n_status['failed']} failed, "
              f"{n_status['cancelled']} cancelled, {n_status['running']} running.")
-st.dataframe([{"id": r.id, "kind": r.kind, "title": r.title, "status": r.status,
-               "started": r.created_iso[:19].replace("T", " "),
-               "duration (s)": None if r.duration_s is None else round(r.duration_s, 2)} for r in runs],
-             hide_index=True, width="stretch", key="hist_table")
+
+
+def title(run) -> str:
+    """The title to list: compare runs saved by older versions named every kernel; their summary gives the short
+    one."""
+    if run.kind == "compare" and not run.title.startswith("Compare "):
+        return title_from_summary(run.summary) or run.title
+    return run.title
+
+
+def duration(run) -> float | None:
+    """Seconds the run took; compare runs saved by older versions stored no start, but their own timings."""
+    if run.duration_s is not None:
+        return round(run.duration_s, 1)
+    s = run.summary or {}
+    if run.kind == "compare" and isinstance(s.get("total_s"), (int, float)):
+        return round(s["total_s"] + (s.get("load_s") or 0.0), 1)
+    return None
+
+
+# The title gets the room: ids, kinds, statuses and times are short.
+st.dataframe([{"id": r.id, "kind": r.kind, "title": title(r), "status": r.status,
+               "started": r.created_iso[:16].replace("T", " "), "took (s)": duration(r)} for r in runs],
+             hide_index=True, width="stretch", key="hist_table", column_config={
+                 "id": st.column_config.NumberColumn(width=50), "kind": st.column_config.TextColumn(width=75),
+                 "title": st.column_config.TextColumn(width="large"),
+                 "status": st.column_config.TextColumn(width=80), "started": st.column_config.TextColumn(width=125),
+                 "took (s)": st.column_config.NumberColumn(width=70, format="%.1f",
+                                                           help="Seconds from the run's start to its end")})
 
 by_id = {r.id: r for r in runs}
 ss["hist_sel"] = [i for i in ss.get("hist_sel", []) if i in by_id]  # drop runs deleted or filtered away
 chosen = st.multiselect("Runs (one to reopen, two to compare)", list(by_id), key="hist_sel",
-                        format_func=lambda i: by_id[i].label, placeholder="Choose runs")
+                        format_func=lambda i: f"#{i} · {by_id[i].kind} · {title(by_id[i])} · {by_id[i].status}",
+                        placeholder="Choose runs")
 if not chosen:
     st.caption("Choose one run to reopen it, two to compare them; any number to export or delete.")
     st.stop()
@@ -83,24 +117,47 @@ elif pending:
 
 
 # ---- reopen one, compare two -------------------------------------------------------------------------------------
-def show(run, col):
-    col.markdown(f"**#{run.id} · {run.kind}** · {run.status} · {run.created_iso[:19].replace('T', ' ')}")
-    col.text(run.title)
-    if run.error:
-        col.warning(markdown_safe(run.error))
-    if run.kind == "sweep" and run.payload and len(chosen) == 1:  # reopened in the view that drew it
-        with col.container():
-            sweep_view.show(run.payload, f"hist_sweep_{run.id}")
-    col.caption("Summary")
-    col.json(run.summary or {}, expanded=True)
+def details(run, col) -> None:
+    """Everything about the run that is not its result: full title, times, summary. One click away."""
+    with col.popover("Details", icon=":material/info:"):
+        st.text(run.title)
+        took = duration(run)
+        st.caption(f"Started {run.created_iso[:19].replace('T', ' ')}"
+                   + ("" if took is None else f", took {took:,.1f} s") + f"; status {run.status}.")
+        st.json(run.summary or {}, expanded=True)
+
+
+def raw_json(run, col, opened: bool) -> None:
     text = json.dumps(run.payload, indent=1, ensure_ascii=False)
-    opened = len(chosen) == 1 and run.kind != "sweep"  # a sweep is shown in its own view above
-    with col.expander(f"Payload ({len(text) / 1024:,.1f} KiB of JSON)", expanded=opened):
+    with col.expander(f"Raw JSON of the run ({len(text) / 1024:,.1f} KiB)", expanded=opened):
+        st.caption("Summary")
+        st.json(run.summary or {}, expanded=opened)
+        st.caption("Payload")
         if len(text) <= 500_000:
-            st.json(run.payload, expanded=2)
+            st.json(run.payload, expanded=2 if opened else False)
         else:
             st.caption("Large payload: the first 500 KB are shown as text; export the run for all of it.")
             st.code(text[:500_000], language="json")
+
+
+def show(run, col, single: bool) -> None:
+    took = duration(run)
+    col.markdown(f"**#{run.id} · {run.kind}** · {run.status} · {run.created_iso[:19].replace('T', ' ')}"
+                 + ("" if took is None else f" · took {took:,.1f} s"))
+    col.text(title(run))
+    if run.error:
+        col.warning(markdown_safe(run.error))
+    view = VIEWS.get(run.kind) if single and isinstance(run.payload, dict) and run.payload else None
+    details(run, col)
+    if view is not None:  # reopened in the view of the page that made it
+        with col.container():
+            try:
+                view(run.payload, f"hist_{run.kind}_{run.id}")
+            except Exception as exc:  # noqa: BLE001 - a payload no view can draw must not take the page down
+                st.warning(markdown_literal(f"This run cannot be drawn in its page's view ({type(exc).__name__}: "
+                                            f"{exc}); its saved JSON is below."))
+                view = None
+    raw_json(run, col, opened=view is None and single)
 
 
 try:
@@ -109,7 +166,7 @@ except store.StoreError as exc:  # a locked or damaged database: say so, keep th
     st.error(str(exc))
     st.stop()
 if len(chosen) == 1 and full:
-    show(full[0], st.container())
+    show(full[0], st.container(), single=True)
 elif len(full) == 2:
     st.subheader(f"#{full[0].id} (A) against #{full[1].id} (B)")
     rows = store.numeric_diff(full[0].summary, full[1].summary)
@@ -123,6 +180,6 @@ elif len(full) == 2:
         sweep_view.show_comparison(full[0].payload, full[1].payload, (f"#{full[0].id} (A)", f"#{full[1].id} (B)"))
     cols = st.columns(2)
     for run, col in zip(full, cols):
-        show(run, col)
+        show(run, col, single=False)
     if len(chosen) > 2:
         st.caption(f"Comparing the first two of {len(chosen)} chosen runs.")

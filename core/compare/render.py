@@ -120,7 +120,8 @@ def side_by_side_html(res: CompareResult, index: int) -> str:
               '<span class="cmp-tfmiss">candidate would pick another token here (teacher-forced)</span>'
               '<span>hover a token for both sides\' top-k</span></div>')
     cols = []
-    for side, label in (("ref", f"Reference: {res.reference.label}"), ("cand", f"Candidate: {res.candidate.label}")):
+    for side, label in (("ref", f"Reference: {res.reference.short_label}"),
+                        ("cand", f"Candidate: {res.candidate.short_label}")):
         n = len(p.ref_ids if side == "ref" else p.cand_ids)
         cols.append(f'<div class="cmp-col"><div class="cmp-head">{esc(label)} · {n} tokens</div>'
                     f'<div class="cmp-prompt">{esc(p.prompt)}</div><div class="cmp-out">{_column(res, p, side)}</div></div>')

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from core.compare import agreement as ag
+from core.engines.base import precision_short, short_label, short_ran
 from core.precision import KVDtype, Precision
 
 
@@ -24,21 +25,49 @@ class Side:
     url: str = ""
     api_key: str | None = field(default=None, repr=False, compare=False)
     ran: str = field(default="", compare=False)  # what really executed (the engine's `ran`), filled in once loaded
+    ran_short: str = field(default="", compare=False)  # the same in a few words (the engine's `ran_short`)
 
     @property
     def label(self) -> str:
+        """In full, with every kernel: for details ("What ran"), the CLI and JSON."""
         kv = ", FP8 KV cache" if self.kv_dtype is KVDtype.FP8 else ""
         where = self.ran or {"torch": "torch", "vllm": "local vLLM"}.get(self.engine, f"server {self.url}")
         return f"{self.precision.label}{kv} ({where})"
 
+    @property
+    def where_short(self) -> str:
+        """Engine path and device in a few words ("torch eager · CPU"); derived from `ran` for runs saved before
+        ran_short existed."""
+        return (self.ran_short or short_ran(self.ran)
+                or {"torch": "torch", "vllm": "local vLLM"}.get(self.engine, short_ran(f"server at {self.url}")))
+
+    @property
+    def precision_short(self) -> str:
+        return precision_short(self.precision, self.kv_dtype)
+
+    @property
+    def short_label(self) -> str:
+        """Headline-sized: "FP8 W8A8 · torch eager · CPU"."""
+        return short_label(self.precision_short, self.where_short)
+
     def to_dict(self) -> dict:
         return {"engine": self.engine, "model": self.model, "precision": self.precision.value,
-                "kv_dtype": self.kv_dtype.value, "url": self.url or None, "ran": self.ran or None, "label": self.label}
+                "kv_dtype": self.kv_dtype.value, "url": self.url or None, "ran": self.ran or None,
+                "ran_short": self.where_short, "label": self.label, "short_label": self.short_label}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Side":
-        return cls(Precision(d["precision"]), KVDtype(d["kv_dtype"]), d.get("model") or "", d.get("engine", "torch"),
-                   d.get("url") or "", ran=d.get("ran") or "")
+        return cls(Precision(d["precision"]), KVDtype(d.get("kv_dtype") or "auto"), d.get("model") or "",
+                   d.get("engine", "torch"), d.get("url") or "", ran=d.get("ran") or "",
+                   ran_short=d.get("ran_short") or "")
+
+
+def side_names(reference: Side, candidate: Side) -> tuple[str, str]:
+    """How a verdict and a title name the two sides: the precisions alone when both ran the same way (what ran is
+    one click away), else each with its engine and device."""
+    if reference.where_short == candidate.where_short:
+        return reference.precision_short, candidate.precision_short
+    return reference.short_label, candidate.short_label
 
 
 # ---- results ----
@@ -123,15 +152,15 @@ class CompareResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CompareResult":
-        """Rebuild a result from to_dict()'s JSON (a saved history run). The numbers are recomputed from the
-        per-prompt metrics (JSON nulls back to NaN where KL overflowed); the verdict line is the one saved, worded
-        as the run showed it."""
+        """Rebuild a result from to_dict()'s JSON (a saved history run). The numbers and the verdict are recomputed
+        from the per-prompt metrics (JSON nulls back to NaN where KL overflowed), naming the sides as side_names()
+        does: a run saved by an older version named them with every kernel, twice in one line."""
         ref, cand = Side.from_dict(d["reference"]), Side.from_dict(d["candidate"])
         prompts = [PromptResult.from_dict(p) for p in d["prompts"]]
-        summary = ag.summarize([p.free for p in prompts], [p.tf for p in prompts], ref.label, cand.label)
-        summary.verdict = (d.get("summary") or {}).get("verdict") or summary.verdict
+        summary = ag.summarize([p.free for p in prompts], [p.tf for p in prompts], *side_names(ref, cand))
         timings = {k: v for k, v in d.get("timings_s", {}).items() if v is not None}
-        return cls(ref, cand, d["max_new_tokens"], d["top_k"], prompts, summary,
+        return cls(ref, cand, d.get("max_new_tokens", max((len(p.ref_ids) for p in prompts), default=0)),
+                   d.get("top_k", ag.DEFAULT_K), prompts, summary,
                    {int(k): v for k, v in d.get("token_text", {}).items()}, timings,
                    bool(d.get("noise_floor", ref == cand)))
 
@@ -164,9 +193,32 @@ class CompareResult:
 # ---- history ----
 
 def history_title(result: CompareResult) -> str:
-    n = len(result.prompts)
-    return (f"{result.reference.label} vs {result.candidate.label} · {n} prompt{'s' * (n != 1)} · "
-            f"{result.max_new_tokens} tokens")
+    """Short enough to read whole in History's table: "Compare FP32 vs FP8 W8A8 · torch eager · CPU · 4 prompts"."""
+    return _title(result.reference, result.candidate, len(result.prompts))
+
+
+def _title(ref: Side, cand: Side, n: int) -> str:
+    names = " vs ".join(side_names(ref, cand))
+    where = f" · {ref.where_short}" if ref.where_short == cand.where_short and ref.where_short else ""
+    return f"Compare {names}{where} · {n} prompt{'s' * (n != 1)}"
+
+
+def title_from_summary(summary: dict | None) -> str | None:
+    """The short title of a compare run saved by an older version (its title named every kernel), from its
+    summary alone (History's list has no payloads); None when the summary lacks what it takes."""
+    s = summary or {}
+    try:
+        sides = []
+        for role in ("reference", "candidate"):
+            prec, kv = Precision(s[f"{role}_precision"]), KVDtype(s.get(f"{role}_kv_dtype") or "auto")
+            head = prec.label + (", FP8 KV cache" if kv is KVDtype.FP8 else "") + " ("
+            label = s[role]
+            ran = label[len(head):-1] if label.startswith(head) and label.endswith(")") else ""
+            sides.append(Side(prec, kv, ran=ran, engine="torch" if ran else "remote"))
+        n = int(s["prompts"])
+    except (KeyError, ValueError, TypeError):
+        return None
+    return _title(sides[0], sides[1], n)
 
 
 def history_summary(result: CompareResult, noise: CompareResult | None = None) -> dict:
@@ -175,7 +227,8 @@ def history_summary(result: CompareResult, noise: CompareResult | None = None) -
     s = result.summary
     ref, cand = result.reference, result.candidate
     out = {
-        "reference": ref.label, "candidate": cand.label, "model": cand.model or ref.model or None,
+        "reference": ref.label, "candidate": cand.label, "reference_short": ref.short_label,
+        "candidate_short": cand.short_label, "model": cand.model or ref.model or None,
         "reference_precision": ref.precision.value, "reference_kv_dtype": ref.kv_dtype.value,
         "candidate_precision": cand.precision.value, "candidate_kv_dtype": cand.kv_dtype.value,
         "prompts": s.prompts, "positions": s.positions, "max_new_tokens": result.max_new_tokens, "top_k": result.top_k,
@@ -203,10 +256,21 @@ def history_payload(result: CompareResult, noise: CompareResult | None = None) -
     return payload
 
 
-def save_to_history(result: CompareResult, noise: CompareResult | None = None) -> int | None:
+def run_seconds(result: CompareResult, noise: CompareResult | None = None) -> float:
+    """Wall seconds the comparison took, loads included (the noise floor's too): its start for a caller that did not
+    note one."""
+    return sum((r.timings.get("total") or 0.0) + (r.timings.get("load") or 0.0) for r in (result, noise) if r)
+
+
+def save_to_history(result: CompareResult, noise: CompareResult | None = None,
+                    started_at: float | None = None) -> int | None:
     """Save one comparison as a "compare" run; the run id, or None when the history could not be written (the
-    caller still has its result, and core.store logs why)."""
+    caller still has its result, and core.store logs why). started_at (unix seconds, before the engines loaded)
+    gives the run its start and duration; without it they are worked out from the run's own timings."""
+    import time
+
     from core import store
 
+    start = time.time() - run_seconds(result, noise) if started_at is None else started_at
     return store.record("compare", history_title(result), history_payload(result, noise),
-                        history_summary(result, noise))
+                        history_summary(result, noise), started_at=start)

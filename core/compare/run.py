@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from core.compare import agreement as ag
 from core.compare.prompts import Prompt, unique_names
-from core.compare.result import CompareResult, PromptResult, Side
+from core.compare.result import CompareResult, PromptResult, Side, side_names
 from core.engines.base import Cancelled, EngineError, GenerationParams, Score, length_groups
 from core.errors import InputError
 
@@ -120,9 +120,9 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
         return value
 
     t_start = time.perf_counter()
-    progress(0.0, f"Reference ({reference.label}) generating {max_new_tokens} tokens for {len(prompts)} prompts")
+    progress(0.0, f"Reference ({reference.short_label}) generating {max_new_tokens} tokens for {len(prompts)} prompts")
     ref_gens, ref_kept = timed("reference_generate", lambda: _generate(ref_engine, texts, params, stop))
-    progress(0.35, f"Candidate ({candidate.label}) generating")
+    progress(0.35, f"Candidate ({candidate.short_label}) generating")
     cand_gens, cand_kept = timed("candidate_generate", lambda: _generate(cand_engine, texts, params, stop))
 
     # Teacher-forced: both sides score the reference continuation. Prompts whose reference output is empty
@@ -164,7 +164,7 @@ def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new
             r_tf, c_tf,
             ag.free_run(r.token_ids, r.top_logprobs, c.token_ids, c.top_logprobs, top_k),
             tfs.get(i) or ag.TeacherForced([], [], [], ag.KL_FULL, top_k)))
-    summary = ag.summarize([r.free for r in results], [r.tf for r in results], reference.label, candidate.label)
+    summary = ag.summarize([r.free for r in results], [r.tf for r in results], *side_names(reference, candidate))
     ids = {t_ for r in results for t_ in r.ref_ids + r.cand_ids}
     ids |= {t_ for r in results for k in ("ref_decode_topk", "cand_decode_topk", "ref_tf_topk", "cand_tf_topk")
             for d in getattr(r, k) for t_ in d}
@@ -196,7 +196,8 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
         started.append((candidate, cand))
         load_s = time.perf_counter() - t0
         # Say what really ran beside what was asked: the eager or the CUDA-graph torch engine, vLLM's kernels.
-        reference, candidate = (dataclasses.replace(side, ran=getattr(eng, "ran", ""))
+        reference, candidate = (dataclasses.replace(side, ran=getattr(eng, "ran", ""),
+                                                    ran_short=getattr(eng, "ran_short", ""))
                                 for side, eng in ((reference, ref), (candidate, cand)))
         result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
                          candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),

@@ -15,8 +15,9 @@ KEEP_KLD_VALUES = 4000  # per precision in the payload: enough for the distribut
 
 
 def title(model: str, params: dict) -> str:
-    return (f"Quality: {', '.join(params['candidates'])} vs {params['reference']} on {params['document']} "
-            f"(window {params['window']:,}, stride {params['stride']:,}) · {model}")
+    """Short enough to read whole in History's table; the model and the stride are in the run's details."""
+    return (f"Quality {', '.join(params['candidates'])} vs {params['reference']} · {params['document']} · "
+            f"window {params['window']:,}")
 
 
 def slim(row: dict) -> dict:

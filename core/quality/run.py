@@ -129,7 +129,8 @@ def _engine_numbers(engine, doc: list[int], decode_tokens: int = DECODE_TOKENS) 
                                                      top_logprobs=0))[0]
     mem = engine.memory_report()
     kernels = engine.linear_kernels() if hasattr(engine, "linear_kernels") else []  # the torch engine's numerics
-    return {"weights_bytes": mem.weights_bytes, "weights_by_dtype": mem.weights_by_dtype, "peak_bytes": mem.peak_bytes,
+    return {"ran": getattr(engine, "ran", ""), "ran_short": getattr(engine, "ran_short", ""),
+            "weights_bytes": mem.weights_bytes, "weights_by_dtype": mem.weights_by_dtype, "peak_bytes": mem.peak_bytes,
             "peak_source": mem.peak_source, "decode_tok_s": gen.decode_tok_s, "kernels": kernels}
 
 

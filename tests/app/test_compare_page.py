@@ -71,6 +71,8 @@ def test_a_real_comparison_renders_summary_side_by_side_and_exports(db):
     html = [e for e in at.get("html")]
     assert html and "&lt;script&gt;" in html[0].proto.body and "<script>x" not in html[0].proto.body
     assert len(at.get("download_button")) == 2
+    # A long run keeps its outcome in view: a toast, and the status above the form (the first block of the page)
+    assert any("Comparison done" in t.value for t in at.toast)
 
 
 def test_a_comparison_is_saved_to_history_and_can_be_rebuilt(db):

@@ -175,3 +175,127 @@ def test_a_saved_sweep_reopens_in_its_own_view_and_two_compare(db):
     at = pick(at, a, b)
     table = next(d.value for d in at.dataframe if "goodput (req/s)" in list(d.value.iloc[:, 0]))
     assert round(float(table["change %"][0])) == 38  # goodput +38%
+
+
+# ---- reopening each kind in the view of the page that made it ------------------------------------------------------
+def _json(obj):
+    import json
+
+    return json.loads(json.dumps(obj, allow_nan=False))  # what the store hands back
+
+
+def _compare_payload() -> dict:
+    from core.compare.result import history_payload
+    from tests.unit.test_compare_render import _result
+
+    return _json(history_payload(_result()))
+
+
+def _raw_json_closed(at: AppTest) -> bool:
+    """The raw JSON is kept, one click away (collapsed)."""
+    return any(e.label.startswith("Raw JSON") for e in at.expander)
+
+
+def test_a_saved_comparison_reopens_with_its_metrics_tokens_and_charts(db):
+    from core.compare.result import CompareResult, history_summary
+    from tests.unit.test_compare_render import _result
+
+    rid = db.save_run("compare", "Compare FP32 vs FP8", _compare_payload(), _json(history_summary(_result())))
+    at = pick(page(), rid)
+    labels = [m.label for m in at.metric]
+    assert "Mean KLD" in labels and "Same top token" in labels and "vLLM rule" in labels
+    assert len(at.get("plotly_chart")) == 2
+    (html,) = at.get("html")
+    assert "cmp-wrap" in html.proto.body and "&lt;script&gt;" in html.proto.body  # the token diff, escaped
+    verdict = CompareResult.from_dict(_compare_payload()).summary.verdict
+    assert any(verdict.split(":")[0] in e.value for e in [*at.error, *at.warning, *at.success])
+    assert any(e.label == "What ran" for e in at.expander) and _raw_json_closed(at)
+
+
+def test_an_old_comparison_opens_with_what_it_saved_and_a_short_title(db):
+    old = _compare_payload()
+    for side in ("reference", "candidate"):
+        old[side] = {k: v for k, v in old[side].items() if k not in ("ran_short", "short_label")}
+        old[side]["ran"] = "torch eager on CPU, FP8 linears through the C kernel (AVX-512), fused RMSNorm"
+    old.pop("timings_s")
+    summary = {"reference": f"FP32 ({old['reference']['ran']})", "reference_precision": "fp32",
+               "candidate": f"FP8 E4M3 (W8A8), FP8 KV cache ({old['candidate']['ran']})", "candidate_precision": "fp8",
+               "candidate_kv_dtype": "fp8", "prompts": 1, "total_s": 12.5, "load_s": 4.0}
+    rid = db.save_run("compare", f"{summary['reference']} vs {summary['candidate']} · 1 prompt · 4 tokens", old,
+                      summary, started_at=None)  # saved with start = finish, as older versions did
+    cut = db.save_run("compare", "cut", {"summary": {"verdict": "Fine: <b>x</b>", "mean_kld": 0.01}}, None)
+    at = page()
+    table = at.dataframe[0].value.set_index("id")
+    assert table.loc[rid, "title"] == "Compare FP32 vs FP8 W8A8 + FP8 KV · torch eager · CPU · 1 prompt"
+    assert table.loc[rid, "took (s)"] == pytest.approx(16.5)  # from its timings: no start was stored
+    at = pick(at, rid)
+    assert len(at.get("plotly_chart")) == 2 and not at.exception
+    assert not any("AVX-512" in e.value for e in [*at.error, *at.warning, *at.success])  # the verdict is short...
+    assert any("AVX" in m.value for m in at.markdown)  # ...and what ran is one click away
+    at = pick(at, cut)
+    assert any("only its summary is shown" in c.value for c in at.caption) and not at.exception
+    assert not any("<b>" in m.value for m in at.markdown)
+
+
+def _quality_payload(**extra) -> dict:
+    from core.quality.history import Recorder
+    from tests.app.test_quality_page import RESULT
+
+    rec = Recorder(RESULT["model"], {"reference": "bf16", "candidates": ["int4"], "document": "pasted document",
+                                     "window": 64, "stride": 64}, list(RESULT["rows"]))
+    return _json(rec._payload(**{k: v for k, v in {**RESULT, **extra}.items() if k != "rows"}))
+
+
+def test_a_saved_quality_run_reopens_with_its_table_and_kld_chart(db):
+    rid = db.save_run("quality", "Quality int4 vs bf16", _quality_payload(cancelled=False), {"rows": 2})
+    at = pick(page(), rid)
+    table = at.dataframe[1].value  # [0] is the list of runs
+    assert list(table["precision"]) == ["bf16 (ref)", "int4"] and "decode tok/s" in table.columns
+    assert len(at.get("plotly_chart")) == 1
+    assert any(s.value == "Where the candidates differ most" for s in at.subheader) and _raw_json_closed(at)
+
+
+def test_a_cancelled_quality_run_shows_the_rows_it_kept(db):
+    from tests.app.test_quality_page import RESULT
+
+    # What the recorder stores when a run is cancelled after the reference: model, params and the rows so far.
+    partial = {"model": "Gemma", "params": {"reference": "bf16", "candidates": ["int4"], "document": "doc",
+                                            "window": 64, "stride": 64},
+               "rows": [RESULT["rows"][0]], "cancelled": True}
+    rid = db.save_run("quality", "Quality int4 vs bf16", partial, {"rows": 1}, status="failed", error="Cancelled")
+    at = pick(page(), rid)
+    assert not at.exception, at.exception
+    assert list(at.dataframe[1].value["precision"]) == ["bf16 (ref)"]
+    assert any("document: doc" in c.value.replace("\\", "") for c in at.caption)  # Markdown escapes
+
+
+def test_a_saved_checklist_reopens_with_its_finding_cards(db):
+    from diagnostics import runner
+
+    result = runner.run(duration_s=1.0, launch_cmd="vllm serve some/model --quantization fp8")  # this machine, for real
+    rid = db.save_run("checklist", "Checklist", _json(result.to_dict()), {"pass": 1})
+    unfinished = db.save_run("checklist", "Checklist that never ran", {"inputs": {"duration_s": 30}}, None)
+    at = pick(page(), rid)
+    assert not at.exception, at.exception
+    assert any(s.value == "Findings" for s in at.subheader)
+    assert {m.label for m in at.metric} >= {"PASS", "FAIL", "SKIP"} and _raw_json_closed(at)
+    at = pick(at, unfinished)
+    assert any("No findings were saved" in i.value for i in at.info) and not at.exception
+
+
+def test_a_saved_fleet_refresh_reopens_with_its_table(db):
+    from diagnostics.checks.fleet import CHECKS
+    from diagnostics.findings import RunResult
+    from diagnostics.fleet import FleetRun
+    from diagnostics.runner import evaluate
+    from tests.unit.test_fleet_stall import _replica, _snap
+
+    snap = _snap([_replica("busy", running=2.0, progress=10.0)], prometheus_url="http://127.0.0.1:9")
+    result = RunResult("2026-01-01T00:00:00+00:00", 300.0, 300.0, False, "host", {}, tuple(evaluate(snap, CHECKS)), ())
+    rid = db.save_run("fleet", "Fleet", _json(FleetRun(snap, result).to_dict()), {"replicas": 1})
+    old = db.save_run("fleet", "Fleet, old", {"replicas": 1}, None)
+    at = pick(page(), rid)
+    assert not at.exception, at.exception
+    assert any(s.value == "Replicas, worst first" for s in at.subheader)
+    at = pick(at, old)
+    assert any("holds no snapshot" in i.value for i in at.info) and not at.exception

@@ -38,11 +38,34 @@ def test_stored_result_renders_table_chart_and_escaped_tokens():
     at.session_state["q_result"] = RESULT
     at.run()
     assert not at.exception, at.exception
-    table, worst = at.dataframe
-    assert list(table.value["precision"]) == ["bf16 (reference)", "int4"]
-    assert list(table.value["mean KLD"]) == ["n/a", "0.40000"]
+    table, full, worst, h200 = at.dataframe
+    assert list(table.value["precision"]) == ["bf16 (ref)", "int4"]
+    assert list(table.value["KLD mean"].fillna(-1)) == [-1, 0.4]  # numbers: the page formats and sorts them
+    # every column of the compact table fits a laptop: the speeds are in it, the long text in the full one
+    assert {"prefill tok/s", "decode tok/s", "same top %"} <= set(table.value.columns)
+    assert "runs as" not in table.value.columns and "runs as" in full.value.columns
+    assert list(full.value["same top %"]) == ["n/a", "60.00 (50.0-70.0)"]
     assert list(worst.value["context"]) == ["<b>bold</b>\\n"] and list(worst.value["token"]) == ["<i>"]
     assert not any("<b>" in m.value for m in at.markdown)  # never rendered as Markdown/HTML
+    assert "H200" in h200.value.to_string() or len(h200.value) > 0
+    assert any("NVIDIA H200" in e.label and "not this machine" in e.label for e in at.expander)
+
+
+def test_the_help_names_the_real_default_window_and_paths_are_short():
+    import os
+
+    from core.quality.run import DEFAULT_WINDOW
+
+    at = page()
+    assert any(f"default window of {DEFAULT_WINDOW}" in i.value for i in at.info)
+    home = os.path.expanduser("~")
+    stored = dict(RESULT, reference_cache={"path": f"{home}/.cache/triage-console/refs/abc.npz", "reused": False,
+                                           "kept": "full vocabulary"})
+    at = AppTest.from_file(PAGE, default_timeout=600)
+    at.session_state["q_result"] = stored
+    at.run()
+    notes = [c.value.replace("\\", "") for c in at.caption if "reference" in c.value]  # Markdown escapes
+    assert notes and all(home + "/" not in n for n in notes) and any("~/.cache" in n for n in notes)
 
 
 def test_empty_and_binary_documents_get_messages():
@@ -68,6 +91,6 @@ def test_stored_layer_analysis_renders_ranked_table_and_heatmap():
     at.session_state["q_layers"] = lay
     at.run()
     assert not at.exception, at.exception
-    (table,) = at.dataframe
+    table = next(d for d in at.dataframe if "layer" in d.value.columns)
     assert list(table.value["layer"])[0] == "model.layers.2.mlp.down_proj"  # worst by int4 first
     assert any("Per-channel INT8 beat per-tensor on 3 of 3" in c.value for c in at.caption)

@@ -10,7 +10,7 @@ import pytest
 
 from core.compare import agreement as ag
 from core.compare import charts, render
-from core.compare.result import CompareResult, PromptResult, Side
+from core.compare.result import CompareResult, PromptResult, Side, side_names
 from core.precision import KVDtype, Precision
 
 EVIL = {
@@ -34,8 +34,9 @@ def _result() -> CompareResult:
     p = PromptResult('<script>name</script>', "Say <script>hi</script>", [2, 5], ref_ids, cand_ids, "ref", "cand",
                      [lp(14), lp(10, 15), lp(12), lp(11)], [lp(14), lp(15, 10), lp(13), lp(16)], ref_tf, cand_tf,
                      free, tf)
-    summary = ag.summarize([free], [tf], "FP32", "FP8")
-    return CompareResult(Side(Precision.FP32), Side(Precision.FP8, KVDtype.FP8), 4, 2, [p], summary, dict(EVIL),
+    ref, cand = Side(Precision.FP32), Side(Precision.FP8, KVDtype.FP8)
+    summary = ag.summarize([free], [tf], *side_names(ref, cand))
+    return CompareResult(ref, cand, 4, 2, [p], summary, dict(EVIL),
                          {"total": 1.0}, noise_floor=False)
 
 

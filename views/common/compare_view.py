@@ -1,0 +1,108 @@
+"""A precision comparison drawn the same way wherever it is shown: on the Precision compare page after it ran, and in
+History when a saved comparison is reopened. Input is the saved form (core.compare.result.history_payload), so both
+show exactly the same thing; a payload saved by an older version shows what it holds."""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from core.compare import charts, render
+from core.compare.agreement import BANDED_METRICS, KL_SOURCE_TEXT
+from core.compare.result import CompareResult
+from core.fmt import markdown_literal
+
+NOBAR = {"displayModeBar": False}
+STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}
+COLOUR = {"fine": "green", "watch": "orange", "calibration failed": "red"}
+
+
+def _fmt(v, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _summary_only(payload: dict, why: Exception) -> None:
+    """A payload without the per-prompt data (saved by an older version, or cut short): its verdict and numbers."""
+    s = payload.get("summary") or {}
+    box = STATUS.get(s.get("status") or s.get("verdict_band"), st.info)
+    box(markdown_literal(s.get("verdict") or "No verdict was saved with this comparison."))
+    st.caption(markdown_literal(f"This comparison was saved without everything its full view needs ({why!r} is "
+                                "missing or unreadable), so only its summary is shown; the raw JSON below has the "
+                                "rest."))
+    numbers = {k: v for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if numbers:
+        st.dataframe([{"field": k, "value": v} for k, v in numbers.items()], hide_index=True)
+
+
+def what_ran(res: CompareResult) -> None:
+    """The full description of each side (engine, kernels, server), one click away from the short names."""
+    with st.expander("What ran"):
+        for role, side in (("Reference", res.reference), ("Candidate", res.candidate)):
+            where = side.url or side.model or "(the server's model)"
+            st.markdown(f"**{role}**: {markdown_literal(side.label)}  \n"
+                        f"engine {markdown_literal(side.engine)} · {markdown_literal(where)}")
+
+
+def show(payload: dict, key: str) -> None:
+    """The verdict, the metrics, the per-prompt table, the side-by-side tokens, the charts and the downloads of one
+    comparison. `key` prefixes every widget key, so two views can share a page."""
+    try:
+        res = CompareResult.from_dict(payload)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        _summary_only(payload, exc)
+        return
+    s = res.summary
+    STATUS.get(s.status, st.info)(markdown_literal(s.verdict))
+    floor = (payload.get("noise_floor_run") or {}).get("summary")
+    if floor:
+        ok = bool(floor.get("identical"))
+        (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ")
+                                           + markdown_literal(floor.get("verdict", "")))
+    what_ran(res)
+
+    def banded(col, name: str, label: str, value: str) -> None:
+        band = s.bands[name]
+        col.metric(label, value, delta=band.name, delta_color=COLOUR.get(band.name, "off"), delta_arrow="off",
+                   help=band.label)
+
+    # Two rows of three: six columns truncated labels and KL values ("0.02…") in the browser. One row per way of
+    # measuring, because free-running and teacher-forced numbers answer different questions.
+    st.caption("Free-running: each side generates greedily on its own")
+    m = st.columns(3)
+    banded(m[0], "top3_match", "Top-3 token match (seed)", _fmt(s.top3_match, ".2f"))
+    m[1].metric("Exact prefix", _fmt(s.exact_prefix_mean, ".1f") + " tok", help="Mean tokens before the first "
+                f"difference (free-running); position-wise top-1 agreement {_fmt(s.top1_agreement_free, '.2f')}")
+    m[2].metric("vLLM rule", f"{s.vllm_passed}/{s.vllm_total} prompts", help="check_logprobs_close: at the first "
+                f"divergence, each side's token must be in the other's top-{res.top_k}")
+    st.caption(f"Teacher-forced: both sides score the reference continuation ({s.positions} positions)")
+    m = st.columns(3)
+    banded(m[0], "same_top", "Same top token", _fmt(s.same_top and 100 * s.same_top, ".1f") + " %")
+    m[1].metric("Mean KLD", _fmt(s.mean_kld, ".3g") + " nats", help=KL_SOURCE_TEXT[s.kl_source] + "; like "
+                "llama.cpp's perplexity --kl-divergence (Q8_0 on Llama-3-8B: 0.00136)")
+    m[2].metric("99th pct KLD", _fmt(s.p99_kld, ".3g") + " nats", help=f"Over all {s.positions} scored positions; "
+                f"max {_fmt(s.max_kld, '.3g')} nats")
+    t = {k: 0.0 for k in ("load", "reference_generate", "candidate_generate", "reference_score", "candidate_score",
+                          "total")} | res.timings
+    st.caption("Bands (>= 0.92 fine, 0.85-0.92 watch, < 0.85 calibration failed) come from the seed and are applied "
+               "only to " + " and ".join(BANDED_METRICS.values()) + f". Measured when it ran: load {t['load']:.1f} s, "
+               f"generate {t['reference_generate']:.1f} s (reference) + {t['candidate_generate']:.1f} s "
+               f"(candidate), teacher-forced scoring {t['reference_score']:.1f} s + {t['candidate_score']:.1f} s, "
+               f"total {t['total']:.1f} s.")
+    if not res.prompts:
+        return
+    number = st.column_config.NumberColumn
+    st.dataframe(render.prompt_table(res), hide_index=True, width="stretch", key=f"{key}_table", column_config={
+        "top-3 match": number(format="%.2f"), "free top-1 agreement": number(format="%.2f"),
+        "same top token %": number(format="%.1f"), f"top-{res.top_k} overlap": number(format="%.3f"),
+        "mean KLD (nats)": number(format="%.3g"), "max KLD (nats)": number(format="%.3g")})
+    names = [p.name for p in res.prompts]
+    idx = names.index(st.selectbox("Prompt", names, key=f"{key}_prompt")) if len(names) > 1 else 0
+    st.html(render.side_by_side_html(res, idx))
+    c = st.columns([3, 2])
+    c[0].plotly_chart(charts.position_chart(res, idx), key=f"{key}_pos", config=NOBAR)
+    c[1].plotly_chart(charts.prompts_chart(res), key=f"{key}_prompts", config=NOBAR)
+    c = st.columns(2)
+    c[0].download_button("Download JSON", json.dumps(payload, indent=1), "precision_compare.json", "application/json",
+                         on_click="ignore", key=f"{key}_json", icon=":material/download:")
+    c[1].download_button("Download CSV (per position)", render.to_csv(res), "precision_compare.csv", "text/csv",
+                         on_click="ignore", key=f"{key}_csv", icon=":material/download:")
