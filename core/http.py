@@ -52,21 +52,32 @@ def new_session() -> requests.Session:
     return s
 
 
-def describe(exc: Exception, url: str, timeout_s: float) -> str:
+def describe(exc: Exception, url: str, timeout_s: float, service: str = "the vLLM server", check: str = "") -> str:
+    """The failed request `url` as a sentence a user can act on. `service` names what was expected there, and
+    `check` (optional) says what to verify when it could not be reached at all; without them the sentences are
+    about a vLLM server, as most requests are."""
     text = str(exc)
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    unreachable = f"{service[0].upper()}{service[1:]} is not reachable: " if check else ""
+    then = f" {check}" if check else ""
     if isinstance(exc, requests.ConnectTimeout):
-        return f"Connecting to {url} timed out after {CONNECT_TIMEOUT_S:g} s. Check the host and port and any firewall."
+        return (f"{unreachable}{'c' if check else 'C'}onnecting to {url} timed out after {CONNECT_TIMEOUT_S:g} s."
+                + (then or " Check the host and port and any firewall."))
     if isinstance(exc, requests.ReadTimeout) or "Read timed out" in text:
-        return (f"{url} accepted the connection but sent no answer within {timeout_s:g} s. The server may be "
-                "overloaded or hung, or this port is not an HTTP server.")
+        return (f"{url} accepted the connection but sent no answer within {timeout_s:g} s. {service[0].upper()}"
+                f"{service[1:]} may be overloaded or hung, or this port is not an HTTP server.")
     if "Connection refused" in text or "Errno 111" in text:
-        return f"Connection to {url} was refused: nothing is listening there. Is the vLLM server running on that port?"
+        if check:
+            return f"{unreachable}the connection to {url} was refused: nothing is listening on {where}.{then}"
+        return f"Connection to {url} was refused: nothing is listening there. Is {service} running on that port?"
     if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text:
-        return f"The host in {url} could not be resolved. Check the spelling of the URL."
+        return f"{unreachable}{'t' if check else 'T'}he host in {url} could not be resolved." + (then or " Check the spelling of the URL.")
     if isinstance(exc, requests.exceptions.SSLError):
-        return f"TLS with {url} failed ({text[:200]}). Use http:// for a plain vLLM server."
+        plain = "a plain vLLM server" if service == "the vLLM server" else f"{service} if it serves plain HTTP"
+        return f"TLS with {url} failed ({text[:200]}). Use http:// for {plain}."
     if "RemoteDisconnected" in text or "BadStatusLine" in text or "Connection aborted" in text:
-        return (f"{url} closed the connection without a valid HTTP answer: the server dropped it (overloaded or "
+        return (f"{url} closed the connection without a valid HTTP answer: {service} dropped it (overloaded or "
                 "restarting), or this port is not an HTTP server.")
     return f"Request to {url} failed: {text[:300]}"
 
@@ -79,14 +90,15 @@ def http_get(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, api_key: str | None
 
 def request(method: str, url: str, timeout_s: float, api_key: str | None, session: requests.Session | None,
             *, unauthorized: str = "the server wants an API key (vLLM --api-key). Give the same key here.",
-            **kw) -> requests.Response:
-    """`unauthorized` finishes the sentence a 401/403 gets: what the server wants, and where to give it."""
+            service: str = "the vLLM server", check: str = "", **kw) -> requests.Response:
+    """`unauthorized` finishes the sentence a 401/403 gets: what the server wants, and where to give it. `service`
+    and `check` word a failed connection (see describe)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         resp = (session or new_session()).request(method, url, headers=headers, allow_redirects=False,
                                                 timeout=(CONNECT_TIMEOUT_S, timeout_s), **kw)
     except requests.RequestException as exc:
-        raise RemoteError(describe(exc, url, timeout_s)) from exc
+        raise RemoteError(describe(exc, url, timeout_s, service, check)) from exc
     if resp.is_redirect or 300 <= resp.status_code < 400:
         resp.close()
         raise RemoteError(f"{url} answered with a redirect to {resp.headers.get('location', '?')!r}; the console "

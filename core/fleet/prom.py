@@ -22,6 +22,11 @@ ENV_TOKEN = "TRIAGE_PROM_TOKEN"
 ENV_USER, ENV_PASSWORD = "TRIAGE_PROM_USER", "TRIAGE_PROM_PASSWORD"
 TIMEOUT_S = 15.0
 EXPECTED = "a Prometheus HTTP API (Prometheus, Thanos, Mimir or VictoriaMetrics)"
+# What to verify when the URL cannot be reached at all (refused, timed out, unknown host): the fleet page's most
+# common first error, so it names Prometheus rather than a vLLM server.
+UNREACHABLE = ("Check the Prometheus URL and port (Prometheus listens on 9090 unless configured otherwise; Thanos "
+               "Query on 10902, VictoriaMetrics on 8428), that it is running, and that this console's host can reach "
+               "it (a firewall, or on Kubernetes a Service or `kubectl port-forward`).")
 
 
 class PromError(RemoteError):
@@ -126,7 +131,8 @@ class Prometheus:
             resp = request("GET", url, self.timeout_s, self._token, self._session, params=params, auth=self._basic,
                            unauthorized=f"Prometheus refused the credentials ({self.auth_description}). Set "
                                         f"${ENV_TOKEN} (bearer) or ${ENV_USER}/${ENV_PASSWORD} (basic auth) in the "
-                                        "console's environment.")
+                                        "console's environment.",
+                           service="Prometheus", check=UNREACHABLE)
             body = json_body(resp, url, EXPECTED)
         finally:
             with self._lock:
