@@ -54,7 +54,7 @@ def figure(chart: Chart, height: int = 260, template: str | None = None, t0: dt.
         fig.add_hline(y=y, line={"color": "#d62728", "dash": "dot", "width": 1},
                       annotation_text=html.escape(label), annotation_position="top left")
     fig.update_layout(title=html.escape(chart.title), height=height, margin={"l": 50, "r": 20, "t": 40, "b": 40},
-                      legend={"orientation": "h", "y": -0.3})
+                      legend={"orientation": "h", "y": -0.38})  # below the x axis title
     if template:
         fig.update_layout(template=template)
     fig.update_xaxes(title=axis_title(t0))

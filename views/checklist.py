@@ -1,4 +1,5 @@
-"""Diagnostics: the three-minute checklist, run automatically, with evidence, remedies and reports.
+"""Diagnostics: the three-minute checklist, run automatically, with evidence, remedies and reports. A "Recorded"
+switch (when recordings ship with the console) shows a real run captured on a GPU host instead, under its banner.
 
 The run lives in a background job (diagnostics/job.py) so the progress bar moves and Cancel works while the window
 runs; this page only reads widgets, starts the job and renders what it found. All logic is in diagnostics/.
@@ -9,7 +10,7 @@ from core.errors import TriageError
 from diagnostics import job as jobs
 from diagnostics.registry import all_checks
 from diagnostics.runner import DEFAULT_S, MAX_S
-from views.common import checklist_view
+from views.common import checklist_view, recorded
 
 POLL_S = 0.5
 
@@ -21,6 +22,12 @@ st.title("Diagnostics")
 st.caption(f"The three-minute checklist: samples GPU (NVML, GPM), host memory (psutil) and optionally a vLLM "
            f"server's /metrics for a window, then runs {len(all_checks())} checks. Each finding says what it saw, "
            "what it means and what to do; checks without their input are skipped and say which input is missing.")
+
+rec = recorded.pick("checklist", "diag_data")
+if rec is not None:  # a real run captured elsewhere, drawn alone: no form, no live job beside it
+    recorded.banner(rec)
+    checklist_view.show(rec.payload, f"rec-{rec.name}")
+    st.stop()
 
 with st.form("diag_inputs", border=True):
     cols = st.columns([1, 2])

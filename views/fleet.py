@@ -1,6 +1,7 @@
 """Fleet: every vLLM replica a Prometheus knows, ranked against the fleet median, with the fleet checklist.
 
-Widgets -> diagnostics.fleet.run (one refresh, saved to History) -> render. Credentials are never typed here: they
+Widgets -> diagnostics.fleet.run (one refresh, saved to History) -> render (views/common/fleet_view.py, which also
+draws a recorded refresh under its banner when the "Recorded" switch is on). Credentials are never typed here: they
 come from the console's environment (TRIAGE_PROM_TOKEN, or TRIAGE_PROM_USER/TRIAGE_PROM_PASSWORD). Label values and
 other server text are escaped before Streamlit renders them as Markdown.
 """
@@ -20,7 +21,7 @@ from diagnostics import fleet
 from diagnostics.charts import figure
 from diagnostics.context import Series
 from diagnostics.findings import Chart
-from views.common import fleet_view
+from views.common import fleet_view, recorded
 
 WINDOWS = ("1m", "5m", "15m", "1h")
 ss = st.session_state
@@ -28,6 +29,12 @@ ss = st.session_state
 st.title("Fleet")
 st.caption("Every vLLM replica your Prometheus (or Thanos, Mimir, VictoriaMetrics) already scrapes: which one is "
            "slow, and why. The console only queries Prometheus; it never scrapes the fleet itself.")
+rec = recorded.pick("fleet", "fleet_data")
+if rec is not None:  # a real refresh captured elsewhere, drawn alone: it never queries this console's Prometheus
+    recorded.banner(rec)
+    fleet_view.show(rec.payload, f"rec-{rec.name}")
+    st.stop()
+
 with st.form("fleet_connect"):
     c = st.columns([4, 3, 2, 1.2, 1.4], vertical_alignment="bottom")
     url = c[0].text_input("Prometheus URL", ss.get("fleet_url", os.environ.get("TRIAGE_PROMETHEUS_URL", "")),

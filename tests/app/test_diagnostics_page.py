@@ -139,3 +139,21 @@ def test_saved_payloads_old_and_unfinished_open_without_a_traceback():
     assert len(titles) == 1  # every GPU check's identical "no driver" skip on one card, with its remedy once
     assert sum("docker run --gpus all" in m.value for m in at.markdown) == 1
     assert RunResult.from_dict(payload).to_dict() == payload  # nothing lost on the way through History
+
+
+def test_recorded_mode_draws_the_shipped_run_under_its_banner_and_no_form():
+    from core.recordings import available
+
+    recs = available("checklist")
+    assert recs, "the console ships a recorded checklist run (core/data/recordings)"
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.session_state["diag_data"] = "Recorded"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    rec = next(r for r in recs if r.label == at.selectbox[0].value) if at.selectbox else recs[0]
+    assert at.warning and f"Recorded on {rec.machine}" in at.warning[0].value.replace("\\", "")
+    assert not at.slider and not at.text_area  # the live form is not drawn beside a recording
+    assert at.subheader[0].value == "Findings"
+    ids = [m.value.split("`")[1] for m in at.markdown if m.value.startswith("**") and "· `" in m.value]
+    assert ids and set(ids) <= {f["id"] for f in rec.payload["findings"]}
+    assert [m.value for m in at.metric] == [str(n) for n in rec.payload["counts"].values()]

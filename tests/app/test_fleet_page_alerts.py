@@ -59,3 +59,27 @@ def test_a_saved_refresh_opens_in_the_same_view_and_old_payloads_do_not_crash():
     for p in (old, {"fleet": None}, {}, {"fleet": payload["fleet"]}):
         at = AppTest.from_function(_show_payload, args=(p,), default_timeout=30).run()
         assert not at.exception, (p, at.exception)
+
+
+def test_recorded_mode_draws_a_recorded_refresh_under_its_banner_without_querying(tmp_path, monkeypatch):
+    """A recording file of the shipped format in a folder of its own (the page reads core.recordings.DIR): the
+    page shows the banner and the recorded table, and neither the connect form nor anything live."""
+    import json
+
+    import core.recordings as recordings
+
+    stuck = _replica("stuck", running=4.0, work_min=4.0, stalled=4.0, progress_last_t=970.0)
+    snap = _snap([_replica("busy", running=2.0, progress=10.0), stuck], prometheus_url="http://127.0.0.1:9")
+    result = RunResult("2026-01-01T00:00:00+00:00", 300.0, 300.0, False, "host", {}, tuple(evaluate(snap, CHECKS)), ())
+    (tmp_path / "fleet-test.json").write_text(json.dumps({
+        "kind": "fleet", "title": "Two replicas, one stalled", "machine": "test host", "recorded_at": "2026-01-01T00:00Z",
+        "captured_by": "this test", "payload": FleetRun(snap, result).to_dict()}))
+    monkeypatch.setattr(recordings, "DIR", tmp_path)
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.session_state["fleet_data"] = "Recorded"
+    at.run()
+    assert not at.exception, at.exception
+    assert "Recorded on test host" in at.warning[0].value
+    assert not at.text_input  # no Prometheus URL field: nothing live is drawn or asked for
+    table = at.dataframe[0].value
+    assert list(table["instance"]) == ["stuck", "busy"]
