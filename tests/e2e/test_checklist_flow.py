@@ -1,5 +1,6 @@
 """The Diagnostics page by clicking: a 5 s checklist window on this host runs with progress, the findings and the
-three report downloads appear, and the run is in History as finished."""
+three report downloads appear, checks skipped for the same reason share a card, and the run is in History as
+finished."""
 import pytest
 
 from tests.e2e.helpers import errors_on, goto, screenshot, wait_idle
@@ -24,3 +25,8 @@ def test_the_checklist_runs_shows_findings_and_is_saved(app_server, page, histor
     new = [r for r in history_db.list_runs("checklist") if r.id not in before]
     assert len(new) == 1 and new[0].status == "finished", new
     assert new[0].summary["window_s"] >= 4
+    # Checks skipped for one reason (on a host without a GPU: every GPU check) share one card naming them all.
+    findings = history_db.get_run(new[0].id).payload["findings"]
+    reasons = [f["missing"] for f in findings if f["status"] == "SKIP" and f["missing"]]
+    shared = {r for r in reasons if reasons.count(r) > 1}
+    assert page.get_by_text(" checks skipped", exact=False).count() == len(shared)
