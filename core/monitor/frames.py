@@ -91,6 +91,13 @@ def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float, all_gpu
                       lambda: _build(sampler, gpu_index, window_s, all_gpus))
 
 
+def recorded_frame(replay, gpu_index: int | None, window_s: float) -> Frame:
+    """The frame of a recording (core/monitor/replay.Replay) at its current moment, built exactly as a live one;
+    not cached (a replay is drawn once per rerun, for one session)."""
+    all_gpus = tuple(g.index for g in replay.source("nvml").gpus)
+    return _build(replay, gpu_index, window_s, all_gpus)[1]
+
+
 def gpu_rows(snap: Snapshot, gpus: list[GpuInfo]) -> list[dict]:
     """The all-GPU table's rows from one snapshot (see charts.gpu_table). A field NVML did not give is "N/A" with
     its reason on hover; a lost GPU is one row that says so."""

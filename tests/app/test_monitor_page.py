@@ -141,3 +141,31 @@ def test_every_gpu_at_once_with_the_chosen_one_in_detail(page, n):
 def test_one_gpu_has_no_all_gpu_table(page):
     at = page(FakeNvml())
     assert not [m for m in at.markdown if "data-gpu-table" in m.value] and not at.subheader
+
+
+def test_recorded_mode_replays_the_h200_recording_without_the_live_sampler(monkeypatch):
+    """Recorded: the banner says where and when, the gauges and readings come from the recording, and this
+    machine's sampler is never started (nothing live is mixed in)."""
+    from core.recordings import available
+
+    monkeypatch.setattr(pacing, "_PACER", pacing.Pacer())
+    shutdown_sampler()
+    rec = available("monitor")[0]
+    at = AppTest.from_file(PAGE, default_timeout=30)
+    at.session_state["monitor_source"] = "Recorded"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert sampler_mod._SAMPLER is None
+    (banner,) = at.warning
+    assert "Recorded on NVIDIA H200" in banner.value and "not live" in banner.value and rec.date in banner.value
+    assert float(metric(at, "Power").value.split()[0]) > 100  # under the recorded load
+    assert any("BF16 decode" in m.value for m in at.markdown)
+    assert len(at.get("vega_lite_chart")) == 2
+    assert not at.get("download_button")  # the live buffer's downloads belong to live mode
+    start = at.slider[0].min
+    at.slider[0].set_value(start).run()  # the first second: before the load
+    assert not at.exception and "no load running" in " ".join(m.value for m in at.markdown)
+    at.session_state["monitor_source"] = "Live"
+    at.run()  # back to live: the recording's banner goes, the sampler starts
+    assert not at.warning and sampler_mod._SAMPLER is not None
+    shutdown_sampler()

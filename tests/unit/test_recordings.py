@@ -1,0 +1,123 @@
+"""The recordings shipped with the console (core/data/recordings): every one loads, says where, when and how it was
+captured, stays small, and its payload goes through the pure parts of the view that draws it."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from core import recordings
+from core.recordings import KINDS, RecordingError, available, parse
+
+FILES = sorted(recordings.DIR.glob("*.json"))
+MAX_TOTAL_BYTES = 400_000  # a few hundred KB in all: they travel with every checkout
+
+
+def test_every_file_loads_and_says_where_when_and_how():
+    assert FILES, "no recordings shipped"
+    assert len(available()) == len(FILES)  # none skipped as unreadable
+    for rec in available():
+        assert rec.kind in KINDS and rec.title and rec.payload
+        assert rec.machine and ("core" in rec.machine or "GPU" in rec.machine or "NVIDIA" in rec.machine)
+        assert datetime.fromisoformat(rec.recorded_at.replace("Z", "+00:00")).tzinfo is not None  # UTC, said so
+        assert rec.captured_by.startswith("python -m bench.record_demo")
+        assert rec.date.endswith("UTC")
+
+
+def test_the_demo_has_every_kind_and_stays_small():
+    assert {r.kind for r in available()} == set(KINDS)
+    assert sum(f.stat().st_size for f in FILES) < MAX_TOTAL_BYTES
+
+
+def test_the_capture_command_exists():
+    """captured_by names a subcommand of the capture script that is in the repository."""
+    from bench import record_demo
+
+    parser_help = record_demo.__doc__
+    for rec in available():
+        sub = rec.captured_by.split()[3]
+        assert f"record_demo {sub}" in parser_help
+
+
+def test_bad_files_are_refused_with_a_reason_and_skipped(tmp_path):
+    good = json.loads(FILES[0].read_text())
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "nodate.json").write_text(json.dumps({**good, "recorded_at": "yesterday"}))
+    assert [r.name for r in available(folder=tmp_path)] == ["good"]
+    with pytest.raises(RecordingError, match="kind 'video'"):
+        parse({**good, "kind": "video"}, "x")
+    with pytest.raises(RecordingError, match="missing machine"):
+        parse({**good, "machine": ""}, "x")
+    with pytest.raises(ValueError, match="unknown recording kind"):
+        available("video")
+
+
+def test_monitor_recording_replays_through_the_live_frame_builder():
+    from core.monitor.frames import recorded_frame
+    from core.monitor.replay import Replay
+
+    rec = available("monitor")[0]
+    first = Replay(rec.payload)
+    gpus = first.source("nvml").gpus
+    assert gpus and gpus[0].name.startswith("NVIDIA")
+    assert rec.payload["segments"], "a monitor recording shows a load"
+    replay = Replay(rec.payload, first.default_moment())
+    assert replay.segment_at() is not None
+    frame = recorded_frame(replay, gpus[0].index, first.end - first.start)
+    v = frame.snapshot.values
+    assert v["gpu0.util_pct"] > 50 and v["gpu0.power_w"] > 100  # under load at the default moment
+    assert 'data-gauge="GPU util"' in frame.gauges_html and "N/A" not in frame.gauges_html.split("DRAM BW")[0]
+    assert len(frame.util_trend) == len(first.t) * len(frame.util_labels)  # the whole recording, every line
+    idle = recorded_frame(Replay(rec.payload, first.start), gpus[0].index, 60)
+    assert idle.snapshot.values["gpu0.util_pct"] < 10
+
+
+def test_monitor_trend_spec_marks_phases_and_moment_in_utc():
+    from core.monitor.charts import TIME_FORMAT, trend_spec
+
+    spec = trend_spec("GPU utilization", ["a"], y_title="%", bands=[(10.0, 20.0, "BF16")], marker=15.0, utc=True)
+    line = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
+    assert line["encoding"]["x"]["axis"]["format"] == TIME_FORMAT == "%H:%M:%S"
+    assert line["encoding"]["x"]["scale"] == {"type": "utc"}
+    assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rect", "text", "line", "rule"]
+    live = trend_spec("Host CPU", ["a"], y_title="%")
+    assert live["layer"][0]["encoding"]["x"]["axis"]["format"] == "%H:%M:%S"  # 24-hour ticks live too
+    assert "scale" not in live["layer"][0]["encoding"]["x"]  # live: the viewer's local time
+
+
+def test_checklist_recording_is_a_saved_run():
+    from diagnostics.findings import Finding, Status
+
+    rec = available("checklist")[0]
+    findings = [Finding.from_dict(f) for f in rec.payload["findings"]]
+    assert any(f.status is Status.PASS and f.evidence for f in findings)
+    assert rec.payload["window_s"] >= 10
+
+
+def test_fleet_recording_is_a_saved_fleet_run_with_an_outlier():
+    from core.fleet.fleet import FleetSnapshot
+
+    rec = available("fleet")[0]
+    assert rec.payload["schema"] == "triage-console/fleet-run/1"
+    snap = FleetSnapshot.from_dict(rec.payload["fleet"])
+    assert len(snap.replicas) == 2 and all(r.up for r in snap.replicas)
+    statuses = {f["id"]: f["status"] for f in rec.payload["checklist"]["findings"]}
+    assert "FAIL" in statuses.values() or "WARN" in statuses.values(), statuses  # one replica stands out
+
+
+def test_sweep_recording_renders_through_the_sweep_view_rows():
+    from views.common.sweep import step_rows
+
+    rec = available("sweep")[0]
+    rows = step_rows(rec.payload)
+    assert len(rows) >= 2 and all(r["requests"] > 0 for r in rows)
+    assert rec.payload["verdict"]["headline"]
+
+
+def test_recordings_never_name_this_machines_paths():
+    for f in FILES:
+        text = f.read_text()
+        assert "/work/" not in text and "/tmp/" not in text, f.name
