@@ -59,7 +59,10 @@ def figure(chart: Chart, height: int = 260, template: str | None = None, t0: dt.
         fig.update_layout(template=template)
     fig.update_xaxes(title=axis_title(t0))
     if t0 is not None:
-        fig.update_xaxes(type="date", tickformat=CLOCK, hoverformat=CLOCK)
+        # Ticks closer than a second apart (a 5 s window) carry milliseconds, or neighbours would read the same.
+        fig.update_xaxes(type="date", hoverformat=CLOCK + ".%L",
+                         tickformatstops=[{"dtickrange": [None, 1000], "value": CLOCK + ".%L"},
+                                          {"dtickrange": [1000, None], "value": CLOCK}])
     fig.update_yaxes(title=html.escape(chart.y_title), range=list(chart.y_range) if chart.y_range else None)
     return fig
 
@@ -116,9 +119,13 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
         y = sy(v)
         out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
                    f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{e(_fmt(v))}</text>')
-    for t in _nice_ticks(x0, x1, 6):
+    xticks = _nice_ticks(x0, x1, 6)
+    sub_second = len(xticks) > 1 and xticks[1] - xticks[0] < 1  # a 5 s window: milliseconds tell the ticks apart
+    for t in xticks:
         x = sx(t)
-        label = (t0 + dt.timedelta(seconds=t)).strftime(CLOCK) if t0 is not None else _fmt(t)
+        clock = (t0 + dt.timedelta(seconds=t)) if t0 is not None else None
+        label = _fmt(t) if clock is None else clock.strftime(CLOCK) + (f".{clock.microsecond // 1000:03d}"
+                                                                       if sub_second else "")
         anchor = "end" if x > W - PAD_R - 30 else "middle"  # the last label must not run off the right edge
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T + ph}" y2="{PAD_T + ph + 4}" stroke="#999"/>'
                    f'<text x="{x:.1f}" y="{PAD_T + ph + 16}" text-anchor="{anchor}" fill="#555">{e(label)}</text>')
