@@ -34,7 +34,53 @@ from core.engines.fast.options import overridden
 from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
 
-PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only"}
+PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only", "int4": "INT4 g128",
+              "int4-awq": "INT4 AWQ g128", "int8-wo": "INT8 weight-only", "int8": "INT8 W8A8"}
+INT_PRECISIONS = ("int4", "int4-awq", "int8-wo", "int8")
+
+
+def random_awq_scales(dims: Dims, seed: int = 1) -> dict:
+    """AWQ-shaped input scales for every projection (speed only: the search's values do not change the kernels' work;
+    the engine searches them on a calibration text)."""
+    from core.engines.fast.model import _projection_rows
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = {}
+    for i in range(dims.layers):
+        for name, rows in _projection_rows(dims).items():
+            k = dims.hidden if name in ("qkv", "gu") else dims.heads * dims.head_dim if name == "o" else dims.inter
+            out[f"{i}.{name}.awq"] = ([torch.exp(0.3 * torch.randn(k, device="cuda", generator=g)) for _ in rows],
+                                      rows)
+    return out
+
+
+def kernel_of(p: str) -> str:
+    """Which kernels ran for a precision's linears, for the pages' "which kernel" column."""
+    if p in INT_PRECISIONS:
+        from core.engines.fast.kernels import intlinears
+
+        return intlinears.kernel_label(p)
+    return {"bf16": "Triton GEMV/GEMM (bf16), cuBLAS where tuned faster",
+            "fp8": "Triton FP8 W8A8 dots (E4M3 tensor cores), torch._scaled_mm where tuned faster",
+            "fp8-wo": "Triton FP8 weight-only (E4M3 -> f16 dots)"}[p]
+
+
+def time_prefill(model: FastLlama, prompt: int, repeats: int = 2) -> float:
+    """Seconds of one prompt pass into a fresh cache (the engine's prefill), median of `repeats` after a warm one."""
+    ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(7))
+    cache = model.new_cache(1, prompt + 16, False)
+    times = []
+    for i in range(repeats + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.prefill(ids, cache, rows=slice(0, 1))
+        torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    del cache
+    torch.cuda.empty_cache()
+    return statistics.median(times)
 
 
 def log(*a):
@@ -296,6 +342,9 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here (core/data/fp8_speed_h200.json)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
     ap.add_argument("--retune", help="with --tuned: tune these precisions again (e.g. fp8-wo) for --batches")
+    ap.add_argument("--int-tuned", help="the integer linears' tuning table (skips their tuning): the shipped "
+                    "core/engines/fast/tuned_int_h200.json")
+    ap.add_argument("--prefill", default="", help="prompt lengths whose prompt pass is timed per precision (8192)")
     ap.add_argument("--fold-ab", action="store_true", help="only: sweep gemv_prologue's launch configurations, "
                     "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
     args = ap.parse_args()
@@ -339,7 +388,24 @@ def main() -> None:
                 [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
             Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
 
-    models = {p: FastLlama(dims, master, p, rotary=config) for p in precisions}
+    int_precisions = [p for p in precisions if p in INT_PRECISIONS]
+    int_tuning = []
+    if int_precisions:
+        from core.engines.fast.kernels import tune_int
+
+        if args.int_tuned:
+            tune_int.load_int_tuned(args.int_tuned)
+        elif not args.no_tune:
+            t0 = time.perf_counter()
+            int_tuning = tune_int.tune_model(dims, int_precisions, batches, log=log)
+            log(f"integer tuning took {time.perf_counter() - t0:.0f} s")
+            if args.out:
+                tune_int.save(Path(args.out, "tuned_int.json"), {k: meta[k] for k in ("device", "date", "torch",
+                                                                                      "triton")})
+                Path(args.out, "tuning_int_all.json").write_text(json.dumps(int_tuning, indent=1))
+    awq = random_awq_scales(dims) if "int4-awq" in precisions else {}
+    models = {p: FastLlama(dims, master | awq if p == "int4-awq" else master, p, rotary=config) for p in precisions}
+    meta["kernels"] = {p: kernel_of(p) for p in precisions}
     meta["batch1_folds"] = {p: sorted(DecodeGraph.default_folds(m, 1)) for p, m in models.items()}
     meta["gemv_prefetch"] = linears.GEMV_PREFETCH
     if args.fold_ab:
@@ -431,6 +497,18 @@ def main() -> None:
         except Exception as exc:  # the profile explains the numbers; never let it lose them
             log(f"profile {p} failed: {exc!r}")
     del cache
+    prefill = []
+    for n in [int(x) for x in args.prefill.split(",") if x]:
+        row = {"prompt": n}
+        for p in precisions:
+            try:
+                row[p] = time_prefill(models[p], n)
+            except Exception as exc:
+                log(f"prefill {p} at {n} failed: {exc!r}")
+        if "bf16" in row:
+            row["vs_bf16"] = {p: row["bf16"] / row[p] for p in precisions if p in row}
+        prefill.append(row)
+        log(f"prefill {n} tokens: " + ", ".join(f"{p} {row[p] * 1000:.0f} ms" for p in precisions if p in row))
     ms = {p: statistics.median(v) for p, v in head.items() if v}
     headline = {"batch": hb, "prompt": hp, "kv": "auto", "repeats": 3, "ms_per_step": ms,
                 "tok_s": {p: 1000 * hb / v for p, v in ms.items()}}
@@ -470,7 +548,7 @@ def main() -> None:
                                         if p != "bf16") + f"; BF16 at {100 * headline['bf16_floor_frac']:.0f}% "
             "of its HBM floor")
     meta["wall_s"] = time.perf_counter() - t_start
-    result = {**meta, "headline": headline, "rows": rows, "profile_batch1": profiles,
+    result = {**meta, "headline": headline, "rows": rows, "profile_batch1": profiles, "prefill": prefill,
               "tuned_linears": [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()]}
     for path in filter(None, [args.json, args.out and str(Path(args.out, "fp8_speed.json"))]):
         Path(path).parent.mkdir(parents=True, exist_ok=True)

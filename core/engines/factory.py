@@ -1,8 +1,8 @@
 """The one door to an engine: `open_engine(choice)` turns what a user picked (an EngineChoice) into a loaded engine.
 
-"torch" is the CUDA-graph engine where it can run (NVIDIA GPU, a Llama-shaped model, BF16/FP8), else the eager torch
-engine; "torch-eager" always the eager one (integer precisions, static FP8 and the layer analysis need its
-numerics); "vllm" a local vLLM server started here; "remote" an OpenAI-compatible server already running.
+"torch" is the CUDA-graph engine where it can run (NVIDIA GPU, a Llama-shaped model, BF16/FP8/INT8/INT4), else the
+eager torch engine; "torch-eager" always the eager one (static FP8 and the layer analysis need its numerics; on a GPU
+its integer runs are the reference, not a speed); "vllm" a local vLLM server started here; "remote" an OpenAI-compatible server already running.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def open_engine(choice: EngineChoice, progress: Progress | None = None):
                 from core.engines.fast import FastLlamaEngine
 
                 return FastLlamaEngine(spec, choice.precision, choice.kv_dtype, device=choice.device,
-                                       progress=progress)
+                                       progress=progress, calibration=choice.calibration)
         return TorchEngine(spec, choice.precision, choice.kv_dtype, device=choice.device, progress=progress,
                            calibration=choice.calibration)
     if choice.kind == "vllm":

@@ -131,3 +131,16 @@ def test_w8a8_is_the_torch_engines_result_bit_for_bit(m, split):
                   xq=xq, xs=xs)
     ref = IL.reference_linear(x, iw)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
+@pytest.mark.parametrize("mode", ["int4-awq", "int8"])
+def test_the_prompt_pass_product_is_the_reference(mode):
+    iw = _storage(mode, seed=7)
+    x = torch.randn(2, 9, K, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).to(DEV)
+    got = IL.prompt_linear(x, iw)
+    ref = IL.reference_linear(x, iw)
+    assert got.shape == ref.shape == (2, 9, N)
+    if mode == "int8":
+        assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
+    else:
+        assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 1e-2

@@ -42,7 +42,8 @@ class FastLlamaEngine(HFSide):
 
     def __init__(self, spec: ModelSpec, precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO,
                  device: str | None = None, progress: Callable[[float, str], None] | None = None, seed: int = 0,
-                 tune: bool = False):
+                 tune: bool = False, calibration: str | None = None):
+        """calibration: INT4 AWQ's calibration text (None: the shipped sample prose), as for TorchEngine."""
         from core.engines.fast.support import fast_decode_unavailable_reasons
 
         self.spec, self.precision, self.kv_dtype = spec, precision, kv_dtype
@@ -69,13 +70,21 @@ class FastLlamaEngine(HFSide):
         dims = Dims.from_config(config)
         mode = precision.value
         progress(0.1, f"Loading weights at {precision.label}")
+        awq = precision is Precision.INT4_AWQ
         if spec.kind == "synthetic":
             weights = FastLlama.random_weights(dims, "cuda", seed=seed)
             self.tokenizer = ByteTokenizer()
             self.eos_ids: set[int] = set()
+            if awq:  # the search on this model's own activations, as the torch engine searches on its model's
+                from core.engines.torch import quant
+
+                progress(0.5, "Searching AWQ scales on the calibration text")
+                weights |= FastLlama.awq_scales(dims, weights, quant.calibration_ids(self.tokenizer, calibration),
+                                                rotary=config)
         else:
-            weights, self.tokenizer, self.eos_ids = self._load_hf(spec, dims, progress)
-        progress(0.8, "Quantizing Linear weights to FP8 E4M3" if precision.is_fp8 else "Preparing")
+            weights, self.tokenizer, self.eos_ids = self._load_hf(spec, dims, progress, awq, calibration)
+        progress(0.8, "Quantizing Linear weights to FP8 E4M3" if precision.is_fp8 else
+                 f"Quantizing Linear weights to {precision.label}" if precision.is_int else "Preparing")
         self.model = FastLlama(dims, weights, mode, rotary=config)
         from core.engines.fast import kernels
 
@@ -83,9 +92,18 @@ class FastLlamaEngine(HFSide):
             from core.engines.fast.kernels import tune as tuner
 
             progress(0.9, "Tuning the decode kernels on this GPU")
-            tuner.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
+            if precision.is_int:
+                from core.engines.fast.kernels import tune_int
+
+                tune_int.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
+            else:
+                tuner.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
         elif self.device.capability == (9, 0):
             kernels.load_tuned()  # measured on an H200 (same SM as the H100); other shapes use the defaults
+            if precision.is_int:
+                from core.engines.fast.kernels import tune_int
+
+                tune_int.load_int_tuned()
         del weights
         self.config = config
         self.max_positions = getattr(config, "max_position_embeddings", None)
@@ -93,7 +111,7 @@ class FastLlamaEngine(HFSide):
         progress(1.0, "Loaded")
 
     @staticmethod
-    def _load_hf(spec: ModelSpec, dims: Dims, progress):
+    def _load_hf(spec: ModelSpec, dims: Dims, progress, awq: bool = False, calibration: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -103,7 +121,16 @@ class FastLlamaEngine(HFSide):
         except (OSError, ValueError, KeyError) as exc:
             raise ModelError(f"Could not load {spec.label}: {exc}") from exc
         progress(0.5, "Moving weights to the GPU")
-        weights = FastLlama.fuse_hf_state_dict(hf.state_dict(), dims, "cuda")
+        awq_scales = {}
+        if awq:
+            # the torch engine's own search (quant.quantize_model's): the HF model's activations on the calibration
+            # text, on the GPU, so the scales, hence the INT4 codes, are the torch engine's
+            from core.engines.torch import quant
+
+            progress(0.4, "Searching AWQ scales on the calibration text")
+            hf.to("cuda")
+            awq_scales = FastLlama.hf_awq_scales(hf, quant.calibration_ids(tokenizer, calibration), dims)
+        weights = FastLlama.fuse_hf_state_dict(hf.state_dict(), dims, "cuda") | awq_scales
         eos = getattr(hf.generation_config, "eos_token_id", None)
         del hf
         return weights, tokenizer, set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -118,6 +145,10 @@ class FastLlamaEngine(HFSide):
         extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
         if self.model.mode == "fp8" and fp8_fast_accum():
             extra += ", prompt GEMMs with FP8 fast accumulation"
+        if self.precision.is_int:
+            from core.engines.fast.kernels import intlinears
+
+            extra += f", {intlinears.kernel_label(self.model.mode)}"
         if self.kv_dtype is KVDtype.FP8:
             from core.engines.fast.kernels import attn_e4m3
 

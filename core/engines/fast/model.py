@@ -26,7 +26,9 @@ from core.engines.fast import fa3
 from core.engines.fast.options import options
 
 E4M3 = fp8.E4M3
-MODES = ("bf16", "fp8-wo", "fp8")
+MODES = ("bf16", "fp8-wo", "fp8", "int4", "int4-awq", "int8-wo", "int8")
+# Integer weights in the torch engine's storage (core/engines/torch/quant.py), multiplied by kernels/intlinears.py
+INT_MODES = ("int4", "int4-awq", "int8-wo", "int8")
 
 
 @dataclass(frozen=True)
@@ -97,24 +99,50 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-class Lin:
-    """One fused projection at a precision: bf16 weight, or E4M3 weight with per-output-channel float32 scales."""
+def _projection_rows(d: Dims) -> dict[str, list[int]]:
+    """The output rows of each projection fused into q|k|v, o, gate|up and down, in row order."""
+    return {"qkv": [d.heads * d.head_dim, d.kv_heads * d.head_dim, d.kv_heads * d.head_dim], "o": [d.hidden],
+            "gu": [d.inter, d.inter], "down": [d.hidden]}
 
-    def __init__(self, weight: torch.Tensor, mode: str):
+
+class Lin:
+    """One fused projection at a precision: bf16 weight, E4M3 weight with per-output-channel float32 scales, or the
+    torch engine's integer storage (`iw`, kernels/intlinears.IntWeight: INT4 g128 codes, INT8 rows)."""
+
+    def __init__(self, weight: torch.Tensor, mode: str, awq: tuple[list, list] | None = None):
+        """awq (int4-awq only): (each projection's AWQ input scales, its number of rows), in row order."""
         self.mode = mode
         self.out_features, self.in_features = weight.shape
+        self.iw = None
         if mode == "bf16":
             self.w, self.scale = weight, None
+        elif mode in INT_MODES:
+            from core.engines.fast.kernels import intlinears as IL
+
+            if mode == "int4-awq" and awq is None:
+                raise ValueError("INT4 AWQ needs each projection's input scales (AWQ's calibration search).")
+            self.iw = IL.quantize(weight, mode, *(awq or (None, None)))
+            self.w, self.scale = self.iw.w, self.iw.scale
         else:
             q, s = fp8.quantize_rows(weight)
             self.w, self.scale = q, s.reshape(-1).contiguous()
 
+    def tensors(self) -> list[torch.Tensor]:
+        if self.iw is not None:
+            return self.iw.tensors()
+        return [t for t in (self.w, self.scale) if t is not None]
+
     @property
     def nbytes(self) -> int:
-        return self.w.numel() * self.w.element_size() + (self.scale.numel() * 4 if self.scale is not None else 0)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def ref(self, x: torch.Tensor) -> torch.Tensor:
-        """Exactly core.engines.torch.fp8.FP8Linear (or F.linear for bf16): the eager numerics."""
+        """Exactly core.engines.torch.fp8.FP8Linear, quant.Int4Linear / Int8Linear (or F.linear for bf16): the eager
+        numerics."""
+        if self.iw is not None:
+            from core.engines.fast.kernels import intlinears as IL
+
+            return IL.reference_linear(x, self.iw)
         if self.mode == "bf16":
             return F.linear(x, self.w)
         if self.mode == "fp8-wo":
@@ -124,11 +152,27 @@ class Lin:
         out = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.scale[None, :], out_dtype=x.dtype)
         return out.reshape(*shape[:-1], self.out_features)
 
+    def prompt(self, x: torch.Tensor) -> torch.Tensor:
+        """The prompt pass's product (many rows: compute-bound) with `ref`'s numerics. Integer weight-only: the
+        weights dequantized once by a Triton pass (bit for bit the reference's bf16 weights) into a cuBLAS GEMM;
+        INT8 W8A8: the rows quantized by a Triton pass (bit for bit int8_rows) into torch._int_mm (INT8 tensor
+        cores), scaled as the reference scales."""
+        if self.iw is None:
+            return self.ref(x)
+        from core.engines.fast.kernels import intlinears as IL
+
+        return IL.prompt_linear(x, self.iw)
+
     def fast(self, x, x_scale, out, silu_x: bool = False, x16=None):
         """Triton/cuBLAS decode-time product; for W8A8, x is the E4M3 activation and x_scale its per-token scale;
-        for weight-only, x16 is x in f16 when its producer wrote that copy (kernels.linear)."""
+        for weight-only, x16 is x in f16 when its producer wrote that copy (kernels.linear). Integer modes take
+        the bf16 x (W8A8 INT8 quantizes it per token itself)."""
         from core.engines.fast import kernels as K
 
+        if self.iw is not None:
+            from core.engines.fast.kernels import intlinears as IL
+
+            return IL.int_linear(x, self.iw, out, silu_x=silu_x)
         return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x, x16=x16)
 
     def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
@@ -225,9 +269,12 @@ class FastLlama:
         self.device = self.embed.device
         self.layers = []
         for i in range(dims.layers):
-            self.layers.append(dict(
-                qkv=Lin(weights[f"{i}.qkv"], mode), o=Lin(weights[f"{i}.o"], mode), gu=Lin(weights[f"{i}.gu"], mode),
-                down=Lin(weights[f"{i}.down"], mode), ln1=weights[f"{i}.ln1"], ln2=weights[f"{i}.ln2"]))
+            def lin(name):
+                # int4-awq: weights[f"{i}.{name}.awq"] = (input scales, rows) of each projection fused in it
+                return Lin(weights[f"{i}.{name}"], mode, weights.get(f"{i}.{name}.awq"))
+
+            self.layers.append(dict(qkv=lin("qkv"), o=lin("o"), gu=lin("gu"), down=lin("down"),
+                                    ln1=weights[f"{i}.ln1"], ln2=weights[f"{i}.ln2"]))
         self.lm = Lin(self.lm_head, "bf16")  # lm_head stays at the base dtype, as vLLM's online FP8 leaves it
         self._inv_freq, self._attn_scaling = _rope_params(rotary, dims)
         self._rope_len = 0
@@ -272,11 +319,76 @@ class FastLlama:
             w[f"{i}.ln2"] = torch.ones(d.hidden, device=device, dtype=dtype)
         return w
 
+    @staticmethod
+    @torch.inference_mode()
+    def awq_scales(dims: Dims, weights: dict, ids: list[int], rotary=None) -> dict:
+        """AWQ's input scales for every projection (quant.awq_search, as quant.quantize_model runs it), on the
+        activations of this model's own BF16 torch-op pass over `ids`: {f"{i}.{name}.awq": (scales, rows)}."""
+        from core.engines.torch import quant
+
+        base = FastLlama(dims, weights, "bf16", rotary=rotary)
+        acts = base._linear_inputs(torch.tensor([ids], device=base.device))
+        out = {}
+        for i in range(dims.layers):
+            for name, rows in _projection_rows(dims).items():
+                w, x = weights[f"{i}.{name}"], acts.pop((i, name))
+                starts = [sum(rows[:j]) for j in range(len(rows))]
+                out[f"{i}.{name}.awq"] = ([quant.awq_search(w[a:a + r], x)["scale"] for a, r in zip(starts, rows)],
+                                          rows)
+        return out
+
+    @staticmethod
+    @torch.inference_mode()
+    def hf_awq_scales(hf_model, ids: list[int], dims: Dims) -> dict:
+        """The same from a Hugging Face Llama: exactly quant.quantize_model's search (its capture_inputs on the HF
+        model, awq_search per nn.Linear), grouped as this model fuses the projections."""
+        from core.engines.torch import quant
+
+        names = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
+                 "gu": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
+        modules = dict(hf_model.named_modules())
+        full = [f"model.layers.{i}.{n}" for i in range(dims.layers) for ns in names.values() for n in ns]
+        acts = quant.capture_inputs(hf_model, full, ids)
+        out = {}
+        for i in range(dims.layers):
+            for name, parts in names.items():
+                lins = [modules[f"model.layers.{i}.{n}"] for n in parts]
+                out[f"{i}.{name}.awq"] = (
+                    [quant.awq_search(m.weight.data, acts.pop(f"model.layers.{i}.{n}"))["scale"]
+                     for m, n in zip(lins, parts)], [m.out_features for m in lins])
+        return out
+
+    def _linear_inputs(self, tokens: torch.Tensor) -> dict:
+        """Each fused projection's float32 input rows [tokens, in] in one torch-op pass (prefill's, unfused)."""
+        d = self.dims
+        cache = self.new_cache(tokens.shape[0], tokens.shape[1], False)
+        x = F.embedding(tokens, self.embed)
+        acts = {}
+
+        def keep(i, name, t):
+            acts[(i, name)] = t.reshape(-1, t.shape[-1]).float()
+            return t
+
+        for i, L in enumerate(self.layers):
+            h = keep(i, "qkv", rmsnorm(x, L["ln1"], d.eps))
+            a = keep(i, "o", self._prefill_attention(i, L["qkv"].ref(h), cache, slice(None)))
+            x = x + L["o"].ref(a)
+            h = keep(i, "gu", rmsnorm(x, L["ln2"], d.eps))
+            gate, up = L["gu"].ref(h).chunk(2, dim=-1)
+            x = x + L["down"].ref(keep(i, "down", F.silu(gate) * up))
+        return acts
+
     @classmethod
-    def from_hf(cls, model, mode: str, device=None) -> "FastLlama":
+    def from_hf(cls, model, mode: str, device=None, calibration_ids: list[int] | None = None) -> "FastLlama":
+        """calibration_ids: INT4 AWQ's calibration tokens (the search runs on `model`, as the torch engine's)."""
         dims = Dims.from_config(model.config)
         device = device or next(model.parameters()).device
-        return cls(dims, cls.fuse_hf_state_dict(model.state_dict(), dims, device), mode, rotary=model.config)
+        weights = cls.fuse_hf_state_dict(model.state_dict(), dims, device)
+        if mode == "int4-awq":
+            if not calibration_ids:
+                raise ValueError("INT4 AWQ needs calibration token ids")
+            weights |= cls.hf_awq_scales(model, calibration_ids, dims)
+        return cls(dims, weights, mode, rotary=model.config)
 
     # ---- sizes ----
     def weight_bytes_by_dtype(self) -> dict[str, int]:
@@ -284,8 +396,7 @@ class FastLlama:
         seen = set()
         tensors = [self.embed, self.norm, self.lm_head]
         for L in self.layers:
-            tensors += [L["ln1"], L["ln2"]] + [t for n in ("qkv", "o", "gu", "down")
-                                              for t in (L[n].w, L[n].scale) if t is not None]
+            tensors += [L["ln1"], L["ln2"]] + [t for n in ("qkv", "o", "gu", "down") for t in L[n].tensors()]
         for t in tensors:
             if t.data_ptr() in seen:
                 continue
@@ -404,7 +515,7 @@ class FastLlama:
 
         def linear(lin: Lin, inp, q, s):
             if not w8a8:
-                return lin.ref(inp)
+                return lin.prompt(inp)
             return torch._scaled_mm(q, lin.w.t(), scale_a=s[:, None], scale_b=lin.scale[None, :], out_dtype=x.dtype,
                                     use_fast_accum=fast_accum)
 
@@ -499,6 +610,9 @@ def _rope_params(rotary_config, dims: Dims):
 # them all off.
 FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
                          "fp8-wo": frozenset({"norm", "o", "silu"})}
+# The integer linears have no folded prologue (the norm runs as its own kernel): their batch-1 step gets SiLU(gate) *
+# up computed by the down projection as it loads it, as every mode's does
+FOLDS_MEASURED_FASTER.update({m: frozenset() for m in INT_MODES})
 
 
 class DecodeGraph:

@@ -6,7 +6,8 @@ import importlib.util
 
 from core.precision import Device, KVDtype, Precision
 
-FAST_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.FP8_WEIGHT_ONLY)
+FAST_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.FP8_WEIGHT_ONLY, Precision.INT8,
+                   Precision.INT8_WEIGHT_ONLY, Precision.INT4, Precision.INT4_AWQ)
 # Triton's E4M3 type (float8e4nv) and FP8 tensor-core dots exist from Ada/Hopper on.
 FP8_MIN_CC = (8, 9)
 BF16_MIN_CC = (8, 0)
@@ -27,8 +28,8 @@ def fast_decode_unavailable_reasons(device: Device, precision: Precision, kv_dty
         reasons.append("The fast decode path needs the triton package, which is not installed; "
                        "install the PyTorch build's matching triton or use the eager torch engine.")
     if precision not in FAST_PRECISIONS:
-        reasons.append(f"The fast decode path runs BF16, FP8 W8A8 and FP8 weight-only; {precision.label} runs on "
-                       "the eager torch engine.")
+        reasons.append(f"The fast decode path runs BF16, FP8 (W8A8 and weight-only), INT8 (W8A8 and weight-only) and "
+                       f"INT4 (g128, plain and AWQ); {precision.label} runs on the eager torch engine.")
     cc = device.capability
     if cc is not None:
         if cc < BF16_MIN_CC:

@@ -270,6 +270,10 @@ class TorchEngine(HFSide):
         if self.precision.is_int and self.precision is not Precision.INT8 and self.device.kind == "cpu":
             text += (", integer weights dequantized in C" if int_cpu.available()
                      else ", integer weights dequantized by torch ops")
+        if self.precision.is_int and self.device.kind == "cuda":
+            # the reference numerics, one torch op after another: the fast path's integer kernels are the speed
+            text += (", integer linears as torch ops one at a time: eager GPU integer runs are not representative "
+                     "of integer speed")
         return ", ".join([text] + self.cpu_fast)
 
     @property

@@ -79,20 +79,24 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 def _div_rn(a, b, r):
     """a / b correctly rounded, given r = 1 / b correctly rounded: one Markstein correction of a * r (exact for
     normal operands; `/` in Triton is an approximate division, and div_rn's full sequence costs ~10 operations a
-    weight). Checked against torch's division bit for bit in tests/gpu/test_int_kernels.py."""
-    q = a * r
-    rem = tl.fma(-q, b, a)
-    return tl.fma(rem, r, q)
+    weight). Checked against torch's division bit for bit in tests/gpu/test_int_kernels.py. Interpreted: the
+    interpreter's fma rounds twice, so its true division stands in."""
+    if _INTERPRETED:
+        return tl.math.div_rn(a, b + 0.0 * r)
+    else:
+        q = a * r
+        rem = tl.fma(-q, b, a)
+        return tl.fma(rem, r, q)
 
 
 @triton.jit
-def _int4_half(p, s, z, isc_ptr, irc_ptr, offs_k, AWQ: tl.constexpr):
+def _int4_half(p, s, z, isc_ptr, irc_ptr, offs_k, K, AWQ: tl.constexpr):
     """bf16 weights [BLOCK_N, 64] from the 4-bit codes p (uint8, one nibble already selected), per-row group scale s
     and zero point z (float32): Int4Linear.dequantized's arithmetic."""
     w = (p.to(tl.float32) - z[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
     if AWQ:
-        b = tl.load(isc_ptr + offs_k)
-        r = tl.load(irc_ptr + offs_k)
+        b = tl.load(isc_ptr + offs_k, mask=offs_k < K, other=1.0)  # a slice's tiles past K: codes 0, x 0
+        r = tl.load(irc_ptr + offs_k, mask=offs_k < K, other=1.0)
         w = _div_rn(w, b[None, :], r[None, :])
     return _bf16(w)
 
@@ -140,8 +144,8 @@ def _int_linear_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, 
             s = tl.load(ws_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0.0).to(tl.float32)
             z = tl.load(wz_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0).to(tl.float32)
             k_even = k0 + 2 * offs_h
-            w_lo = _int4_half(p & 0xF, s, z, isc, irc, k_even, MODE == 4)
-            w_hi = _int4_half(p >> 4, s, z, isc, irc, k_even + 1, MODE == 4)
+            w_lo = _int4_half(p & 0xF, s, z, isc, irc, k_even, K, MODE == 4)
+            w_hi = _int4_half(p >> 4, s, z, isc, irc, k_even + 1, K, MODE == 4)
             x_even = _load_x(x_ptr, offs_m, k_even, M, K, stride_xm, SILU_X)
             x_odd = _load_x(x_ptr, offs_m, k_even + 1, M, K, stride_xm, SILU_X)
             acc = _mma(w_lo, x_even, acc)
@@ -257,6 +261,17 @@ def _dequant_kernel(w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, out_ptr, N
                      mask=nmask[:, None] & (k[None, :] < K))
 
 
+@triton.jit
+def _int8_epilogue_kernel(acc_ptr, xs_ptr, ws_ptr, out_ptr, N, BLOCK: tl.constexpr):
+    """The prompt pass's W8A8 scaling in one pass over torch._int_mm's int32 result: (acc * x_scale) * w_scale."""
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    acc = tl.load(acc_ptr + row * N + offs, mask=m, other=0).to(tl.float32)
+    out = acc * tl.load(xs_ptr + row) * tl.load(ws_ptr + offs, mask=m, other=0.0)
+    tl.store(out_ptr + row * N + offs, _bf16(out), mask=m)
+
+
 # ---- launchers ----------------------------------------------------------------------------------------------------
 
 class IntWeight:
@@ -368,13 +383,24 @@ def int8_rows(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, silu_x: bool = 
     return q, s
 
 
+def kernel_label(mode: str) -> str:
+    """What the integer linears of `mode` run, for the engine's `ran` line."""
+    if mode == "int8":
+        return ("INT8 W8A8 linears in Triton (activations quantized per token, int8 tensor-core dots with int32 "
+                "accumulation; prompt GEMMs through torch._int_mm)")
+    what = {"int4": "INT4 g128", "int4-awq": "INT4 g128 AWQ", "int8-wo": "INT8 weight-only"}[mode]
+    return (f"{what} linears in Triton (weights dequantized in registers into bf16 tensor-core dots; prompt GEMMs "
+            "on weights dequantized once, through cuBLAS)")
+
+
 # Launch configurations keyed by (mode, m_key, N, K): bench/fast/int_speed.py fills them on the GPU; the shipped
 # H200 table (tuned_int_h200.json) is loaded on Hopper; else `int_default_config`.
 INT_TUNED: dict[tuple[int, int, int, int], dict] = {}
 
 
 def int_m_key(m: int) -> int:
-    return block_m_for(m)
+    """Tuning bucket of a batch size: one row on its own (same compiled kernel as 2-16 rows), then by BLOCK_M."""
+    return 1 if m == 1 else block_m_for(m)
 
 
 def int_default_config(mode: int, m: int, n: int, k: int) -> dict:
@@ -450,6 +476,28 @@ def _quant_scratch(device, m: int, k: int):
     """W8A8's int8 activations [m, k] and their float32 scales [m]."""
     return _scratch(device, ("int8 rows", m, k), lambda: (torch.empty(m, k, dtype=torch.int8, device=device),
                                                            torch.empty(m, dtype=torch.float32, device=device)))
+
+
+def prompt_linear(x: torch.Tensor, iw: IntWeight) -> torch.Tensor:
+    """Many rows (the prompt pass, compute-bound): weight-only dequantizes the weights once (`dequantize`, the
+    reference's bf16 weights) into a cuBLAS GEMM; W8A8 quantizes the rows (`int8_rows`), multiplies on the INT8
+    tensor cores (quant.int_mm, as the reference) and scales in one pass. `reference_linear`'s numbers."""
+    from core.engines.torch import quant
+
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    if iw.mode != MODE_INT8:
+        out = torch.nn.functional.linear(x2, dequantize(iw))
+    else:
+        M = x2.shape[0]
+        xq = torch.empty(M, iw.k, dtype=torch.int8, device=x.device)
+        xs = torch.empty(M, dtype=torch.float32, device=x.device)
+        int8_rows(x2, xq, xs)
+        acc, _ = quant.int_mm(xq, iw.w.t())
+        acc = acc.contiguous()
+        out = torch.empty(M, iw.n, dtype=x.dtype, device=x.device)
+        _int8_epilogue_kernel[(M, triton.cdiv(iw.n, 1024))](acc, xs, iw.scale, out, iw.n, BLOCK=1024, num_warps=4)
+    return out.reshape(*shape[:-1], iw.n)
 
 
 def reference_linear(x: torch.Tensor, iw: IntWeight) -> torch.Tensor:
