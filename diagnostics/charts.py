@@ -50,9 +50,10 @@ def figure(chart: Chart, height: int = 260, template: str | None = None, t0: dt.
             x=x, y=list(s.v), name=html.escape(f"{s.name} ({s.source})"), mode="lines",
             connectgaps=False,
             line={"color": LINE_COLOURS[i % len(LINE_COLOURS)], "dash": "dash" if dashed else "solid"}))
-    for y, label in chart.thresholds:
+    for i, (y, label) in enumerate(chart.thresholds):
+        # Alternate sides: thresholds a few percent apart (89% copy, 85% bound) would print over each other.
         fig.add_hline(y=y, line={"color": "#d62728", "dash": "dot", "width": 1},
-                      annotation_text=html.escape(label), annotation_position="top left")
+                      annotation_text=html.escape(label), annotation_position=("top left", "top right")[i % 2])
     fig.update_layout(title=html.escape(chart.title), height=height, margin={"l": 50, "r": 20, "t": 40, "b": 40},
                       legend={"orientation": "h", "y": -0.38})  # below the x axis title
     if template:
@@ -134,11 +135,12 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
                "</text>")
     out.append(f'<text transform="translate(14 {PAD_T + ph / 2:.0f}) rotate(-90)" text-anchor="middle" '
                f'fill="#555">{e(chart.y_title)}</text>')
-    for y, label in chart.thresholds:
+    for i, (y, label) in enumerate(chart.thresholds):
         if y0 <= y <= y1:
+            x, anchor = (PAD_L + 4, "start") if i % 2 == 0 else (W - PAD_R - 4, "end")  # alternate, as on the page
             out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" stroke="#d62728" '
-                       f'stroke-dasharray="2 3"/><text x="{PAD_L + 4}" y="{sy(y) - 3:.1f}" fill="#d62728">'
-                       f"{e(label)}</text>")
+                       f'stroke-dasharray="2 3"/><text x="{x}" y="{sy(y) - 3:.1f}" text-anchor="{anchor}" '
+                       f'fill="#d62728">{e(label)}</text>')
     legend_x = PAD_L
     for i, (s, p) in enumerate(zip(chart.series, pts)):
         colour = LINE_COLOURS[i % len(LINE_COLOURS)]
