@@ -71,7 +71,7 @@ def figure(chart: Chart, height: int = 260, template: str | None = None, t0: dt.
 # --- inline SVG for the HTML report ----------------------------------------------------------------------------------
 
 W, H = 760, 250
-PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 30, 58
+PAD_L, PAD_R, PAD_T, PAD_B = 78, 16, 30, 58
 
 
 def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -85,11 +85,32 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float, step: float = 1.0) -> str:
+    """A tick label with as many decimals as the tick step needs (124.25 and 124.30 stay apart)."""
     a = abs(v)
     if a >= 1e6 or (0 < a < 1e-3):
-        return f"{v:.2g}"
-    return f"{v:,.0f}" if a >= 100 or v == int(v) else f"{v:.3g}"
+        return f"{v:.3g}"
+    decimals = 0
+    while decimals < 6 and abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-6:  # 0.25 needs 2
+        decimals += 1
+    return f"{v:,.{decimals}f}"
+
+
+def _decimate(points: list[tuple[float, float]], px: float = 2.0) -> list[tuple[float, float]]:
+    """At most the lowest and highest point (in time order) per `px` of width: what the eye sees at this size, spikes
+    kept, so 8 GPUs x 180 s x 10 Hz stays a small file."""
+    out: list[tuple[float, float]] = []
+    bucket: list[tuple[float, float]] = []
+    col = None
+    for p in points + [(math.inf, 0.0)]:
+        c = math.floor(p[0] / px) if math.isfinite(p[0]) else None
+        if bucket and c != col:
+            lo, hi = min(bucket, key=lambda q: q[1]), max(bucket, key=lambda q: q[1])
+            out += sorted({bucket[0], lo, hi, bucket[-1]} if len(bucket) > 2 else set(bucket), key=bucket.index)
+            bucket = []
+        col = c
+        bucket.append(p)
+    return out
 
 
 def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
@@ -116,16 +137,18 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="100%" role="img" '
            f'aria-label="{e(chart.title)}" class="chart" font-family="system-ui,sans-serif" font-size="11">',
            f'<text x="{PAD_L}" y="16" font-size="13" font-weight="600">{e(chart.title)}</text>']
-    for v in _nice_ticks(y0, y1):
+    yticks = _nice_ticks(y0, y1)
+    ystep = yticks[1] - yticks[0] if len(yticks) > 1 else 1.0
+    for v in yticks:
         y = sy(v)
         out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{e(_fmt(v))}</text>')
+                   f'<text x="{PAD_L - 6}" y="{y + 4:.1f}" text-anchor="end" fill="#555">{e(_fmt(v, ystep))}</text>')
     xticks = _nice_ticks(x0, x1, 6)
     sub_second = len(xticks) > 1 and xticks[1] - xticks[0] < 1  # a 5 s window: milliseconds tell the ticks apart
     for t in xticks:
         x = sx(t)
         clock = (t0 + dt.timedelta(seconds=t)) if t0 is not None else None
-        label = _fmt(t) if clock is None else clock.strftime(CLOCK) + (f".{clock.microsecond // 1000:03d}"
+        label = _fmt(t, xticks[1] - xticks[0] if len(xticks) > 1 else 1.0) if clock is None else clock.strftime(CLOCK) + (f".{clock.microsecond // 1000:03d}"
                                                                        if sub_second else "")
         anchor = "end" if x > W - PAD_R - 30 else "middle"  # the last label must not run off the right edge
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T + ph}" y2="{PAD_T + ph + 4}" stroke="#999"/>'
@@ -133,7 +156,7 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
     out.append(f'<rect x="{PAD_L}" y="{PAD_T}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>')
     out.append(f'<text x="{PAD_L + pw / 2:.0f}" y="{H - 26}" text-anchor="middle" fill="#555">{e(axis_title(t0))}'
                "</text>")
-    out.append(f'<text transform="translate(14 {PAD_T + ph / 2:.0f}) rotate(-90)" text-anchor="middle" '
+    out.append(f'<text transform="translate(12 {PAD_T + ph / 2:.0f}) rotate(-90)" text-anchor="middle" '
                f'fill="#555">{e(chart.y_title)}</text>')
     for i, (y, label) in enumerate(chart.thresholds):
         if y0 <= y <= y1:
@@ -153,11 +176,12 @@ def svg(chart: Chart, t0: dt.datetime | None = None) -> str:
                     runs.append(cur)
                 cur = []
             else:
-                cur.append(f"{sx(t):.1f},{sy(v):.1f}")
+                cur.append((sx(t), sy(v)))
         if cur:
             runs.append(cur)
         for r in runs:
-            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6"{dash} points="{" ".join(r)}"/>')
+            points = " ".join(f"{x:.1f},{y:.1f}" for x, y in _decimate(r))
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6"{dash} points="{points}"/>')
         name = f"{s.name} ({s.source})"
         out.append(f'<line x1="{legend_x}" x2="{legend_x + 18}" y1="{H - 8}" y2="{H - 8}" stroke="{colour}" '
                    f'stroke-width="2"{dash}/><text x="{legend_x + 22}" y="{H - 4}" fill="#333">{e(name)}</text>')

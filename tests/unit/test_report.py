@@ -162,3 +162,28 @@ def test_run_without_plotly_writes_every_report(tmp_path):
     assert written == [".html", ".json", ".md"]
     assert "not written" not in proc.stderr
     assert "No module named" not in proc.stderr and "error:" not in proc.stderr
+
+
+def test_html_of_the_longest_window_on_eight_gpus_stays_small():
+    """180 s at 10 Hz on 8 GPUs, three such charts: the lines are thinned to what a 760 px chart can show (lowest and
+    highest reading per 2 px, spikes kept), so the report stays far under 500 kB."""
+    import dataclasses
+    import re as _re
+
+    from diagnostics.charts import svg
+
+    t = tuple(i / 10 for i in range(1800))
+    big = Chart("GPU utilization", tuple(Series(f"GPU {g}", "%", "NVML", t, tuple(float((i * 7 + g) % 100) for i in
+                                                                                  range(1800))) for g in range(8)),
+                "%", ((70.0, "idle"),), (0.0, 105.0))
+    base = hostile_result()
+    spiky = dataclasses.replace(base.findings[0], charts=(big, big, big))
+    page = report.to_html(dataclasses.replace(base, findings=(spiky, *base.findings[1:])))
+    assert len(page.encode()) < 500_000
+    one = Chart("spike", (Series("s", "%", "NVML", t, tuple(100.0 if i == 900 else 1.0 for i in range(1800))),), "%")
+    ys = [float(y) for y in _re.findall(r",([0-9.]+)", svg(one).split("<polyline")[1].split('"/>')[0])]
+    assert min(ys) < 40  # the one 100% reading out of 1800 is still drawn (the y axis grows downward)
+    labels = _re.findall(r'text-anchor="end" fill="#555">([^<]+)<', svg(Chart("mem", (Series("m", "GiB", "psutil",
+                                                                                     (0.0, 1.0), (124.25, 124.36)),),
+                                                                              "GiB")))
+    assert len(labels) == len(set(labels)) > 2  # narrow ranges keep their decimals: no "124, 124, 124"
