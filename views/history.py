@@ -9,6 +9,7 @@ import streamlit as st
 from core import store
 from core.compare.result import title_from_summary
 from core.fmt import markdown_literal, short_path
+from core.quality import history as quality_history
 from diagnostics.report import markdown_safe
 from views.common import checklist_view, compare_view, fleet_view, quality_view
 from views.common import sweep as sweep_view
@@ -51,10 +52,12 @@ c[2].caption(f"{len(runs)} run(s), newest first; {n_status['interrupted']} inter
 
 
 def title(run) -> str:
-    """The title to list: compare runs saved by older versions named every kernel; their summary gives the short
-    one."""
+    """The title to list: compare and quality runs saved by older versions named every kernel or the model; the
+    short form is rebuilt from what was saved."""
     if run.kind == "compare" and not run.title.startswith("Compare "):
         return title_from_summary(run.summary) or run.title
+    if run.kind == "quality":
+        return quality_history.short_title(run.title)
     return run.title
 
 
@@ -71,7 +74,7 @@ def duration(run) -> float | None:
 # The title gets the room: ids, kinds, statuses and times are short.
 st.dataframe([{"id": r.id, "kind": r.kind, "title": title(r), "status": r.status,
                "started": r.created_iso[:16].replace("T", " "), "took (s)": duration(r)} for r in runs],
-             hide_index=True, width="stretch", key="hist_table", column_config={
+             hide_index=True, width="stretch", key="hist_table", placeholder="–", column_config={
                  "id": st.column_config.NumberColumn(width=50), "kind": st.column_config.TextColumn(width=75),
                  "title": st.column_config.TextColumn(width="large"),
                  "status": st.column_config.TextColumn(width=80), "started": st.column_config.TextColumn(width=125),
@@ -131,10 +134,10 @@ def raw_json(run, col, opened: bool) -> None:
     text = json.dumps(run.payload, indent=1, ensure_ascii=False)
     with col.expander(f"Raw JSON of the run ({len(text) / 1024:,.1f} KiB)", expanded=opened):
         st.caption("Summary")
-        st.json(run.summary or {}, expanded=opened)
+        st.json(run.summary or {}, expanded=True)
         st.caption("Payload")
         if len(text) <= 500_000:
-            st.json(run.payload, expanded=2 if opened else False)
+            st.json(run.payload, expanded=2 if opened else 1)
         else:
             st.caption("Large payload: the first 500 KB are shown as text; export the run for all of it.")
             st.code(text[:500_000], language="json")

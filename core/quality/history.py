@@ -4,6 +4,7 @@ end. A store failure never stops a run: it becomes one warning line for the page
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,6 +19,17 @@ def title(model: str, params: dict) -> str:
     """Short enough to read whole in History's table; the model and the stride are in the run's details."""
     return (f"Quality {', '.join(params['candidates'])} vs {params['reference']} · {params['document']} · "
             f"window {params['window']:,}")
+
+
+_OLD_TITLE = re.compile(r"Quality: (?P<cands>.+) vs (?P<ref>\S+) on (?P<doc>.+) \(window (?P<window>[\d,]+), "
+                        r"stride [\d,]+\) · .*")
+
+
+def short_title(stored: str) -> str:
+    """The title to list for a stored run: older versions put the model and the stride in it, too long to read
+    whole in History's table; those are in the run's details."""
+    m = _OLD_TITLE.fullmatch(stored)
+    return (f"Quality {m['cands']} vs {m['ref']} · {m['doc']} · window {m['window']}" if m else stored)
 
 
 def slim(row: dict) -> dict:

@@ -42,6 +42,8 @@ def test_saved_runs_are_listed_reopened_compared_exported_and_deleted(app_server
     screenshot(page, "flow-history-list")
     choose(page, f"#{a} ·")
     page.get_by_test_id("stText").get_by_text(f"{EVIL} fp32 vs fp8", exact=True).wait_for()  # the title, as text
+    page.get_by_text("only its summary is shown").wait_for()  # a payload the compare view cannot rebuild
+    page.get_by_text("Raw JSON of the run").click()  # kept one click away
     page.get_by_text("mean_kld").first.wait_for()
     screenshot(page, "flow-history-reopen")
     choose(page, f"#{b} ·")
@@ -78,3 +80,64 @@ def test_a_generation_on_the_model_page_appears_in_history(app_server, page, his
     choose(page, f"#{run.id} ·")
     page.get_by_test_id("stText").get_by_text(prompt, exact=True).wait_for()
     assert not errors_on(page)
+
+
+def reopen(page, run_id: int) -> None:
+    """Make run_id the only chosen run: the chips already chosen are removed with their own buttons first."""
+    box = page.locator('[data-testid="stMultiSelect"]').first
+    for _ in range(5):
+        tags = box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
+        if not tags:
+            break
+        box.get_by_role("button", name=f"Remove {tags[0]}", exact=True).click()
+        wait_idle(page)
+    choose(page, f"#{run_id} ·")
+
+
+def test_compare_quality_and_checklist_runs_reopen_in_their_views(app_server, page, history_db, history_page,
+                                                                   monkeypatch):
+    """Real runs made with the embedded model (and a real 1 s checklist on this machine), saved into the server's
+    history through the same core calls the pages make, then reopened in the browser: charts and token diff."""
+    from core.compare.prompts import Prompt
+    from core.compare.result import Side, save_to_history
+    from core.compare.run import run as compare
+    from core.models import ModelSpec
+    from core.precision import Precision
+    from core.quality import history as quality_history
+    from core.quality import run as quality
+    from diagnostics import runner, report
+
+    monkeypatch.setenv("TRIAGE_DB", str(app_server.db))  # core's history calls write where the app reads
+    res = compare(Side(Precision.FP32), Side(Precision.BF16), [Prompt("italy", "The capital of Italy is")],
+                  max_new_tokens=4)
+    compare_id = save_to_history(res)
+    doc = "The capital of Italy is Rome. The capital of France is Paris. " * 6
+    ref, cand = quality.parse_variant("bf16"), [quality.parse_variant("fp32")]
+    params = {"reference": "bf16", "candidates": ["fp32"], "document": "capitals", "window": 32, "stride": 32}
+    spec = ModelSpec("embedded")
+    out = quality_history.run_recorded(spec.label, params, lambda keep: quality.run(
+        spec, doc, ref, cand, window=32, stride=32, document_name="capitals", use_cache=False, on_result=keep))
+    checklist = runner.run(duration_s=1.0)
+    checklist_id = history_db.save_run("checklist", report.history_title(checklist.inputs, 1.0), checklist.to_dict())
+    assert compare_id and out.run_id and out.status == "finished"
+
+    goto(page, app_server, history_page)
+    reopen(page, compare_id)
+    page.locator(".cmp-wrap .cmp-head").nth(1).wait_for()  # the side-by-side token diff
+    page.locator(".js-plotly-plot").nth(1).wait_for()  # both charts
+    assert "FP32" in page.locator(".cmp-wrap .cmp-head").first.inner_text()
+    page.get_by_text("Raw JSON of the run").wait_for()
+    assert not errors_on(page)
+    screenshot(page, "flow-history-reopen-compare")
+
+    reopen(page, out.run_id)
+    page.get_by_text("Where the candidates differ most").wait_for()
+    page.locator(".js-plotly-plot").first.wait_for()  # the KLD distribution
+    assert page.locator(".cmp-wrap").count() == 0
+    screenshot(page, "flow-history-reopen-quality")
+
+    reopen(page, checklist_id)
+    page.get_by_role("heading", name="Findings").wait_for()
+    assert page.locator('[data-testid="stMetric"]').count() >= 3  # the counts per status
+    assert not errors_on(page)
+    screenshot(page, "flow-history-reopen-checklist")

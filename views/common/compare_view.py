@@ -91,10 +91,19 @@ def show(payload: dict, key: str) -> None:
     if not res.prompts:
         return
     number = st.column_config.NumberColumn
-    st.dataframe(render.prompt_table(res), hide_index=True, width="stretch", key=f"{key}_table", column_config={
-        "top-3 match": number(format="%.2f"), "free top-1 agreement": number(format="%.2f"),
-        "same top token %": number(format="%.1f"), f"top-{res.top_k} overlap": number(format="%.3f"),
-        "mean KLD (nats)": number(format="%.3g"), "max KLD (nats)": number(format="%.3g")})
+    # Widths for a laptop: ten columns, every one readable without scrolling sideways.
+    st.dataframe(render.prompt_table(res), hide_index=True, width="stretch", key=f"{key}_table", placeholder="n/a",
+                 column_config={
+                     "prompt": st.column_config.TextColumn(width=110, pinned=True),
+                     "tokens (ref/cand)": st.column_config.TextColumn("tokens", width=65),
+                     "top-3 match": number(format="%.2f", width=80), "exact prefix": number(width=80),
+                     "free top-1 agreement": number("free top-1", format="%.2f", width=80),
+                     f"vLLM rule (top-{res.top_k})": st.column_config.TextColumn("vLLM rule", width=75),
+                     "same top token %": number("same top %", format="%.1f", width=85),
+                     f"top-{res.top_k} overlap": number(format="%.3f", width=90),
+                     "mean KLD (nats)": number("mean KLD", format="%.3g", width=85,
+                                               help="Teacher-forced, nats"),
+                     "max KLD (nats)": number("max KLD", format="%.3g", width=80, help="Teacher-forced, nats")})
     names = [p.name for p in res.prompts]
     idx = names.index(st.selectbox("Prompt", names, key=f"{key}_prompt")) if len(names) > 1 else 0
     st.html(render.side_by_side_html(res, idx))

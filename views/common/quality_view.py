@@ -12,18 +12,18 @@ NOBAR = {"displayModeBar": False}
 _num = st.column_config.NumberColumn
 # Fixed widths for the numbers, the rest of the row to the precision name: the eleven columns fit a laptop's width.
 COLUMNS = {
-    "precision": st.column_config.TextColumn(width=150, pinned=True),
-    "PPL": _num(format="%.3f", width=80, help="Perplexity over the scored positions"),
-    "KLD mean": _num(format="%.4f", width=85, help="Mean KL(reference || candidate), nats"),
-    "KLD p99": _num(format="%.3f", width=80, help="99th percentile of the per-position KLD, nats"),
-    "KLD max": _num(format="%.3f", width=80, help="Largest per-position KLD, nats"),
-    "same top %": _num(format="%.2f", width=90, help="Share of positions where both pick the same top token; the "
+    "precision": st.column_config.TextColumn(width=105, pinned=True),
+    "PPL": _num(format="%.3f", width=65, help="Perplexity over the scored positions"),
+    "KLD mean": _num(format="%.4f", width=75, help="Mean KL(reference || candidate), nats"),
+    "KLD p99": _num(format="%.3f", width=70, help="99th percentile of the per-position KLD, nats"),
+    "KLD max": _num(format="%.3f", width=70, help="Largest per-position KLD, nats"),
+    "same top %": _num(format="%.2f", width=85, help="Share of positions where both pick the same top token; the "
                                                      "95% interval is in the full table below"),
-    "RMS Δp %": _num(format="%.3f", width=85, help="Root mean square change of the correct token's probability"),
-    "weights": st.column_config.TextColumn(width=95),
-    "peak mem": st.column_config.TextColumn(width=95, help="Peak memory of the run"),
-    "prefill tok/s": _num(format="%,.0f", width=95, help="Tokens per second through the windows (prompt pass)"),
-    "decode tok/s": _num(format="%,.1f", width=95, help="Greedy decode speed after the document's start"),
+    "RMS Δp %": _num(format="%.3f", width=80, help="Root mean square change of the correct token's probability"),
+    "weights": st.column_config.TextColumn(width=85),
+    "peak mem": st.column_config.TextColumn(width=80, help="Peak memory of the run"),
+    "prefill tok/s": _num(format="%,.0f", width=85, help="Tokens per second through the windows (prompt pass)"),
+    "decode tok/s": _num(format="%,.1f", width=85, help="Greedy decode speed after the document's start"),
 }
 
 
@@ -34,7 +34,8 @@ def show(result: dict, key: str) -> None:
     if not rows:
         st.info("No precision finished in this run, so there is no table to show.")
         return
-    st.dataframe(render.compact_rows(result), hide_index=True, key=f"{key}_table", column_config=COLUMNS)
+    st.dataframe(render.compact_rows(result), hide_index=True, key=f"{key}_table", column_config=COLUMNS,
+                 placeholder="n/a")
     st.caption(markdown_literal(" · ".join(render.notes(result))))
     with st.expander("All columns and what ran: median and p99.9 KLD, 95% intervals, kernels"):
         st.dataframe(render.table_rows(result), hide_index=True, key=f"{key}_full")
