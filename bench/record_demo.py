@@ -403,6 +403,17 @@ def vllm_description() -> str:
     return f"{flavor} {version}" if flavor else "vLLM"
 
 
+def _log_changes(prefix: str):
+    """A progress callback that logs a message once, not at every tick."""
+    last = [None]
+
+    def report(fraction: float, message: str) -> None:
+        if message != last[0]:
+            last[0] = message
+            log(f"{prefix}{message}")
+    return report
+
+
 def record_sweep_from(url: str, out: Path, machine: str, captured_by: str, args) -> None:
     from core.deployment.sweep import sweep
 
@@ -411,7 +422,7 @@ def record_sweep_from(url: str, out: Path, machine: str, captured_by: str, args)
         f"SLO TTFT p99 {args.slo_ttft_p99} s, budget {args.sweep_seconds:g} s")
     res = sweep(url, "concurrency", None, prompt_tokens=args.prompt_tokens, max_new_tokens=args.new_tokens,
                 slo_ttft_p99=args.slo_ttft_p99, max_seconds=args.sweep_seconds,
-                progress=lambda f, m: log(f"  sweep {100 * f:.0f}%: {m}"))
+                progress=_log_changes("  sweep: "))
     payload = res.to_dict()  # what the deployment page saves to History for a sweep
     log(f"sweep: {payload.get('verdict', {}).get('headline')}")
     write_recording(out, "cpu-sweep", "sweep",

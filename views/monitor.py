@@ -19,12 +19,12 @@ from core.telemetry.sampler import get_sampler
 from views.common import recorded
 
 
-def draw(frame: Frame, gpu, n_gpus: int, *, bands=(), marker=None, utc=False) -> None:
+def draw(frame: Frame, gpu, n_gpus: int, *, bands=(), marker=None, elapsed=False) -> None:
     """One frame as the page shows it: all-GPU table, gauges, readings, host, trends, GPU processes. Shared by the
     live refresh and a recording's replay, so both look the same."""
     snap = frame.snapshot
     v = snap.values
-    extra = {"bands": bands, "marker": marker, "utc": utc}
+    extra = {"bands": bands, "marker": marker, "elapsed": elapsed}
 
     def metric(col, label, key, source):
         value = v.get(key)
@@ -122,9 +122,9 @@ def show_recording(rec) -> None:
         markdown_literal(seg["label"]) + (f", {seg['tokens_per_s']:,.0f} tokens/s over the phase"
                                           if seg.get("tokens_per_s") else "") if seg else "no load running"))
     segs = payload.get("segments") or []
-    bands = [(s["start"], s["end"], s["label"].split(",")[0]) for s in segs]
+    bands = [(s["start"] - first.start, s["end"] - first.start, s["label"].split(",")[0]) for s in segs]
     draw(recorded_frame(replay, None if gpu is None else gpu.index, first.end - first.start), gpu, len(rec_gpus),
-         bands=bands, marker=replay.now, utc=True)
+         bands=bands, marker=replay.now - first.start, elapsed=True)
     phases = "; ".join(f"{s['label']}: {utc_clock(s['start'])}-{utc_clock(s['end'])} UTC"
                        + (f", {s['tokens_per_s']:,.0f} tokens/s" if s.get("tokens_per_s") else "") for s in segs)
     window = payload.get("checklist_window")

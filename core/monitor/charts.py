@@ -100,33 +100,33 @@ TIME_FORMAT = "%H:%M:%S"  # 24-hour: Vega-Lite's default ticks are 12-hour witho
 
 def trend_spec(title: str, labels: Sequence[str], *, y_title: str, y_range: tuple[float, float] | None = None,
                hlines: Sequence[tuple[float, str]] = (), height: int = 260,
-               bands: Sequence[tuple[float, float, str]] = (), marker: float | None = None, utc: bool = False) -> dict:
+               bands: Sequence[tuple[float, float, str]] = (), marker: float | None = None,
+               elapsed: bool = False) -> dict:
     """Vega-Lite spec for lines over time, drawn from a frame with columns time, series, value (see trend_frame).
     The spec depends only on what is drawn, never on the data, so the browser keeps the chart between refreshes.
-    `hlines` are (y, label) threshold lines, dotted. For a recording: `bands` (start, end, label) in Unix seconds
-    shade what ran when, `marker` (Unix seconds) is the moment the gauges show, and `utc` prints times in UTC (the
-    recording's date is given in UTC) instead of the viewer's local time."""
+    `hlines` are (y, label) threshold lines, dotted. For a recording, `elapsed`: time is seconds into the recording
+    (see elapsed_frame; a clock time would be read as the viewer's own), `bands` (start, end, label) in those seconds
+    shade what ran when, and `marker` is the moment the gauges show."""
     y = {"field": "value", "type": "quantitative", "title": y_title}
     if y_range:
         y["scale"] = {"domain": list(y_range)}
     colours = [LINE_COLOURS[i % len(LINE_COLOURS)] for i in range(len(labels))]
-    zone = {"formatType": "utc"} if utc else {}
-    x = {"field": "time", "type": "temporal", "title": "UTC" if utc else None,
-         "axis": {"format": TIME_FORMAT, "labelOverlap": True, **zone}}
-    if utc:
-        x["scale"] = {"type": "utc"}
+    if elapsed:
+        x = {"field": "time", "type": "quantitative", "title": "seconds into the recording",
+             "scale": {"nice": False, "zero": False}}
+        when = {"field": "time", "type": "quantitative", "title": "s", "format": ".0f"}
+    else:
+        x = {"field": "time", "type": "temporal", "title": None, "axis": {"format": TIME_FORMAT}}
+        when = {"field": "time", "type": "temporal", "format": TIME_FORMAT}
     layers: list[dict] = []
-    if bands:
-        shaded = [{"start": 1000 * a, "end": 1000 * b, "label": label} for a, b, label in bands]
+    if bands:  # every layer's x is the line's: the layers share one axis, which takes the first layer's settings
+        shaded = [{"time": a, "end": b, "label": label} for a, b, label in bands]
         layers.append({"data": {"values": shaded}, "mark": {"type": "rect", "color": "#76b900", "opacity": 0.10},
-                       "encoding": {"x": {"field": "start", "type": "temporal", **({"scale": {"type": "utc"}}
-                                                                                   if utc else {})},
-                                    "x2": {"field": "end"}}})
+                       "encoding": {"x": x, "x2": {"field": "end"}}})
         layers.append({"data": {"values": shaded},
                        "mark": {"type": "text", "align": "left", "baseline": "top", "dx": 3, "dy": 3,
                                 "color": "gray", "fontSize": 10},
-                       "encoding": {"x": {"field": "start", "type": "temporal"}, "y": {"value": 0},
-                                    "text": {"field": "label"}}})
+                       "encoding": {"x": x, "y": {"value": 0}, "text": {"field": "label"}}})
     layers.append({
         # invalid: null breaks a line at a missing reading instead of joining across the gap.
         "mark": {"type": "line", "strokeWidth": 1.6, "invalid": None},
@@ -137,11 +137,10 @@ def trend_spec(title: str, labels: Sequence[str], *, y_title: str, y_range: tupl
                                "legend": {"orient": "top", "labelLimit": 260,
                                           "columns": min(4, max(1, len(labels)))}},
                      "tooltip": [{"field": "series", "type": "nominal"},
-                                 {"field": "value", "type": "quantitative", "format": ".1f"},
-                                 {"field": "time", "type": "temporal", "format": TIME_FORMAT, **zone}]}})
+                                 {"field": "value", "type": "quantitative", "format": ".1f"}, when]}})
     if marker is not None:
-        layers.append({"data": {"values": [{"t": 1000 * marker}]}, "mark": {"type": "rule", "color": "#e6463c"},
-                       "encoding": {"x": {"field": "t", "type": "temporal"}}})
+        layers.append({"data": {"values": [{"time": marker}]}, "mark": {"type": "rule", "color": "#e6463c"},
+                       "encoding": {"x": x}})
     if hlines:
         rules = [{"y": v, "label": label} for v, label in hlines]
         layers.append({"data": {"values": rules}, "mark": {"type": "rule", "strokeDash": [2, 3], "color": "gray"},
@@ -162,6 +161,13 @@ def trend_frame(t: Sequence[float], series: dict[str, Sequence[float | None]], s
                             "value": pd.Series(values, dtype="float64") / scale})
               for label, values in series.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["time", "series", "value"])
+
+
+def elapsed_frame(frame: pd.DataFrame, start: float) -> pd.DataFrame:
+    """A trend_frame with its time as seconds since `start` (Unix seconds), for trend_spec(elapsed=True)."""
+    out = frame.copy()
+    out["time"] = (out["time"] - pd.Timestamp(start, unit="s")).dt.total_seconds()
+    return out
 
 
 def gpu_table(rows: Sequence[dict]) -> str:

@@ -6,6 +6,7 @@ so the work grows with the refresh rate, not with the number of viewers.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -92,10 +93,14 @@ def live_frame(sampler: Sampler, gpu_index: int | None, window_s: float, all_gpu
 
 
 def recorded_frame(replay, gpu_index: int | None, window_s: float) -> Frame:
-    """The frame of a recording (core/monitor/replay.Replay) at its current moment, built exactly as a live one;
-    not cached (a replay is drawn once per rerun, for one session)."""
+    """The frame of a recording (core/monitor/replay.Replay) at its current moment, built exactly as a live one,
+    with the trends' time in seconds into the recording (charts.trend_spec(elapsed=True)); not cached (a replay is
+    drawn once per rerun, for one session)."""
     all_gpus = tuple(g.index for g in replay.source("nvml").gpus)
-    return _build(replay, gpu_index, window_s, all_gpus)[1]
+    frame = _build(replay, gpu_index, window_s, all_gpus)[1]
+    trends = {name: charts.elapsed_frame(getattr(frame, name), replay.start)
+              for name in ("util_trend", "mem_trend", "util_by_gpu", "bw_by_gpu") if getattr(frame, name) is not None}
+    return dataclasses.replace(frame, **trends)
 
 
 def gpu_rows(snap: Snapshot, gpus: list[GpuInfo]) -> list[dict]:

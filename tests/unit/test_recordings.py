@@ -71,21 +71,20 @@ def test_monitor_recording_replays_through_the_live_frame_builder():
     assert v["gpu0.util_pct"] > 50 and v["gpu0.power_w"] > 100  # under load at the default moment
     assert 'data-gauge="GPU util"' in frame.gauges_html and "N/A" not in frame.gauges_html.split("DRAM BW")[0]
     assert len(frame.util_trend) == len(first.t) * len(frame.util_labels)  # the whole recording, every line
+    assert frame.util_trend["time"].min() == 0 and frame.util_trend["time"].max() == pytest.approx(first.end - first.start)
     idle = recorded_frame(Replay(rec.payload, first.start), gpus[0].index, 60)
     assert idle.snapshot.values["gpu0.util_pct"] < 10
 
 
-def test_monitor_trend_spec_marks_phases_and_moment_in_utc():
+def test_monitor_trend_spec_marks_phases_and_moment_in_seconds_into_the_recording():
     from core.monitor.charts import TIME_FORMAT, trend_spec
 
-    spec = trend_spec("GPU utilization", ["a"], y_title="%", bands=[(10.0, 20.0, "BF16")], marker=15.0, utc=True)
-    line = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
-    assert line["encoding"]["x"]["axis"]["format"] == TIME_FORMAT == "%H:%M:%S"
-    assert line["encoding"]["x"]["scale"] == {"type": "utc"}
+    spec = trend_spec("GPU utilization", ["a"], y_title="%", bands=[(10.0, 20.0, "BF16")], marker=15.0, elapsed=True)
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rect", "text", "line", "rule"]
+    xs = [layer["encoding"]["x"] for layer in spec["layer"]]
+    assert all(x == xs[0] for x in xs) and xs[0]["type"] == "quantitative"  # one shared axis, in seconds
     live = trend_spec("Host CPU", ["a"], y_title="%")
-    assert live["layer"][0]["encoding"]["x"]["axis"]["format"] == "%H:%M:%S"  # 24-hour ticks live too
-    assert "scale" not in live["layer"][0]["encoding"]["x"]  # live: the viewer's local time
+    assert live["layer"][0]["encoding"]["x"]["axis"]["format"] == TIME_FORMAT == "%H:%M:%S"  # 24-hour ticks
 
 
 def test_checklist_recording_is_a_saved_run():

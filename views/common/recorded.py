@@ -18,11 +18,9 @@ def pick(kind: str, key: str) -> Recording | None:
     recs = available(kind)
     if not recs:
         return None
-    ss = st.session_state
-    if key not in ss and st.query_params.get("recorded") in ("1", "true", "yes"):
-        ss[key] = RECORDED
+    demo_link = st.query_params.get("recorded") in ("1", "true", "yes")
     c = st.columns([2, 5], vertical_alignment="bottom")
-    mode = c[0].segmented_control("Data", [LIVE, RECORDED], default=LIVE, key=key,
+    mode = c[0].segmented_control("Data", [LIVE, RECORDED], default=RECORDED if demo_link else LIVE, key=key,
                                   help="Recorded: a real run captured on another machine and shipped with the console "
                                        "(for a demo without a GPU or a server). Never mixed with live data.")
     if mode != RECORDED:
