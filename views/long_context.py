@@ -52,8 +52,9 @@ if engine is None:
         st.stop()
     model_label = text_model.label
 else:
-    model_label = setup.ran_label(engine)
-    st.caption(f"Model: {model_label}; {engine.max_positions or 'unknown'} positions.")
+    model_label = session.headline(setup, engine)  # History titles: the short form; the full one goes in params
+    session.show_setup(setup, engine, prefix="Model: ")
+    st.caption(f"{engine.max_positions or 'unknown'} positions.")
 
 
 def set_sample():
@@ -137,7 +138,8 @@ if engine is None:
 stopped = ui.stopped_test()
 filler, lim, n_prompt = ids or [0], max(s.limit, 256), len(ids) + s.special_tokens
 doc = {"new_tokens": new_tokens, "document_chars": s.chars, "document_tokens": s.prompt_tokens,
-       "truncation": mode if over else None, "device": engine.device.name}  # saved with each run: enough to reopen
+       "truncation": mode if over else None, "device": engine.device.name,  # saved with each run: enough to reopen
+       "setup": setup.ran_label(engine), "engine": engine.ran, "engine_short": engine.ran_short}
 tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"], key="lc_tabs")
 with tabs[0]:
     if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary", key="lc_go_single"):

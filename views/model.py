@@ -7,6 +7,7 @@ from core.fmt import fmt_bytes, fmt_s
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import measured_speedups, source_line
+from core.speedup import _results as _recorded
 from views.common import session
 
 st.title("Model")
@@ -46,7 +47,7 @@ if submitted or st.session_state.get("setup") is None:
         with st.status(f"Loading {setup.label}", expanded=True) as status:
             bar = st.progress(0.0)
             loaded = session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
-            status.update(label=f"Loaded {setup.ran_label(loaded)}", state="complete", expanded=False)
+            status.update(label=f"Loaded {session.headline(setup, loaded)}", state="complete", expanded=False)
     except Exception as exc:  # noqa: BLE001 - every load failure is shown to the user, the app keeps running
         st.error(f"Could not load: {exc}")
         prev = st.session_state.get("setup")
@@ -56,10 +57,29 @@ if submitted or st.session_state.get("setup") is None:
 setup, engine = session.current()
 if engine is None:
     st.stop()
-st.caption(f"Runs on: {engine.ran}")
+session.show_setup(setup, engine, prefix="Runs: ")
 
 st.subheader("Memory")
 memory_box = st.container()  # filled at the end of the script, so it includes a generation made on this run
+
+
+def recorded_on() -> tuple[str, str]:
+    d = _recorded()
+    return d.get("device") or "NVIDIA H200", d.get("date") or "date not recorded"
+
+
+_SPEED_COLUMNS = {"tok_s": ("tok/s", lambda v: round(v, 1)), "speedup_vs_bf16": ("x BF16", lambda v: round(v, 2)),
+                  "floor_frac": ("share of HBM floor", lambda v: f"{v:.0%}")}
+
+
+def speed_row(r: dict) -> dict:
+    """One recorded row for display: the known numbers formatted, any other column (the kernel or engine that ran)
+    passed through as it comes."""
+    out = {}
+    for k, v in r.items():
+        name, fmt = _SPEED_COLUMNS.get(k, (k, None))
+        out[name] = fmt(v) if fmt and isinstance(v, (int, float)) else v
+    return out
 
 
 def show_memory() -> None:
@@ -68,29 +88,36 @@ def show_memory() -> None:
     except TriageError as exc:  # unloaded by another session's load since this page got it
         memory_box.warning(str(exc))
         return
-    cols = memory_box.columns(4)
-    cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help="Parameters and buffers, tied weights counted once. "
-                   "On the CPU the linears are repacked for oneDNN once at load; a lm_head tied to the embedding then "
-                   "has a packed copy of its own (the rows marked oneDNN packed).")
-    cols[1].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "
+    cols = memory_box.columns(5)
+    cols[0].metric("Weights", fmt_bytes(mem.weights_bytes), help=f"What {setup.precision.label} stores: each "
+                   "parameter and buffer at its dtype's bytes, tied weights counted once (quantized linears at 8 or "
+                   "4 bits with their scales; embeddings and lm_head stay at the base dtype). A linear repacked in "
+                   "place for oneDNN counts here: same dtype, same bytes.")
+    cols[1].metric("Runtime copies", fmt_bytes(mem.runtime_bytes), help="Held beside the weights only to run faster "
+                   "on this machine (listed below): not part of what the precision stores.")
+    cols[2].metric("KV cache (last run)", fmt_bytes(mem.kv_cache_bytes), help="Bytes held by the KV cache at the "
                    "end of the last generation on this model.")
-    cols[2].metric("Peak (last run)", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
-    cols[3].metric("Device", mem.device)
-    memory_box.dataframe([{"dtype": k, "bytes": v, "size": fmt_bytes(v)}
-                          for k, v in sorted(mem.weights_by_dtype.items())], hide_index=True)
+    cols[3].metric("Peak (last run)", fmt_bytes(mem.peak_bytes), help=f"Source: {mem.peak_source}.")
+    cols[4].metric("Device", mem.device)
+    rows = [{"part": "weights", "dtype or copy": k, "bytes": v, "size": fmt_bytes(v)}
+            for k, v in sorted(mem.weights_by_dtype.items(), key=lambda kv: -kv[1])]
+    rows += [{"part": "runtime copy", "dtype or copy": k, "bytes": v, "size": fmt_bytes(v)}
+             for k, v in sorted(mem.runtime_copies.items())]
+    memory_box.dataframe(rows, hide_index=True)
 
 
+# Recorded elsewhere (core/data): collapsed and captioned with where and when, so nobody reads it as this machine's.
 speedups = measured_speedups(setup.kv_dtype.value)
 if speedups:
-    with st.expander("FP8 vs BF16 decode speed, measured on an H200", expanded=setup.precision.is_fp8):
-        mine = [r for r in speedups if r["precision"] == setup.precision.value]
+    where, when = recorded_on()
+    with st.expander(f"Decode speed by precision, recorded on an {where}: not this machine", expanded=False):
+        st.caption(f"Measured on an {where} ({when}), not on this machine ({engine.device.name}).")
+        mine = [r for r in speedups if r.get("precision") == setup.precision.value]
         if mine:
             st.markdown("This setup's precision there: " + ", ".join(
                 f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({r['tok_s']:.0f} tok/s)" for r in mine))
-        st.dataframe([{"precision": r["precision"], "batch": r["batch"], "tok/s": round(r["tok_s"], 1),
-                       "x BF16": round(r["speedup_vs_bf16"], 2), "share of HBM floor": f"{r['floor_frac']:.0%}"}
-                      for r in speedups], hide_index=True)
-        st.caption(source_line() + " Your own setup runs on " + engine.device.name + "; these are not its numbers.")
+        st.dataframe([speed_row(r) for r in speedups], hide_index=True)
+        st.caption(source_line())
 
 st.subheader("Prompt")
 with st.form("prompt"):

@@ -191,15 +191,23 @@ class Score:
 
 @dataclass
 class MemoryReport:
-    weights_by_dtype: dict[str, int]  # dtype name -> bytes
+    weights_by_dtype: dict[str, int]  # dtype name -> bytes: the weights as the precision stores them
     kv_cache_bytes: int
     peak_bytes: int | None
     peak_source: str  # how peak_bytes was measured: "CUDA allocator (max_memory_allocated)", sampled RSS, ...
     device: str
+    # Copies an engine holds beside the weights to run faster (a packed layout of a tied lm_head, float32 copies for
+    # a CPU without half GEMMs): what each is -> bytes. Apart from weights_by_dtype so that the weights compare
+    # across precisions at what each stores.
+    runtime_copies: dict[str, int] = field(default_factory=dict)
 
     @property
     def weights_bytes(self) -> int:
         return sum(self.weights_by_dtype.values())
+
+    @property
+    def runtime_bytes(self) -> int:
+        return sum(self.runtime_copies.values())
 
 
 class Engine(Protocol):

@@ -16,7 +16,8 @@ def run_page():
 def test_first_visit_loads_the_embedded_model_and_shows_memory(embedded_dir):
     at = run_page()
     labels = [m.label for m in at.metric]
-    assert "Weights" in labels and "Peak (last run)" in labels
+    assert "Weights" in labels and "Peak (last run)" in labels and "Runtime copies" in labels
+    assert any("Gemma 3 270M · BF16 · torch eager · CPU" in m.value for m in at.markdown)  # the short label
     assert "BF16" in at.session_state["setup"].label
 
 
@@ -39,12 +40,14 @@ def test_a_generation_is_saved_to_history(embedded_dir, tmp_path, monkeypatch):
     at.number_input[0].set_value(3)
     at.button[1].click().run()
     runs = Store(tmp_path / "h.sqlite").list_runs("generate")
-    assert [r.title for r in runs] == ["History: the capital of Spain is"] and runs[0].status == "finished"
+    assert [r.title for r in runs] == ["Gemma 3 270M · BF16 · torch eager · CPU: History: the capital of Spain is"]
+    assert runs[0].status == "finished"
     run = Store(tmp_path / "h.sqlite").get_run(runs[0].id)
     assert run.summary["new_tokens"] == 3 and "BF16" in run.summary["setup"]
     assert run.summary["engine"] == run.payload["engine"]  # which engine ran is saved
     assert run.payload["engine"].startswith("torch eager on CPU, matmul decode attention")
     assert "torch eager on CPU" in run.summary["setup"]
+    assert run.summary["engine_short"] == run.payload["engine_short"] == "torch eager · CPU"
     assert run.payload["text"] == at.code[0].value and len(run.payload["token_times_s"]) == 3
 
 

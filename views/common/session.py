@@ -51,12 +51,34 @@ def current():
     return setup, engine if engine is not None else load(setup)
 
 
+def headline(setup: Setup, engine) -> str:
+    """The loaded setup in a few words: "Gemma 3 270M · FP8 W8A8 · torch eager · CPU"."""
+    return f"{setup.model_short} · {setup.short_label(engine)}"
+
+
+def details(setup: Setup, engine) -> str:
+    """Everything the headline leaves out, for a popover or a tooltip: the model's source, the full precision and
+    what really executes (kernels, packed layouts, fused ops)."""
+    return (f"**Model:** {setup.spec.label}  \n**Precision:** {setup.precision.label}; KV cache "
+            f"{setup.kv_dtype.label}  \n**What ran:** {engine.ran}")
+
+
+def show_setup(setup: Setup, engine, prefix: str = "") -> None:
+    """The headline with the full "what ran" one click away."""
+    text, more = st.columns([6, 1], vertical_alignment="center")
+    text.markdown(f"{prefix}**{headline(setup, engine)}**")
+    with more.popover("What ran", icon=":material/info:"):
+        st.markdown(details(setup, engine))
+
+
 def sidebar_status(box) -> None:
-    """The loaded model's line in the sidebar placeholder `box`."""
+    """The loaded model's line in the sidebar placeholder `box`; the full label is its tooltip."""
     setup = st.session_state.get("setup")
     engine = _pool().get(setup) if setup else None
-    label = setup.ran_label(engine) if engine is not None else setup.label if setup else None
-    box.caption(f"Loaded: {label}" if label else "No model loaded yet: open the Model page.")
+    if engine is not None:
+        box.caption(f"Loaded: {headline(setup, engine)}", help=details(setup, engine))
+    else:
+        box.caption(f"Loaded: {setup.label}" if setup else "No model loaded yet: open the Model page.")
 
 
 @st.cache_resource(show_spinner=False)
@@ -112,10 +134,13 @@ def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, te
     from core import store
 
     timing = gen.timing_summary()
-    payload = {"setup": setup.ran_label(engine), "engine": engine.ran, "prompt": prompt,
+    payload = {"setup": setup.ran_label(engine), "setup_short": headline(setup, engine), "engine": engine.ran,
+               "engine_short": engine.ran_short, "prompt": prompt,
                "max_new_tokens": max_new_tokens, "temperature": temperature,
                "text": gen.text, "finish_reason": gen.finish_reason, "token_ids": gen.token_ids,
                "token_times_s": gen.token_times, "timing": timing}
-    summary = {"setup": setup.ran_label(engine), "engine": engine.ran, "precision": setup.precision.value,
+    summary = {"setup": setup.ran_label(engine), "setup_short": headline(setup, engine), "engine": engine.ran,
+               "engine_short": engine.ran_short, "precision": setup.precision.value,
                "kv_dtype": setup.kv_dtype.value, **timing}
-    return store.record("generate", prompt, payload, summary)
+    # the title leads with the short setup, so History's list tells runs of one prompt at two precisions apart
+    return store.record("generate", f"{headline(setup, engine)}: {prompt}", payload, summary)

@@ -30,6 +30,10 @@ class PackedLinear(nn.Linear):
     """nn.Linear with its weight reordered once into oneDNN's blocked layout. It stays an nn.Linear for code that
     inspects linears (the layer analysis of core/engines/torch/quant.py); `weight` unpacks a dense copy on each read."""
 
+    # True when the packed weight is a second copy beside a plain one that stays (a lm_head tied to the embedding):
+    # memory reports list it as a runtime copy, not as weights (set by pack_linears, which knows what is tied).
+    extra_copy = False
+
     def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate a weight only to drop it
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -57,6 +61,8 @@ class Float32PackedLinear(PackedLinear):
     memory, and reads the half weight, half the bytes. Costs the float32 copy's memory. On an AVX2-only AMD EPYC
     torch's bf16 GEMM ran [128 x 640] x [640 x 2048] in 20.6 ms against 3.0 ms in float32 (docs/PERFORMANCE.md, "BF16
     on a CPU without bf16 GEMMs")."""
+
+    extra_copy = True  # the float32 packed copy sits beside the half weight it was made from
 
     def __init__(self, linear: nn.Linear):
         super().__init__(linear, torch.float32)
@@ -106,10 +112,52 @@ def pack_linears(model: nn.Module, spare_bytes: int) -> tuple[int, int]:
             if 2 * extra > spare_bytes:
                 continue
             spare_bytes -= extra
-            setattr(parent, name, Float32PackedLinear(child) if as_float32 else PackedLinear(child))
+            packed = Float32PackedLinear(child) if as_float32 else PackedLinear(child)
+            packed.extra_copy = extra > 0
+            setattr(parent, name, packed)
             count += 1
             as_float32_count += as_float32
     return count, as_float32_count
+
+
+def runtime_copies(model: nn.Module) -> dict[int, str]:
+    """The tensors the fast path added beside the weights the precision stores, by id, each with what it is: packed
+    copies of a tied lm_head, float32 packed copies of half-precision linears. A packed weight that replaced its plain
+    one is the weight itself in another layout (same dtype, same bytes) and is not listed."""
+    out = {}
+    for m in model.modules():
+        if isinstance(m, PackedLinear) and m.extra_copy:
+            what = ("float32 copies of half-precision linears, packed for oneDNN (this CPU has no half GEMM)"
+                    if isinstance(m, Float32PackedLinear)
+                    else f"oneDNN-packed copy of the lm_head tied to the embedding ({dtype_name(m.packed_weight)})")
+            out[id(m.packed_weight)] = what
+    return out
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def drop_copies(model: nn.Module) -> int:
+    """Undo the packing that costs extra memory (runtime_copies): each such layer goes back to a plain nn.Linear over
+    the weight it was made from. Returns the bytes freed. The output stays the same numbers (the reference path's),
+    only slower for the layers concerned."""
+    embedding = model.get_input_embeddings()
+    tied = embedding.weight if embedding is not None else None
+    freed = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not (isinstance(child, PackedLinear) and child.extra_copy):
+                continue
+            weight = child.half_weight if isinstance(child, Float32PackedLinear) else tied
+            if weight is None or tuple(weight.shape) != (child.out_features, child.in_features):
+                continue
+            plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+            plain.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+            plain.bias = child.half_bias if isinstance(child, Float32PackedLinear) else child.bias
+            freed += child.packed_weight.numel() * child.packed_weight.element_size()
+            setattr(parent, name, plain)
+    return freed
 
 
 class GemmaRMSNorm(nn.Module):

@@ -547,24 +547,30 @@ class TorchEngine(HFSide):
         self.last_run_peak_bytes = peak.bytes
 
     def memory_report(self) -> MemoryReport:
+        """Weights as the precision stores them, by dtype (a linear packed for oneDNN in place of its plain weight
+        counts there: same dtype, same bytes); the fast path's extra copies apart (cpu_fast.runtime_copies)."""
         self._ensure_loaded()
         by_dtype: dict[str, int] = defaultdict(int)
+        runtime: dict[str, int] = defaultdict(int)
+        copies = cpu_fast.runtime_copies(self.model)
         seen: set[int] = set()
         for t in list(self.model.parameters()) + list(self.model.buffers()):
             key = id(t) if t.is_mkldnn else t.data_ptr()  # oneDNN-packed weights have no storage pointer
             if key in seen:
                 continue  # tied embeddings / lm_head count once
             seen.add(key)
-            # packed apart: a tied lm_head's packed copy is memory the plain model does not hold
-            name = str(t.dtype).replace("torch.", "") + (" (oneDNN packed)" if t.is_mkldnn else "")
-            by_dtype[name] += t.numel() * t.element_size()
+            size = t.numel() * t.element_size()
+            if id(t) in copies:
+                runtime[copies[id(t)]] += size
+            else:
+                by_dtype[cpu_fast.dtype_name(t)] += size
         if self.device.kind == "cuda":
             peak, source = torch.cuda.max_memory_allocated(), "CUDA allocator (torch.cuda.max_memory_allocated)"
         elif self.last_run_peak_bytes is None:
             peak, source = None, "no generation on this model yet"
         else:
             peak, source = self.last_run_peak_bytes, run_peak.SOURCE
-        return MemoryReport(dict(by_dtype), self.last_kv_bytes, peak, source, self.device.name)
+        return MemoryReport(dict(by_dtype), self.last_kv_bytes, peak, source, self.device.name, dict(runtime))
 
     def _ensure_loaded(self) -> None:
         # The pool unloads under self.lock, so a check made holding the lock stays true for the whole call.
