@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from core.engines.base import GenerationParams
+    from core.engines.base import GenerationParams, precision_short, short_label
     from core.engines.factory import EngineChoice, open_engine
     from core.precision import parse_kv_dtype, parse_precision
 
@@ -44,7 +44,9 @@ def run(args) -> int:
     gen = engine.generate([args.prompt], params, on_step=on_step if stream else None)[0]
     if args.json:
         out = {"model": engine.spec.label, "precision": engine.precision.value, "kv_dtype": engine.kv_dtype.value,
-               "device": engine.device.name, "engine": engine.ran, **gen.to_dict(),
+               "device": engine.device.name, "engine": engine.ran, "engine_short": engine.ran_short,
+               "label": short_label(precision_short(engine.precision, engine.kv_dtype), engine.ran_short),
+               **gen.to_dict(),
                "token_texts": engine.token_texts(gen.token_ids)}
         print(json.dumps(out))
     else:
@@ -52,7 +54,8 @@ def run(args) -> int:
             print(gen.text, end="")
         t = gen.timing_summary()
         tok_s = f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "n/a"
-        print(f"\n[{engine.precision.label} on {engine.ran}, {t['new_tokens']} tokens, "
+        print(f"\n[{short_label(precision_short(engine.precision, engine.kv_dtype), engine.ran_short)}, "
+              f"{t['new_tokens']} tokens, "
               f"TTFT {t['ttft_s'] * 1000:.0f} ms, "
               f"decode {tok_s}]", file=sys.stderr)
     return 0
