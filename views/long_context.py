@@ -118,13 +118,15 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     block = k[2].number_input("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, help="vLLM --block-size")
     run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
     tokens = k[3].number_input("Tokens", 1, 10**7, run_tokens, key=f"lc_kv_{run_tokens}")
-    gpu = k[4].number_input("GPU memory (GiB)", 1.0, 1024.0, 80.0)
+    cap_bytes, cap_what = kv.default_capacity(session.device())  # the device present, not an assumed GPU
+    gpu = k[4].number_input(f"Memory (GiB): {cap_what}", 0.1, 4096.0, round(cap_bytes / GIB, 1) or 80.0,
+                            help=f"Default: this machine's {cap_what}. Set another size to size a different device.")
     est = round((kv.estimate_weight_bytes(config) or 0) / GIB, 2)
     weights = k[5].number_input("Weights (GiB)", 0.0, 2048.0, est, key=f"lc_w_{src}",
                                 help="Default: estimated from the config at 2 bytes per parameter")
     try:
         r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * GIB, weights * GIB,
-                      gpu_memory_utilization=0.9)  # vLLM's default
+                      gpu_memory_utilization=0.9, memory_kind=cap_what)  # vLLM's default
     except kv.KVConfigError as exc:
         st.error(str(exc))
     else:

@@ -169,6 +169,7 @@ class KVReport:
     budget_bytes: float | None = None
     max_tokens: int | None = None  # None: unbounded, or no GPU given (see budget_bytes)
     note: str = ""
+    memory_kind: str = "GPU memory"  # what gpu_mem_bytes is: "GPU memory (NVIDIA H200)", "host memory"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +177,7 @@ class KVReport:
 
 def report(shape: KVShape, kv_dtype: str, tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
            gpu_mem_bytes: float | None = None, weights_bytes: float | None = None,
-           gpu_memory_utilization: float = 1.0) -> KVReport:
+           gpu_memory_utilization: float = 1.0, memory_kind: str = "GPU memory") -> KVReport:
     """Everything the calculator shows. With a GPU size and the weights, also the budget left for the cache
     (gpu_mem x utilization - weights, as vLLM's --gpu-memory-utilization; activations are not modelled) and the
     longest sequence that fits in it."""
@@ -191,7 +192,7 @@ def report(shape: KVShape, kv_dtype: str, tokens: int, block_size: int = DEFAULT
         bytes_per_token_beyond_window=per * shape.full_layers,
         total_bytes=kv_bytes(shape, kv_dtype, tokens), blocks=n_blocks, block_bytes=per * shape.layers * block_size,
         allocated_bytes=kv_bytes(shape, kv_dtype, n_blocks * block_size),
-        note=FP8_SCALES_NOTE if kv_dtype == "fp8" else "",
+        note=FP8_SCALES_NOTE if kv_dtype == "fp8" else "", memory_kind=memory_kind,
     )
     if gpu_mem_bytes is not None:
         r.gpu_mem_bytes, r.weights_bytes = gpu_mem_bytes, weights_bytes or 0.0
@@ -202,6 +203,15 @@ def report(shape: KVShape, kv_dtype: str, tokens: int, block_size: int = DEFAULT
         r.note = (r.note + " " if r.note else "") + (
             f"{tokens} tokens is beyond the model's {shape.max_positions} positions.")
     return r
+
+
+def default_capacity(device) -> tuple[int, str]:
+    """The memory the calculator starts from: the device actually present (a core.precision.Device, as
+    core.engines.torch.engine.current_device gives it), and what it is. A CPU host's KV cache lives in host memory,
+    so it is the host's total there, not an assumed GPU."""
+    if device.kind == "cuda":
+        return int(device.total_bytes or 0), f"GPU memory ({device.name})"
+    return int(device.total_bytes or 0), "host memory"
 
 
 def estimate_weight_bytes(config, bytes_per_param: float = 2.0) -> int | None:
@@ -228,8 +238,9 @@ def headline(r: KVReport) -> list[tuple[str, str, str]]:
     fits = ("nothing" if r.budget_bytes is not None and r.budget_bytes <= 0 else "any length"
             if r.max_tokens is None else f"{r.max_tokens:,}" if r.max_tokens < 10**6
             else f"{r.max_tokens / 10**6:,.1f}M")  # a metric cuts long values short
-    exact = f"{r.max_tokens:,} tokens fit on this GPU. " if r.max_tokens else ""
-    budget = (f"{exact}GPU x {r.gpu_memory_utilization:g} (vLLM --gpu-memory-utilization) - weights = "
+    exact = f"{r.max_tokens:,} tokens fit in {r.memory_kind}. " if r.max_tokens else ""
+    budget = (f"{exact}{r.memory_kind[0].upper()}{r.memory_kind[1:]} x {r.gpu_memory_utilization:g} (as vLLM's "
+              "--gpu-memory-utilization) - weights = "
               f"{fmt_cache_bytes(r.budget_bytes)} for the cache, shared by concurrent sequences; one sequence still stops "
               "at the model's maximum positions. Activations and CUDA graphs are not counted.")
     return [("Per token", fmt_cache_bytes(r.bytes_per_token), beyond),
