@@ -31,7 +31,7 @@ def test_monitor_and_deployment_replay_recordings(app_server, page):
     page.get_by_role("link", name="vLLM deployment").click()
     page.get_by_role("heading", name="vLLM deployment").wait_for()
     wait_idle(page)
-    page.locator('[data-testid="stButtonGroup"]').get_by_role("button", name="Recorded").click()
+    page.get_by_role("radiogroup", name="Data").get_by_role("radio", name="Recorded").click()
     page.get_by_text("Recorded on", exact=False).first.wait_for()
     wait_idle(page)
     assert sweep.machine.split(",")[0] in page.get_by_text("Recorded on", exact=False).first.inner_text()
