@@ -73,7 +73,8 @@ if submitted:
         started = time.time()
         # The progress sits above the form, where the eye is when Compare is pressed: a run of minutes under load
         # must not look frozen.
-        with top.status(f"Comparing {len(prompts)} prompts…", expanded=True) as status:
+        n = len(prompts)
+        with top.status(f"Comparing {n} prompt{'s' * (n != 1)}…", expanded=True) as status:
             bar = st.progress(0.0)
             step = lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m)  # noqa: E731
             result = run(ref, cand, prompts, max_new_tokens=int(max_new), top_k=int(top_k), progress=step,
@@ -85,10 +86,13 @@ if submitted:
             # Replaced together, so a failed run leaves the previous result and its history note as they were.
             ss.cmp_result, ss.cmp_payload = result, history_payload(result, floor)
             ss.cmp_saved = save_to_history(result, floor, started_at=started) or False
-            head = result.summary.status.capitalize()
-            status.update(label=f"Compared in {time.time() - started:.1f} s: {head}. The result is below the form.",
+            sm = result.summary
+            head = sm.status.capitalize() + (
+                "" if sm.same_top is None else f": same top token {100 * sm.same_top:.1f} %"
+                + ("" if sm.mean_kld is None else f", mean KLD {sm.mean_kld:.3g} nats"))
+            status.update(label=f"Compared in {time.time() - started:.1f} s. {head}. The full result is below the form.",
                           state="complete", expanded=False)
-        st.toast(f"Comparison done: {head}. The verdict and the charts are below the form.", icon=":material/check_circle:")
+        st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
     except TriageError as exc:
         top.error(f"The comparison did not run: {markdown_literal(exc)}")
 

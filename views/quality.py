@@ -75,7 +75,8 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
     ss.q_result, ss.q_running, ss.q_warning = None, True, None
     bar, cancel = top.progress(0.0, "Starting"), top.empty()
     cancel.button("Cancel", key="q_cancel")
-    top.caption("The table appears below when the run ends.")
+    note = top.empty()
+    note.caption("The table appears below when the run ends.")
     progress = throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m), is_last=lambda f, m: f >= 1.0)
     try:
         textfile.check_text(text)
@@ -92,6 +93,7 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
         out = history.Outcome("failed", None, str(exc), None, None)
     bar.empty()
     cancel.empty()
+    note.empty()
     ss.q_running = None
     if out.message:
         (top.warning if out.status == "cancelled" else top.error)(out.message)

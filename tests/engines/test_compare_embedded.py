@@ -121,6 +121,9 @@ def test_cli_compare_json_fp8_kv_cache(tmp_path):
     # What ran, not only what was asked: the eager torch engine on this CPU (the CUDA-graph path says so instead).
     assert d["reference"]["ran"].startswith("torch eager on CPU, ") and "oneDNN-packed linears" in d["reference"]["ran"]
     assert "torch eager on CPU" in d["candidate"]["label"]
+    # ...and in a few words for headlines, beside the full one
+    assert d["candidate"]["ran_short"] == "torch eager · CPU"
+    assert d["candidate"]["short_label"] == "FP32 + FP8 KV · torch eager · CPU"
     assert d["top_k"] == 5 and len(d["prompts"]) == 1
     s = d["summary"]
     assert s["kl_source"] == "full" and s["mean_kld"] >= 0.0 and s["same_top"] >= 0.8
@@ -131,7 +134,9 @@ def test_cli_compare_json_fp8_kv_cache(tmp_path):
     runs = store.list_runs()
     assert [r.kind for r in runs] == ["compare"]
     hs = runs[0].summary
-    assert "torch eager on CPU" in hs["candidate"] and "torch eager on CPU" in runs[0].title
+    assert "torch eager on CPU" in hs["candidate"] and hs["candidate_short"] == "FP32 + FP8 KV · torch eager · CPU"
+    assert runs[0].title == "Compare FP32 vs FP32 + FP8 KV · torch eager · CPU · 1 prompt"  # reads whole in History
+    assert runs[0].duration_s is not None and runs[0].duration_s > 0  # saved with its start
     assert hs["candidate_kv_dtype"] == "fp8" and hs["mean_kld_nats"] == s["mean_kld"] and hs["top_k"] == 5
     assert store.get_run(runs[0].id).payload["prompts"][0]["ref_ids"] == d["prompts"][0]["ref_ids"]
     store.close()
