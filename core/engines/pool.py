@@ -14,6 +14,18 @@ from core.models import ModelSpec
 from core.precision import KVDtype, Precision
 
 KEEP = 3  # reference + candidate for a comparison, plus one more
+# ...and at most this many bytes of weights and runtime copies in all (the newest engine always stays): the default
+# compare (FP32 + FP8) with the Model page's BF16 held 5.1 GiB RSS on a 24 GiB machine (bench/app_memory.py).
+KEEP_BYTES = 3 * 1024 ** 3
+
+
+def held_bytes(engine) -> int:
+    """Weights plus runtime copies of a loaded engine; 0 where it cannot say (a server's memory is not ours)."""
+    try:
+        mem = engine.memory_report()
+    except Exception:  # noqa: BLE001 - an unloaded or remote engine: nothing of ours to count
+        return 0
+    return mem.weights_bytes + getattr(mem, "runtime_bytes", 0)
 
 
 @dataclass(frozen=True)
@@ -51,8 +63,8 @@ DEFAULT_SETUP = Setup(ModelSpec("embedded"), Precision.BF16)
 
 
 class EnginePool:
-    def __init__(self, keep: int = KEEP):
-        self.keep = keep
+    def __init__(self, keep: int = KEEP, keep_bytes: int = KEEP_BYTES):
+        self.keep, self.keep_bytes = keep, keep_bytes
         self._engines: OrderedDict[Setup, object] = OrderedDict()  # oldest first
         self._lock = threading.Lock()
 
@@ -71,12 +83,13 @@ class EnginePool:
         return engine
 
     def _evict_beyond_keep(self, newest: Setup) -> None:
-        """Unload the least recently used engines until KEEP remain, each under its own lock. An engine that is
-        generating right now (lock held) is skipped, not pulled from under its session; it goes at a later load,
-        once idle, so the pool can hold more than KEEP for a while. A session that reaches an unloaded engine gets
+        """Unload the least recently used engines until KEEP remain, holding at most KEEP_BYTES (the two most
+        recently used always stay: a comparison's pair), each under its own lock. An engine generating now (lock
+        held) is skipped, not pulled from under its session; it goes at a later load, once idle, so the pool can hold more than KEEP for a while. A session that reaches an unloaded engine gets
         EngineUnloaded from it."""
-        for old in list(self._engines):
-            if len(self._engines) <= self.keep:
+        sizes = {s: held_bytes(e) for s, e in self._engines.items()}
+        for old in list(self._engines)[:-min(2, self.keep)]:
+            if len(self._engines) <= self.keep and sum(sizes.values()) <= self.keep_bytes:
                 break
             if old == newest:
                 continue
@@ -86,6 +99,7 @@ class EnginePool:
                 continue
             try:
                 del self._engines[old]
+                sizes.pop(old, None)
                 engine.unload()
             finally:
                 if lock is not None:

@@ -581,3 +581,8 @@ class TorchEngine(HFSide):
         self.model = None
         if self.device.kind == "cuda":
             torch.cuda.empty_cache()
+        else:  # glibc keeps freed weights mapped in its arenas: hand them back so the process's RSS falls
+            import gc
+
+            gc.collect()
+            run_peak.trim_heap()
