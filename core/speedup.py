@@ -23,10 +23,14 @@ def _results() -> dict:
 
 
 def measured_speedups(kv_dtype: str = "auto", prompt: int = 512) -> list[dict]:
-    """Rows of {precision, batch, tok_s, speedup_vs_bf16, floor_frac} for one KV dtype and prompt length."""
-    rows = _results().get("rows", [])
+    """Rows of {precision, batch, tok_s, speedup_vs_bf16, floor_frac, engine, kernel} for one KV dtype and prompt
+    length: engine and kernel say what ran (every row is the fast CUDA-graph path; kernel names the linears)."""
+    d = _results()
+    rows = d.get("rows", [])
+    kernels = d.get("kernels", {})
     return [
-        {k: r[k] for k in ("precision", "batch", "tok_s", "speedup_vs_bf16", "floor_frac")}
+        {**{k: r[k] for k in ("precision", "batch", "tok_s", "speedup_vs_bf16", "floor_frac")},
+         "engine": "torch fast path (CUDA graphs)", "kernel": kernels.get(r["precision"], "")}
         for r in rows
         if r.get("status") == "ok" and r["kv"] == kv_dtype and r["prompt"] == prompt
     ]

@@ -31,7 +31,7 @@ from core.engines.fast.kernels.linears import _EAGER_SCRATCH, _SPLIT_SCRATCH, bl
 MODE_INT4, MODE_INT4_AWQ, MODE_INT8_WO, MODE_INT8 = 3, 4, 5, 6
 INT_MODES = {"int4": MODE_INT4, "int4-awq": MODE_INT4_AWQ, "int8-wo": MODE_INT8_WO, "int8": MODE_INT8}
 GROUP = 128  # core.engines.torch.quant.GROUP: one INT4 tile along K
-ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: (v + M) - M rounds |v| < 2^22 to the nearest integer, ties to even
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (v + M) - M rounds |v| < 2^22 to the nearest integer, ties to even
 
 
 # Triton's CPU interpreter truncates float32 -> bf16 casts (its "rtne" rounds ties up): there the kernels round
