@@ -113,7 +113,7 @@ def test_fp8_static_clips_beyond_the_calibrated_range():
     assert not torch.allclose(small, big)
 
 
-def test_integer_precisions_are_refused_by_vllm_and_the_fast_path():
+def test_integer_precisions_are_refused_by_vllm_and_weight_only_ones_take_the_fast_path():
     from core.engines.fast.support import fast_decode_unavailable_reasons
 
     for p in (Precision.INT8, Precision.INT8_WEIGHT_ONLY, Precision.INT4, Precision.INT4_AWQ):
@@ -122,7 +122,11 @@ def test_integer_precisions_are_refused_by_vllm_and_the_fast_path():
             assert "torch engine" in reason and p.label in reason
         assert unsupported_reasons(p, KVDtype.AUTO, Device(), engine="torch") == []
         h200 = Device("cuda", "H200", (9, 0))
-        assert any("eager torch engine" in r for r in fast_decode_unavailable_reasons(h200, p, KVDtype.AUTO))
+        reasons = fast_decode_unavailable_reasons(h200, p, KVDtype.AUTO)
+        if p is Precision.INT8:  # W8A8's GPU kernels are not routed yet (core/engines/fast/support.py)
+            assert any("eager torch engine" in r for r in reasons)
+        else:
+            assert reasons == []
     # which int8 product ran depends on the CPU or GPU: the layers record it (quant.kernels), not the label
     assert Precision.INT8.label == "INT8 W8A8"
 

@@ -194,9 +194,9 @@ def test_reviewed_renderer_escapes_hostile_tokens_end_to_end():
 
 
 def test_the_sink_detector_finds_what_it_should():
-    """The scanner itself: the compare page's sink is found, and unescaped snippets are caught."""
+    """The scanner itself: the compare view's sink is found, and unescaped snippets are caught."""
     found = [f"{p}:{c.lineno}" for p, t in parsed() for c in html_sinks(p, t)]
-    assert any(f.startswith("views/compare.py:") for f in found), found
+    assert any(f.startswith("views/common/compare_view.py:") for f in found), found
     snippet = ast.parse('st.markdown(f"<b>{token}</b>", unsafe_allow_html=True)\ncol.html(text)\n'
                         'st.markdown("**ok**")\nst.markdown(x, unsafe_allow_html=False)\n')
     assert [c.lineno for c in html_sinks("views/x.py", snippet)] == [1, 2]
