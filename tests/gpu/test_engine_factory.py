@@ -132,14 +132,18 @@ def test_the_engine_door_gives_the_fast_engine_and_its_scores_agree():
         engine.unload()
 
 
-@pytest.mark.parametrize("precision", [Precision.INT4, Precision.INT8])
+@pytest.mark.parametrize("precision", [Precision.INT4, Precision.INT8_WEIGHT_ONLY, Precision.INT8])
 def test_integer_precisions_get_the_fast_engine(precision):
-    """On a GPU the door gives integer precisions the fast path: its integer kernels, named in `ran`, the weights
-    stored as the torch engine stores them."""
+    """On a GPU the door gives the weight-only integer precisions the fast path: its integer kernels, named in `ran`,
+    the weights stored as the torch engine stores them. INT8 W8A8 is not routed yet (core/engines/fast/support.py):
+    it gets the eager engine, labelled as not representative."""
     engine = build_engine(ModelSpec("synthetic", "llama-3-8b"), precision, KVDtype.AUTO)
     try:
+        if precision is Precision.INT8:
+            assert engine.name != "torch-fast" and "eager GPU integer runs are not representative" in engine.ran
+            return
         assert engine.name == "torch-fast" and engine.ran.startswith("torch fast path (CUDA graphs")
-        assert ("INT4 g128 linears in Triton" if precision.is_int4 else "INT8 W8A8 linears in Triton") in engine.ran
+        assert ("INT4 g128 linears in Triton" if precision.is_int4 else "INT8 weight-only linears in Triton") in engine.ran
         g = engine.generate(["hello"], GenerationParams(max_new_tokens=8, stop_at_eos=False))[0]
         assert len(g.token_ids) == 8 and g.decode_tok_s
         print(f"{precision.value}: decode {g.decode_tok_s:.1f} tok/s, TTFT {g.ttft_s * 1000:.1f} ms; {engine.ran}")
