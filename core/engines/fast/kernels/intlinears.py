@@ -79,7 +79,7 @@ def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
 def _div_rn(a, b, r):
     """a / b correctly rounded, given r = 1 / b correctly rounded: one Markstein correction of a * r (exact for
     normal operands; `/` in Triton is an approximate division, and div_rn's full sequence costs ~10 operations a
-    weight). Checked against torch's division bit for bit in tests/gpu/test_int_kernels.py. Interpreted: the
+    weight). Checked against torch's division bit for bit in tests/gpu/test_int_kernels_gpu.py. Interpreted: the
     interpreter's fma rounds twice, so its true division stands in."""
     if _INTERPRETED:
         return tl.math.div_rn(a, b + 0.0 * r)

@@ -1,7 +1,7 @@
 """The fast engine's integer linears (core/engines/fast/kernels/intlinears.py) on the GPU, against the torch engine's
 integer layers (core/engines/torch/quant.py), which stay the reference.
 
-    PYTHONUNBUFFERED=1 python3 -m pytest -q tests/gpu/test_int_kernels.py -s
+    PYTHONUNBUFFERED=1 python3 -m pytest -q tests/gpu/test_int_kernels_gpu.py -s
 
 Kernels at Llama-3-8B's shapes and the batch sizes the decode graph runs (1, 8, 64): the weights the kernels build in
 registers are the reference's bf16 weights bit for bit (one-hot rows read them back), the prompt pass's dequantized
