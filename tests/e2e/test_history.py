@@ -72,7 +72,7 @@ def test_a_generation_on_the_model_page_appears_in_history(app_server, page, his
     goto(page, app_server, "")
     page.get_by_role("heading", name="Prompt").wait_for(timeout=300_000)
     generate(page, prompt, new_tokens=2)
-    runs = [r for r in history_db.list_runs("generate") if r.title == prompt]
+    runs = [r for r in history_db.list_runs("generate") if r.title.endswith(": " + prompt)]  # short setup first
     assert len(runs) == 1 and runs[0].status == "finished"
     run = history_db.get_run(runs[0].id)
     assert run.payload["prompt"] == prompt and run.summary["new_tokens"] == 2

@@ -39,7 +39,7 @@ def raw_sums(base_url: str) -> dict[str, tuple[float, float]]:
 @pytest.fixture(scope="module")
 def auto_sweep(queued_server):
     return sweep(queued_server.base_url, "concurrency", None, prompt_tokens=64, max_new_tokens=NEW_TOKENS,
-                 slo_ttft_p99=30.0, max_seconds=120)
+                 slo_ttft_p99=30.0, max_seconds=600)  # ends at the knee: a slow machine's budget
 
 
 def test_the_sweep_finds_the_knee_and_names_queueing(auto_sweep):
@@ -82,7 +82,7 @@ def test_cli_sweep_json_and_history(queued_server, tmp_path):
     db = tmp_path / "history.sqlite"
     out = subprocess.run([sys.executable, "-m", "diagnostics", "sweep", "--url", queued_server.base_url, "--steps",
                           "1,3", "--prompt-tokens", "32", "--max-new-tokens", "8", "--slo-ttft-p99", "0.001",
-                          "--max-seconds", "60", "--json"], capture_output=True, text=True, cwd=REPO, timeout=180,
+                          "--max-seconds", "300", "--json"], capture_output=True, text=True, cwd=REPO, timeout=600,
                          env={**__import__("os").environ, "TRIAGE_DB": str(db)})
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)

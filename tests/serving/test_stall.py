@@ -23,8 +23,9 @@ import requests
 from core.deployment.liveness import IDLE, SERVING, STALLED, Tracker
 from core.deployment.observe import Observer
 from core.engines.vllm_engine import VllmEngine, group_members
-from core.precision import KVDtype, Precision
+from core.precision import KVDtype
 from core.telemetry.vllm_metrics import scrape
+from tests.serving.conftest import SERVER_PRECISION
 
 pytestmark = pytest.mark.vllm
 
@@ -32,17 +33,50 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = float(os.environ.get("TRIAGE_VLLM_START_TIMEOUT", "420"))
 SOAK_S = float(os.environ.get("TRIAGE_LIVENESS_SOAK_S", "60"))
 DETECT_S = 30.0  # the issue's bound: a stall is named within 30 s of its start
-LONG_PROMPT = 3000  # tokens: six 512-token prefill chunks, so prefill is in progress at most scrapes
+# The long-prompt soak needs a prefill in several engine steps, each well inside the tolerances (Tracker's 15 s, the
+# fleet's 20 s window), and a whole request inside the soak. Machines differ: 512 prompt tokens took one step of 0.8 s
+# on a 2-core AVX-512 EPYC and far longer on a slower, busier CI machine. So the server is sized to the machine: the
+# prefill chunk shrinks until a step takes about STEP_TARGET_S, and the long prompt spans as many chunks (2 to 6) as
+# fit in PREFILL_TARGET_S.
+STEP_TARGET_S, PREFILL_TARGET_S = 1.5, 8.0
+
+
+def _start(chunk: int) -> VllmEngine:
+    from core.models import embedded_model_dir
+
+    # Chunked prefill, as on a GPU server: a long prompt takes several engine steps.
+    engine = VllmEngine(embedded_model_dir(), SERVER_PRECISION, KVDtype.AUTO, max_model_len=4096,
+                        start_timeout_s=START_TIMEOUT_S, extra_args=["--max-num-batched-tokens", str(chunk)])
+    engine.load()
+    return engine
+
+
+def _one_prefill_s(url: str, tokens: int) -> float:
+    """Seconds for one request of `tokens` random prompt tokens and one new token on an idle server: one engine step
+    of that many prompt tokens, plus the request's own overhead (the second of two, so warm-up is not counted)."""
+    rng = random.Random(0)
+    for _ in range(2):
+        body = {"model": "gemma-3-270m", "prompt": [rng.randrange(1000, 200_000) for _ in range(tokens)],
+                "max_tokens": 1}
+        t0 = time.monotonic()
+        requests.post(url + "/v1/completions", json=body, timeout=300).raise_for_status()
+    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
 def server():
-    from core.models import embedded_model_dir
-
-    # Chunked prefill in 512-token steps, as on a GPU server: a long prompt takes several engine steps.
-    engine = VllmEngine(embedded_model_dir(), Precision.BF16, KVDtype.AUTO, max_model_len=4096,
-                        start_timeout_s=START_TIMEOUT_S, extra_args=["--max-num-batched-tokens", "512"])
-    engine.load()
+    chunk = 512
+    engine = _start(chunk)
+    step_s = _one_prefill_s(engine.base_url, chunk)
+    if step_s > STEP_TARGET_S:  # a slow machine: smaller chunks, so one step stays short (costs a second start)
+        chunk = max(64, int(chunk * STEP_TARGET_S / step_s) // 64 * 64)
+        engine.unload()
+        engine = _start(chunk)
+        step_s = _one_prefill_s(engine.base_url, chunk)
+    chunks = min(6, max(2, int(PREFILL_TARGET_S / step_s)))
+    engine.long_prompt = chunks * chunk - chunk // 8  # the soak's prompt: `chunks` engine steps of prefill
+    print(f"\nstall-test server: {SERVER_PRECISION.value}, {chunk}-token prefill chunks at {step_s:.2f} s a step; "
+          f"long prompt {engine.long_prompt} tokens")
     pgid = engine.server.proc.pid
     try:
         yield engine
@@ -114,7 +148,7 @@ def states(seen) -> list[str]:
 
 
 # --- the Fleet half of #35: the same server through a real Prometheus, the fleet check and the exported rules ------
-FLEET_WINDOW = "20s"  # the stall window (promql.stall_window's floor): longer than a 3000-token prefill here
+FLEET_WINDOW = "20s"  # the stall window (promql.stall_window's floor): longer than the long prompt's prefill
 STALL_RULES = ("VllmReplicaStalled", "VllmReplicaSilent")
 
 
@@ -218,7 +252,7 @@ def test_an_idle_server_is_idle_and_never_stalled(server):
 def test_long_prompts_under_steady_load_are_serving_never_stalled(server):
     observer = Observer(server.base_url)
     observer.connect()
-    load = Load(server.base_url, clients=3, prompt_tokens=LONG_PROMPT, max_tokens=24)
+    load = Load(server.base_url, clients=3, prompt_tokens=server.long_prompt, max_tokens=12)
     try:
         wait_running(server.base_url)
         seen = watch(observer, Tracker(), SOAK_S)
@@ -242,11 +276,11 @@ def _load_span(stack, lookback_s: int) -> tuple[float, float] | None:
 
 
 def test_fleet_long_prompts_are_never_stalled_through_prometheus(server, fleet_prom):
-    """Over the long-prompt soak above (its own load when run alone): 3000-token prompts in 512-token chunks, so a
+    """Over the long-prompt soak above (its own load when run alone): long prompts in several prefill chunks, so a
     prefill is in progress at most scrapes and the counters stay flat for seconds at a time."""
     span = _load_span(fleet_prom, int(SOAK_S) + 30)
     if span is None or span[1] - span[0] < 20 + 10:
-        load = Load(server.base_url, clients=3, prompt_tokens=LONG_PROMPT, max_tokens=24)
+        load = Load(server.base_url, clients=3, prompt_tokens=server.long_prompt, max_tokens=12)
         try:
             wait_running(server.base_url)
             time.sleep(20 + 12)
