@@ -61,6 +61,7 @@ def main() -> None:
     run_compare(Side(Precision.FP32, KVDtype.AUTO, "embedded"), Side(Precision.FP8, KVDtype.AUTO, "embedded"),
                 default_prompts(), loader=loader)
     print("after the default compare", rss(), f"(peak so far {peak.peak / 2**30:.2f} GiB)")
+    pool.release_idle()  # as the Quality page does before its run
     quality.run(ModelSpec("embedded"), quality_sample(),
                 quality.parse_variant("bf16"), quality.parse_variants("fp8,int8,int4,int4-awq"), use_cache=False)
     print("after the default quality run", rss())

@@ -11,9 +11,9 @@ from core.models import ModelSpec
 from core.precision import Precision
 from core.quality import charts, history, layers
 from core.quality import run as quality
-from core.speedup import measured_speedups, source_line
+from core.speedup import display_row, measured_speedups, recorded_on, source_line
 from core.throttle import throttled
-from views.common import quality_view
+from views.common import quality_view, session
 
 ss = st.session_state
 STATIC = [f"fp8-static:{n}" for n in (32, 512, 4096)]
@@ -83,6 +83,11 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
         ref = quality.parse_variant(reference)
         cands = [quality.parse_variant(x) for x in candidates]
         spec = ModelSpec("embedded")
+        # the run loads its own eager engines, one at a time: the pool's (Model, Compare) go first, so the app
+        # never holds both sets (the default compare then quality reached 4.3 GiB RSS with them kept)
+        if released := session.release_idle():
+            note.caption("The table appears below when the run ends. Unloaded for this run (reloaded when next "
+                         "used): " + ", ".join(f"{s.model_short} {s.precision.label}" for s in released) + ".")
         name = ss.get("q_doc_name") or "pasted document"
         params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": name,
                   "window": window, "stride": stride}
@@ -115,11 +120,10 @@ with table_tab:
     else:
         quality_view.show(result, "q")
     if speeds := measured_speedups():
-        with st.expander("Decode speed by precision, measured on an NVIDIA H200 (not this machine)"):
+        where, when = recorded_on()
+        with st.expander(f"Decode speed by precision, recorded on an {where} ({when}): not this machine"):
             st.caption(source_line())
-            st.dataframe([{"precision": r["precision"], "batch": r["batch"], "tok/s": round(r["tok_s"], 1),
-                           "x BF16": round(r["speedup_vs_bf16"], 2), "share of HBM floor": f"{r['floor_frac']:.0%}"}
-                          for r in speeds], hide_index=True, key="q_h200")
+            st.dataframe([display_row(r) for r in speeds], hide_index=True, key="q_h200")
 
 with layer_tab:
     st.caption("Each linear layer's relative output error under each quantizer, against the unquantized model on the "

@@ -85,25 +85,35 @@ class EnginePool:
     def _evict_beyond_keep(self, newest: Setup) -> None:
         """Unload the least recently used engines until KEEP remain, holding at most KEEP_BYTES (the two most
         recently used always stay: a comparison's pair), each under its own lock. An engine generating now (lock
-        held) is skipped, not pulled from under its session; it goes at a later load, once idle, so the pool can hold more than KEEP for a while. A session that reaches an unloaded engine gets
-        EngineUnloaded from it."""
+        held) is skipped, not pulled from under its session; it goes at a later load, once idle, so the pool can
+        hold more than KEEP for a while. A session that reaches an unloaded engine gets EngineUnloaded from it."""
         sizes = {s: held_bytes(e) for s, e in self._engines.items()}
         for old in list(self._engines)[:-min(2, self.keep)]:
             if len(self._engines) <= self.keep and sum(sizes.values()) <= self.keep_bytes:
                 break
-            if old == newest:
-                continue
-            engine = self._engines[old]
-            lock = getattr(engine, "lock", None)  # the vLLM and remote engines have none: nothing in-process to wait
-            if lock is not None and not lock.acquire(blocking=False):
-                continue
-            try:
-                del self._engines[old]
+            if old != newest and self._unload_if_idle(old):
                 sizes.pop(old, None)
-                engine.unload()
-            finally:
-                if lock is not None:
-                    lock.release()
+
+    def release_idle(self) -> list[Setup]:
+        """Unload every engine no session is generating with, and say which: a page about to load engines of its
+        own (the Quality page's five precisions) first hands back what the pool holds, so the process never holds
+        both. The pages reload a session's current setup when it next needs it."""
+        with self._lock:
+            return [s for s in list(self._engines) if self._unload_if_idle(s)]
+
+    def _unload_if_idle(self, setup: Setup) -> bool:
+        """Unload `setup`'s engine unless it is generating now (its lock held); True when it was unloaded."""
+        engine = self._engines[setup]
+        lock = getattr(engine, "lock", None)  # the vLLM and remote engines have none: nothing in-process to wait
+        if lock is not None and not lock.acquire(blocking=False):
+            return False
+        try:
+            del self._engines[setup]
+            engine.unload()
+        finally:
+            if lock is not None:
+                lock.release()
+        return True
 
     def get(self, setup: Setup):
         """The loaded engine for `setup`, or None (never loads)."""

@@ -124,3 +124,16 @@ def test_when_every_older_engine_is_busy_the_pool_waits_for_a_later_load(generat
         assert out == [True]
     pool.load(setup(Precision.FP8, KVDtype.FP8))  # now idle: back down to KEEP, least recently used first
     assert [e.unloaded for e in engines] == [True, True, False]
+
+
+def test_release_idle_unloads_every_engine_but_the_one_generating(generating):
+    """The Quality page hands back the pool's engines before loading its own five: the app never holds both sets."""
+    pool = EnginePool()
+    bf16, fp32, fp8 = (pool.load(setup(p)) for p in (Precision.BF16, Precision.FP32, Precision.FP8))
+    t, finish, out = generate_in_thread(fp32)
+    assert pool.release_idle() == [setup(Precision.BF16), setup(Precision.FP8)]
+    assert bf16.unloaded and fp8.unloaded and not fp32.unloaded and pool.get(setup(Precision.FP32)) is fp32
+    finish.set()
+    t.join(10)
+    assert out == [True] and pool.release_idle() == [setup(Precision.FP32)] and fp32.unloaded
+    assert pool.load(setup(Precision.BF16)) is not bf16  # loaded again when next asked for

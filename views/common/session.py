@@ -34,6 +34,11 @@ def pooled(setup: Setup, progress=None):
     return _pool().load(setup, progress)
 
 
+def release_idle() -> list[Setup]:
+    """Unload the shared engines nobody is generating with (before a page loads engines of its own)."""
+    return _pool().release_idle()
+
+
 def load(setup: Setup, progress=None):
     """Load (or reuse) the engine for `setup` and make it this session's current one. Raises on failure, leaving
     the previous setup current and loaded."""
@@ -78,7 +83,8 @@ def sidebar_status(box) -> None:
     if engine is not None:
         box.caption(f"Loaded: {headline(setup, engine)}", help=details(setup, engine))
     else:
-        box.caption(f"Loaded: {setup.label}" if setup else "No model loaded yet: open the Model page.")
+        box.caption(f"Chosen: {setup.model_short} · {setup.precision.label} (unloaded to free memory; reloads when "
+                    "used)" if setup else "No model loaded yet: open the Model page.")
 
 
 @st.cache_resource(show_spinner=False)
