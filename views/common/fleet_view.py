@@ -15,7 +15,7 @@ from core.fleet import table
 from core.fleet.fleet import FleetSnapshot
 from core.fmt import fmt_s, markdown_literal
 from diagnostics import fleet_rules
-from diagnostics.findings import RunResult
+from diagnostics.findings import RunResult, Status
 from diagnostics.report import group_skips, SkipGroup, summary_line
 from views.common.findings import card, skip_group_card
 
@@ -27,6 +27,20 @@ TABLE_NOTE = ("▲ marks a value far above the fleet median (median and MAD, rob
 
 def column_help() -> dict:
     return {h: st.column_config.TextColumn(h, help=text) for h, text in table.HELP.items()}
+
+
+def outlier_count(snap: FleetSnapshot, result: RunResult | None) -> tuple[str, str]:
+    """The Outliers tile's value and help. Median/MAD ranks need three replicas; with two, the
+    checklist's fleet.slow_replica compares them with each other, and the tile says so instead of a bare 0."""
+    if len(snap.replicas) >= 3:
+        return (str(sum(bool(r.outliers) for r in snap.replicas)),
+                "Replicas with a column far above the fleet median (median and MAD), marked ▲ in the table.")
+    slow = [f for f in (result.findings if result else []) if f.check_id == "fleet.slow_replica"]
+    if slow and slow[0].status is Status.FAIL:
+        return ("1", "Two replicas: no fleet median to rank against, so they are compared with "
+                "each other (fleet.slow_replica, below); one is much slower.")
+    return ("N/A", "A fleet median needs three or more replicas; fewer are compared with each other "
+            "in the checklist below (fleet.slow_replica).")
 
 
 def snapshot_of(payload: dict) -> FleetSnapshot | None:
@@ -49,7 +63,8 @@ def show(payload: dict, key: str) -> None:
     m = st.columns(5)
     m[0].metric("Replicas", len(snap.replicas))
     m[1].metric("Down", sum(r.up is False for r in snap.replicas))
-    m[2].metric("Outliers", sum(bool(r.outliers) for r in snap.replicas))
+    outliers, why = outlier_count(snap, result)
+    m[2].metric("Outliers", outliers, help=why)
     m[3].metric("Median TTFT p99", fmt_s(snap.fleet_median.get("ttft_p99_s")))
     m[4].metric("Median ITL p99", fmt_s(snap.fleet_median.get("itl_p99_s")))
     for note in snap.notes:
