@@ -36,6 +36,25 @@ def measured_speedups(kv_dtype: str = "auto", prompt: int = 512) -> list[dict]:
     ]
 
 
+def recorded_on() -> tuple[str, str]:
+    """(device, date) of the recorded decode-speed run."""
+    d = _results()
+    return d.get("device") or "NVIDIA H200", d.get("date") or "date not recorded"
+
+
+_DISPLAY = {"tok_s": ("tok/s", lambda v: round(v, 1)), "speedup_vs_bf16": ("x BF16", lambda v: round(v, 2)),
+            "floor_frac": ("share of HBM floor", lambda v: f"{v:.0%}")}
+
+
+def display_row(r: dict) -> dict:
+    """One `measured_speedups` row for a table: the numbers formatted, the rest (engine, kernel) as they come."""
+    out = {}
+    for k, v in r.items():
+        name, fmt = _DISPLAY.get(k, (k, None))
+        out[name] = fmt(v) if fmt and isinstance(v, (int, float)) else v
+    return out
+
+
 def source_line() -> str:
     d = _results()
     if not d:

@@ -6,8 +6,7 @@ from core.errors import TriageError
 from core.fmt import fmt_bytes, fmt_s
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
-from core.speedup import measured_speedups, source_line
-from core.speedup import _results as _recorded
+from core.speedup import display_row, measured_speedups, recorded_on, source_line
 from views.common import session
 
 st.title("Model")
@@ -63,25 +62,6 @@ st.subheader("Memory")
 memory_box = st.container()  # filled at the end of the script, so it includes a generation made on this run
 
 
-def recorded_on() -> tuple[str, str]:
-    d = _recorded()
-    return d.get("device") or "NVIDIA H200", d.get("date") or "date not recorded"
-
-
-_SPEED_COLUMNS = {"tok_s": ("tok/s", lambda v: round(v, 1)), "speedup_vs_bf16": ("x BF16", lambda v: round(v, 2)),
-                  "floor_frac": ("share of HBM floor", lambda v: f"{v:.0%}")}
-
-
-def speed_row(r: dict) -> dict:
-    """One recorded row for display: the known numbers formatted, any other column (the kernel or engine that ran)
-    passed through as it comes."""
-    out = {}
-    for k, v in r.items():
-        name, fmt = _SPEED_COLUMNS.get(k, (k, None))
-        out[name] = fmt(v) if fmt and isinstance(v, (int, float)) else v
-    return out
-
-
 def show_memory() -> None:
     try:
         mem = engine.memory_report()
@@ -116,7 +96,7 @@ if speedups:
         if mine:
             st.markdown("This setup's precision there: " + ", ".join(
                 f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({r['tok_s']:.0f} tok/s)" for r in mine))
-        st.dataframe([speed_row(r) for r in speedups], hide_index=True)
+        st.dataframe([display_row(r) for r in speedups], hide_index=True)
         st.caption(source_line())
 
 st.subheader("Prompt")
