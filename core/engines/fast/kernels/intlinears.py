@@ -90,10 +90,18 @@ def _div_rn(a, b, r):
 
 
 @triton.jit
+def _plus_2_23(q):
+    """2^23 + q as float32, for integers 0 <= q < 2^23: q ORed into the mantissa of 2^23, so one integer op makes the
+    float. A conversion (q.to(float32)) issues 16 a clock per SM against 64-128 for integer and float ops, and one per
+    weight bounded the decode kernels; subtracting 2^23 (+ a zero point) afterwards is exact."""
+    return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _int4_half(p, s, z, isc_ptr, irc_ptr, offs_k, K, AWQ: tl.constexpr):
     """bf16 weights [BLOCK_N, 64] from the 4-bit codes p (uint8, one nibble already selected), per-row group scale s
     and zero point z (float32): Int4Linear.dequantized's arithmetic."""
-    w = (p.to(tl.float32) - z[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
+    w = (_plus_2_23(p) - (8388608.0 + z)[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
     if AWQ:
         b = tl.load(isc_ptr + offs_k, mask=offs_k < K, other=1.0)  # a slice's tiles past K: codes 0, x 0
         r = tl.load(irc_ptr + offs_k, mask=offs_k < K, other=1.0)
@@ -159,7 +167,7 @@ def _int_linear_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, 
             w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :], mask=nmask[:, None] & (k[None, :] < K),
                         other=0)
             if MODE == 5:
-                wb = _bf16(w.to(tl.float32) * ws[:, None])  # Int8Linear.dequantized(bf16)
+                wb = _bf16((_plus_2_23(w.to(tl.int32) + 128) - 8388736.0) * ws[:, None])  # Int8Linear.dequantized
                 acc = _mma(wb, _load_x(x_ptr, offs_m, k, M, K, stride_xm, SILU_X), acc)
             else:
                 xq = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
