@@ -78,7 +78,7 @@ def test_a_generation_on_the_model_page_appears_in_history(app_server, page, his
     assert run.payload["prompt"] == prompt and run.summary["new_tokens"] == 2
     goto(page, app_server, history_page)
     choose(page, f"#{run.id} ·")
-    page.get_by_test_id("stText").get_by_text(prompt, exact=True).wait_for()
+    page.get_by_test_id("stText").get_by_text(": " + prompt).first.wait_for()  # the title: short setup, then prompt
     assert not errors_on(page)
 
 
