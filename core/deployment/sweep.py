@@ -4,7 +4,8 @@ server's own anatomy (queue, prefill, decode) over exactly each step's window, a
 A step is either a closed loop of C clients that each send their next request when the last one ends (concurrency),
 or an open loop of Poisson arrivals at R requests/s (rate), as GuideLLM and AIPerf do. "auto" starts from one
 request at a time and doubles the load until an SLO breaks, the knee shows (twice the load for under 15% more
-throughput while latency grows), the server fails, or the time budget would be spent; it never runs open-ended.
+throughput while latency grows; under 30% when the server's queue holds most of TTFT), the server fails, or the time
+budget would be spent; it never runs open-ended.
 
 Everything the verdict says is measured here: client percentiles by nearest rank over the step's requests, server
 phase means exact from the histograms' _sum/_count, the busiest scheduler state from scrapes once a second.
@@ -29,6 +30,10 @@ MODES = ("concurrency", "rate")
 AUTO_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 KNEE_GAIN = 1.15  # twice the load for less than 15% more throughput: the server is full
 KNEE_LATENCY = 1.5  # ... while TTFT p50 grew by half or more
+# With the server's own evidence that requests wait for a slot (queueing is most of TTFT), twice the clients for under
+# 30% more throughput is the knee too: a small step's throughput is noisy (a client's gap between one request's end
+# and its next is idle server time that a queue fills), and the queue says what the ratio alone cannot.
+KNEE_GAIN_QUEUED = 1.3
 KEEP_UP = 0.8  # an open loop finishing under this share of its arrivals has fallen behind them
 GROWTH = 1.5  # a phase that grew by half from the lightest step to the heaviest "grows"; less is "flat"
 MAX_STEPS = 12
@@ -302,11 +307,13 @@ def _knee(steps: list[Step]) -> dict | None:
                                 f"{1000 * b.ttft_p50:.0f} ms)" + (f" and queueing was {100 * b.queue_share:.0f}% of "
                                                                   "TTFT" if queued else ""))}
             continue
-        if b.load / a.load >= 1.5 and gain < KNEE_GAIN and slower >= KNEE_LATENCY:
+        queued = (b.queue_share or 0.0) >= QUEUE_SHARE_SATURATED
+        if b.load / a.load >= 1.5 and slower >= KNEE_LATENCY and gain < (KNEE_GAIN_QUEUED if queued else KNEE_GAIN):
             return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
                     "how": (f"from {a.load:g} to {b.load:g} {_unit(a.mode)} throughput grew only "
                             f"{100 * (gain - 1):+.0f}% ({a.achieved_rps:.2f} -> {b.achieved_rps:.2f} req/s) while "
-                            f"TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> {1000 * b.ttft_p50:.0f} ms)")}
+                            f"TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> {1000 * b.ttft_p50:.0f} ms)"
+                            + (f" and queueing was {100 * b.queue_share:.0f}% of TTFT" if queued else ""))}
     return None
 
 

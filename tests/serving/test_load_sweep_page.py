@@ -15,17 +15,18 @@ def test_a_sweep_runs_and_explains_itself_in_the_browser(queued_server, app_serv
     page.get_by_text("Connected to").wait_for(timeout=60_000)
     page.get_by_text("Pause live panels").click()  # the cleanest numbers
     for label, value in [("Steps", "1,2,4"), ("Prompt length (tokens)", "48"), ("Tokens to generate", "12"),
-                         ("SLO: TTFT p99 (s, 0 = none)", "20")]:
+                         ("SLO: TTFT p99 (s, 0 = none)", "20"), ("Time budget (s)", "600")]:
         field = page.get_by_label(label, exact=True)
         field.fill(value)
         field.press("Tab")
     page.get_by_role("button", name="Run sweep").click()
-    page.locator('[data-testid="stMetric"]', has_text="Knee").wait_for(timeout=240_000)
+    page.locator('[data-testid="stMetric"]', has_text="Knee").wait_for(timeout=600_000)
     wait_idle(page, 120)
-    assert metric_value(page, "Knee") == "2 clients", metric_value(page, "Knee")
+    sweeps = history_db.list_runs("sweep")
+    stopped = history_db.get_run(sweeps[0].id).payload.get("stopped") if sweeps else "no sweep in History"
+    assert metric_value(page, "Knee") == "2 clients", (metric_value(page, "Knee"), stopped)
     assert page.get_by_text("Capacity-bound").count() >= 1
     assert page.locator(".js-plotly-plot").count() >= 3  # latency, anatomy and throughput against load
     screenshot(page, "flow-deployment-sweep")
     assert not errors_on(page)
-    sweeps = history_db.list_runs("sweep")
     assert sweeps and sweeps[0].summary["verdict"] == "capacity-bound" and sweeps[0].summary["steps"] == 3

@@ -58,6 +58,15 @@ def test_the_knee_is_where_throughput_stops_while_latency_turns_up():
     assert _knee(steps[:2]) is None  # still growing
 
 
+def test_a_queue_that_holds_most_of_ttft_marks_the_knee_through_noisy_throughput():
+    # 2 -> 4 clients for 20% more requests/s: below KNEE_GAIN's bar only because of noise, but the server's queue took
+    # 89% of TTFT at 4 clients: the slots were full.
+    steps = [step(1, 1.0, 0.1), step(2, 1.6, 0.12), step(4, 1.92, 0.9, queue=0.8)]
+    knee = _knee(steps)
+    assert knee["load"] == 2 and "+20%" in knee["how"] and "queueing was 89% of TTFT" in knee["how"]
+    assert _knee([step(1, 1.0, 0.1), step(2, 1.6, 0.12), step(4, 1.92, 0.9, queue=0.02)]) is None  # no queue: growing
+
+
 def test_an_open_loop_knee_is_where_the_server_falls_behind_its_arrivals():
     steps = [step(0.5, 0.5, 0.12, mode="rate"), step(1, 0.98, 0.13, mode="rate"),
              step(2, 1.7, 0.2, queue=0.1, mode="rate"), step(4, 1.75, 2.3, queue=2.2, mode="rate")]
