@@ -144,3 +144,40 @@ def test_the_prompt_pass_product_is_the_reference(mode):
         assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
     else:
         assert float((got.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+GEMV = dict(kernel="gemv", BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("decode", [0, 1, 2])
+@pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
+def test_gemv_reads_back_each_dequantized_weight(mode, decode):
+    """The one-row kernel builds each weight from the int32 words it reads (every code position of a word, the
+    groups' first and last inputs): x = e_k gives exactly the reference's bf16 weight column k."""
+    iw = _storage(mode, seed=2)
+    ref = IL.reference_dequantized(iw)
+    out = torch.empty(1, N, dtype=torch.bfloat16, device=DEV)
+    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, 380, 383]:
+        x = torch.zeros(1, K, dtype=torch.bfloat16, device=DEV)
+        x[0, col] = 1.0
+        IL.int_linear(x, iw, out, cfg={**GEMV, "DECODE": decode})
+        assert torch.equal(out[0].view(torch.int16), ref[:, col].contiguous().view(torch.int16)), col
+
+
+@pytest.mark.parametrize("mode,split,silu,bn", [("int4", 1, False, 32), ("int4", 2, True, 64),
+                                                ("int4-awq", 3, False, 32), ("int8-wo", 1, True, 64),
+                                                ("int8-wo", 2, False, 32)])
+def test_gemv_products_match_the_reference(mode, split, silu, bn):
+    """Tiles that cover N and K exactly (no masks) and tiles that do not (96 rows in tiles of 64; 3 groups in 2
+    slices)."""
+    iw = _storage(mode, seed=3)
+    x = torch.randn(1, (2 if silu else 1) * K, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    x = x.to(DEV)
+    out = torch.full((1, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    IL.int_linear(x, iw, out, silu_x=silu, cfg={**GEMV, "SPLIT_K": split, "BLOCK_N": bn})
+    if silu:
+        g, u = x.chunk(2, dim=-1)
+        x = torch.nn.functional.silu(g) * u  # bf16 ops, as HF's MLP rounds them
+    ref = x.float() @ IL.reference_dequantized(iw).float().t()
+    rel = float((out.float() - ref).norm() / ref.norm())
+    assert rel < 5e-3, rel  # bf16 output rounding; the weights are the same

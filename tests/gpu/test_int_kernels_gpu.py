@@ -73,6 +73,28 @@ def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
         print(f"{mode:8s} {n}x{k} M={m}: cfg {IL.int_config_for(iw.mode, m, n, k)}")
 
 
+@pytest.mark.parametrize("split", [1, 4])
+@pytest.mark.parametrize("n,k,rows", SHAPES)
+@pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
+def test_one_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows, split):
+    """The batch-1 GEMV (compiled: LOP3 codes, the bf16 conversion and _div_rn on the hardware) builds the
+    reference's weights bit for bit: one-hot rows over every code position of a word and a group's ends."""
+    iw = _storage(mode, n, k, rows, seed=SEED)
+    ref_w = IL.reference_dequantized(iw)
+    cfg = dict(kernel="gemv", BLOCK_N=32, BLOCK_K=128 if mode != "int8-wo" else 256, SPLIT_K=split, num_warps=4,
+               num_stages=3)
+    out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, k - 1] + torch.randperm(k)[:8].tolist():
+        e = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
+        e[0, col] = 1.0
+        IL.int_linear(e, iw, out, cfg=cfg)
+        assert torch.equal(out[0].view(torch.int16), ref_w[:, col].contiguous().view(torch.int16)), col
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    IL.int_linear(x, iw, out, cfg=cfg)
+    ref = IL.reference_linear(x, iw)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 5e-3
+
+
 @W8A8_NOT_EXACT
 def test_w8a8_prompt_pass_is_the_reference_bit_for_bit():
     iw = _storage("int8", 4096, 4096, (4096,), seed=SEED)

@@ -90,18 +90,12 @@ def _div_rn(a, b, r):
 
 
 @triton.jit
-def _plus_2_23(q):
-    """2^23 + q as float32, for integers 0 <= q < 2^23: q ORed into the mantissa of 2^23, so one integer op makes the
-    float. A conversion (q.to(float32)) issues 16 a clock per SM against 64-128 for integer and float ops, and one per
-    weight bounded the decode kernels; subtracting 2^23 (+ a zero point) afterwards is exact."""
-    return (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _int4_half(p, s, z, isc_ptr, irc_ptr, offs_k, K, AWQ: tl.constexpr):
     """bf16 weights [BLOCK_N, 64] from the 4-bit codes p (uint8, one nibble already selected), per-row group scale s
     and zero point z (float32): Int4Linear.dequantized's arithmetic."""
-    w = (_plus_2_23(p) - (8388608.0 + z)[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
+    # a conversion per code here: ORing the byte codes into 2^23's mantissa (as _code_floats does with whole words)
+    # measured 15% slower in this kernel on the H200 (docs/PERFORMANCE.md)
+    w = (p.to(tl.float32) - z[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
     if AWQ:
         b = tl.load(isc_ptr + offs_k, mask=offs_k < K, other=1.0)  # a slice's tiles past K: codes 0, x 0
         r = tl.load(irc_ptr + offs_k, mask=offs_k < K, other=1.0)
@@ -167,29 +161,197 @@ def _int_linear_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, 
             w = tl.load(w_ptr + offs_n[:, None] * stride_wn + k[None, :], mask=nmask[:, None] & (k[None, :] < K),
                         other=0)
             if MODE == 5:
-                wb = _bf16((_plus_2_23(w.to(tl.int32) + 128) - 8388736.0) * ws[:, None])  # Int8Linear.dequantized
+                wb = _bf16(w.to(tl.float32) * ws[:, None])  # Int8Linear.dequantized(bf16)
                 acc = _mma(wb, _load_x(x_ptr, offs_m, k, M, K, stride_xm, SILU_X), acc)
             else:
                 xq = tl.load(x_ptr + offs_m[None, :] * stride_xm + k[:, None],
                              mask=(offs_m[None, :] < M) & (k[:, None] < K), other=0)
                 acc = tl.dot(w, xq, acc, out_dtype=tl.int32)
     mask = (offs_m[None, :] < M) & nmask[:, None]
+    _int_finish(acc, ws_ptr, xs_ptr, out_ptr, part_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n,
+                tl.program_id(2), offs_m, offs_n, M, N, stride_om, mask, MODE, SPLIT_K)
+
+
+@triton.jit
+def _int_finish(acc, ws_ptr, xs_ptr, out_ptr, part_ptr, counter, slice_id, offs_m, offs_n, M, N, stride_om, mask,
+                MODE: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Store a tile's result; with SPLIT_K > 1 store this K slice's partial sums, and the tile's last program adds
+    the slices in slice order (deterministic) and stores the result."""
     if SPLIT_K == 1:
         _int_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
     else:
         part = part_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part + tl.program_id(2) * M * N, acc, mask=mask)
+        tl.store(part + slice_id * M * N, acc, mask=mask)
         tl.debug_barrier()  # every thread's slice is written before the counter says so (release below)
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
-            if MODE == 6:
-                acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
-            else:
-                acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            total = tl.zeros_like(acc)
             for sl in range(SPLIT_K):
-                acc += tl.load(part + sl * M * N, mask=mask, other=0, cache_modifier=".cg")  # from L2, not L1
+                total += tl.load(part + sl * M * N, mask=mask, other=0, cache_modifier=".cg")  # from L2, not L1
             tl.atomic_xchg(counter, 0)
-            _int_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
+            _int_store(total, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
+
+
+@triton.jit
+def _code_floats(wd, j: tl.constexpr, BITS: tl.constexpr, SHIFT: tl.constexpr):
+    """2^23 + c * 2^(BITS * e) as float32 for code j of each int32 word (codes of BITS bits, the first in the low
+    bits; INT8 codes already offset to unsigned): the code is masked in place and ORed into the mantissa of 2^23,
+    one LOP3 a weight. Codes reaching bit 23 are read from the word shifted right by SHIFT, so e = j, or j - SHIFT /
+    BITS for those."""
+    if (j + 1) * BITS <= 23:
+        c = wd & (((1 << BITS) - 1) << (BITS * j))
+    else:
+        c = (wd >> SHIFT) & (((1 << BITS) - 1) << (BITS * j - SHIFT))
+    return (c | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nibble_near_one(wd, j: tl.constexpr):
+    """1 + q * 2^(B - 23) as float32 for nibble j of each int32 word: the nibble moved to bits B..B+3 (B = 16 for
+    nibbles 2, 4 and 6, else 12; four shifts a word) and ORed into the mantissa of 1.0. With B >= 12 such a float has
+    at most 12 significant bits, so its product with a float16 scale is exact in one FMA."""
+    if j == 0:
+        c = (wd << 12) & 0xF000
+    elif j == 1:
+        c = (wd << 8) & 0xF000
+    elif j == 2:
+        c = (wd << 8) & 0xF0000
+    elif j == 3:
+        c = wd & 0xF000
+    elif j == 4:
+        c = wd & 0xF0000
+    elif j == 5:
+        c = (wd >> 8) & 0xF000
+    elif j == 6:
+        c = (wd >> 8) & 0xF0000
+    else:
+        c = (wd >> 16) & 0xF000
+    return (c | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_pair(a, b):
+    """a and b rounded to bf16 (nearest even) and back to float32: one cvt.rn.bf16x2.f32 for the two, the halves
+    moved back with an AND and a shift (two single conversions and their widenings cost four operations)."""
+    if _INTERPRETED:
+        return _bf16(a), _bf16(b)
+    else:
+        ra, rb = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $3; and.b32 $0, t, 0xffff0000; shl.b32 $1, t, 16; }",
+            "=r,=r,r,r", [a.to(tl.int32, bitcast=True), b.to(tl.int32, bitcast=True)],
+            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+        return ra.to(tl.float32, bitcast=True), rb.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_operands(wd, j: tl.constexpr, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE: tl.constexpr,
+                   SILU_X: tl.constexpr, EVEN: tl.constexpr, DECODE: tl.constexpr, CODES: tl.constexpr,
+                   BITS: tl.constexpr, SHIFT: tl.constexpr, WORDS: tl.constexpr):
+    """Code j of each word as (w, x): the weight before its bf16 rounding and the activations it multiplies, both
+    possibly carrying reciprocal powers of two (exact; bf16 rounding commutes with them, so the rounded product is
+    the reference's). DECODE 1 (INT4): w = fma(1 + q * 2^(B-23), s, -(1 + z * 2^(B-23)) * s) = (q - z) * s * 2^(B-23)
+    exactly, x * 2^(23-B); else w from `_code_floats` less (2^23 + zero) times the scale."""
+    offs_k = k0 + CODES * offs_w + j
+    if EVEN and not SILU_X:
+        x = tl.load(x_ptr + offs_k).to(tl.float32)
+    else:
+        x = tl.reshape(_load_x(x_ptr, tl.zeros([1], dtype=tl.int32), offs_k, 1, K, 0, SILU_X), (WORDS,))
+        x = x.to(tl.float32)
+    if MODE == 5:
+        P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))  # _code_floats's code j times P
+        w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + 128.0 * P)) * (ws * (1.0 / P))[:, None]
+    elif DECODE == 1:
+        f = _nibble_near_one(wd, j)
+        if j % 2 == 0 and j > 0:
+            w = tl.fma(f, s[:, None], c16[:, None])
+            x = x * 128.0
+        else:
+            w = tl.fma(f, s[:, None], c12[:, None])
+            x = x * 2048.0
+    else:
+        P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))
+        w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + z * P)[:, None]) * (s * (1.0 / P))[:, None]
+    if MODE == 4:
+        b = tl.load(isc + offs_k, mask=offs_k < K, other=1.0)
+        r = tl.load(irc + offs_k, mask=offs_k < K, other=1.0)
+        w = _div_rn(w, b[None, :], r[None, :])  # a correctly rounded quotient scales with w's power of two
+    return w, x[None, :]
+
+
+# N is not specialized so that every projection of one width shares a compiled kernel
+@triton.jit(do_not_specialize=["N"])
+def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, out_ptr, part_ptr, count_ptr,
+                     N, stride_wn, stride_sn, stride_isc,
+                     K: tl.constexpr, K_PER: tl.constexpr, MODE: tl.constexpr, SILU_X: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
+                     DECODE: tl.constexpr, PDL: tl.constexpr):
+    """One activation row (the decode step at batch 1): out[n] = sum_k w[n, k] * x[k] with plain float32 FMAs on
+    the weights dequantized in registers to the reference's bf16 values (as _int_linear_kernel's), reduced over k at
+    the end. The codes are read as int32 words (w_ptr: the storage viewed as int32) and never unpacked into bytes;
+    `_gemv_operands` makes each code a float with integer bit operations, no conversion instruction.
+    INT4: word i of a row holds inputs 8i..8i+7 (input 2j in a byte's low nibble), BLOCK_K = one group;
+    INT8 weight-only: word i holds inputs 4i..4i+3. EVEN: the tiles cover N and every slice's K exactly (no masks).
+    DECODE (A/B on the GPU): 0 codes through 2^23 and one bf16 conversion a weight; 1 INT4 codes through one FMA and
+    bf16 conversions in pairs; 2 codes through 2^23, conversions in pairs."""
+    if PDL:
+        pdl_enter()
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    k_lo = 0
+    if SPLIT_K > 1:
+        k_lo = tl.program_id(1) * K_PER
+    BITS: tl.constexpr = 8 if MODE == 5 else 4
+    CODES: tl.constexpr = 32 // BITS
+    SHIFT: tl.constexpr = 12 if BITS == 4 else 16  # INT4 codes 5-7, INT8 codes 2-3 are read from the word >> SHIFT
+    WORDS: tl.constexpr = BLOCK_K // CODES
+    offs_w = tl.arange(0, WORDS)
+    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    isc = isc_ptr
+    irc = irc_ptr
+    if MODE == 4:
+        seg = tl.load(seg_ptr + pid_n * BLOCK_N)  # the tile's rows share one projection's input scales
+        isc = isc_ptr + seg * stride_isc
+        irc = irc_ptr + seg * stride_isc
+    ws = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s = ws
+    z = ws
+    c12 = ws
+    c16 = ws
+    if MODE == 5:
+        ws = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
+    for kk in range(0, K_PER, BLOCK_K):
+        k0 = k_lo + kk
+        live = k0 < K  # the last slice may end past K
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + k0 // CODES + offs_w[None, :]
+        if EVEN:
+            wd = tl.load(w_ptrs)
+        else:
+            wd = tl.load(w_ptrs, mask=nmask[:, None] & (k0 + CODES * offs_w[None, :] < K), other=0)
+        if MODE == 5:
+            wd = wd ^ -0x7F7F7F80  # 0x80808080 as an int32: each int8 code + 128, unsigned
+        else:
+            t = k0 // BLOCK_K  # INT4 tiles are one group
+            s = tl.load(ws_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0.0).to(tl.float32)
+            z = tl.load(wz_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0).to(tl.float32)
+            if DECODE == 1:
+                c12 = -tl.fma(z * (1.0 / 2048.0), s, s)  # -(1 + z * 2^-11) * s, exact: 12 bits times 11
+                c16 = -tl.fma(z * (1.0 / 128.0), s, s)
+        for jp in tl.static_range(CODES // 2):
+            wa, xa = _gemv_operands(wd, 2 * jp, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE, SILU_X,
+                                    EVEN, DECODE, CODES, BITS, SHIFT, WORDS)
+            wb, xb = _gemv_operands(wd, 2 * jp + 1, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE, SILU_X,
+                                    EVEN, DECODE, CODES, BITS, SHIFT, WORDS)
+            if DECODE == 0:
+                acc += _bf16(wa).to(tl.float32) * xa
+                acc += _bf16(wb).to(tl.float32) * xb
+            else:
+                ra, rb = _bf16_pair(wa, wb)
+                acc += ra * xa
+                acc += rb * xb
+    out = tl.reshape(tl.sum(acc, axis=1), (BLOCK_N, 1))
+    offs_m = tl.arange(0, 1)
+    _int_finish(out, ws_ptr, ws_ptr, out_ptr, part_ptr, count_ptr + pid_n, tl.program_id(1), offs_m, offs_n, 1, N,
+                0, nmask[:, None] & (offs_m[None, :] < 1), MODE, SPLIT_K)
 
 
 @triton.jit
@@ -441,6 +603,8 @@ def int_linear(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool =
     if iw.mode in (MODE_INT4, MODE_INT4_AWQ):
         cfg["BLOCK_K"] = GROUP
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], iw.max_block_n)
+    if cfg.get("kernel") == "gemv" and M == 1 and gemv_takes(iw):
+        return _int_gemv(x, iw, out, silu_x, cfg)
     bn, bk, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], block_m_for(M)
     split = cfg.get("SPLIT_K", 1)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
@@ -456,6 +620,33 @@ def int_linear(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool =
         iw.in_scale.stride(0) if iw.in_scale is not None else 0, out.stride(0),
         K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
+    return out
+
+
+def gemv_takes(iw: IntWeight) -> bool:
+    """Whether `_int_gemv_kernel` takes this weight: weight-only, with rows a whole number of int32 words."""
+    return iw.mode != MODE_INT8 and iw.w.shape[1] % 4 == 0 and iw.w.stride(0) % 4 == 0
+
+
+def _int_gemv(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool, cfg: dict) -> torch.Tensor:
+    """int_linear for one row through _int_gemv_kernel (cfg: BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages and
+    DECODE, default 1)."""
+    N, K = iw.n, iw.k
+    words = iw.w.view(torch.int32)
+    bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.get("SPLIT_K", 1)
+    grid = (triton.cdiv(N, bn), split)
+    part, counts = _split_parts(out.device, split, 1, N, grid[0]) if split > 1 else (out, out)
+    dummy = iw.scale
+    _int_gemv_kernel[grid](
+        x, words, iw.scale, iw.zero if iw.zero is not None else dummy,
+        iw.in_scale if iw.in_scale is not None else dummy, iw.in_recip if iw.in_recip is not None else dummy,
+        iw.row_seg if iw.row_seg is not None else dummy, out, part, counts, N, words.stride(0), iw.scale.stride(0),
+        iw.in_scale.stride(0) if iw.in_scale is not None else 0,
+        K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_K=bk,
+        SPLIT_K=split, EVEN=N % bn == 0 and K % (bk * split) == 0,
+        DECODE=cfg.get("DECODE", 1),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **launch_options())
     return out
 
 

@@ -21,13 +21,22 @@ SHIPPED_INT_H200 = Path(__file__).resolve().parent.parent / "tuned_int_h200.json
 SMALL_M = [(32, 1, 4, 4), (32, 2, 4, 4), (32, 4, 4, 4), (64, 1, 4, 4), (64, 2, 4, 4), (64, 4, 4, 4),
            (64, 8, 4, 4), (128, 1, 4, 4), (128, 2, 4, 4), (128, 4, 8, 3)]
 LARGE_M = [(64, 1, 4, 3), (128, 1, 8, 3), (64, 2, 4, 3), (128, 2, 8, 3)]
+# the one-row FMA GEMV (_int_gemv_kernel): (BLOCK_N, SPLIT_K, num_warps, num_stages, DECODE); INT4 reads one group
+# a step; DECODE 0 and 2 (INT8 weight-only: 1 is 2) are there for the A/B of its code paths
+GEMV = [(32, 2, 4, 3, 1), (64, 2, 4, 3, 1), (64, 4, 4, 3, 1), (64, 4, 2, 3, 1), (64, 8, 2, 3, 1), (128, 4, 4, 3, 1),
+        (128, 8, 4, 3, 1), (128, 4, 2, 3, 1), (128, 8, 2, 3, 1), (256, 8, 4, 3, 1), (256, 4, 8, 3, 1),
+        (64, 4, 4, 3, 0), (128, 8, 4, 3, 0), (64, 4, 4, 3, 2), (128, 8, 4, 3, 2)]
 
 
-def candidates(mode: int, m: int, k: int) -> list[dict]:
+def candidates(mode: int, m: int, k: int, gemv_only: bool = False) -> list[dict]:
     large = IL.block_m_for(m) >= 64
     bk = IL.GROUP if mode in (IL.MODE_INT4, IL.MODE_INT4_AWQ) else (128 if large else 256)
-    return [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s)
-            for bn, sk, w, s in (LARGE_M if large else SMALL_M) if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
+    tiles = [] if gemv_only else [
+        dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s)
+        for bn, sk, w, s in (LARGE_M if large else SMALL_M) if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
+    gemv = [dict(kernel="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s, DECODE=d)
+            for bn, sk, w, s, d in GEMV if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
+    return tiles + (gemv if m == 1 and mode != IL.MODE_INT8 else [])
 
 
 def _awq_rows(name: str, n: int, dims) -> list[int]:
@@ -50,8 +59,14 @@ def rotated_int_weights(mode_name: str, n: int, k: int, copies: int, rows: list[
 
 
 @torch.inference_mode()
-def tune_shape(mode_name: str, m: int, n: int, k: int, rows: list[int], log=print) -> list[dict]:
+def tune_shape(mode_name: str, m: int, n: int, k: int, rows: list[int], log=print, gemv_only: bool = False
+               ) -> list[dict]:
+    """Time each candidate launch of one linear; the fastest goes into INT_TUNED. gemv_only: the one-row GEMV's
+    candidates against the configuration INT_TUNED already holds (a loaded table's winner), not the whole grid."""
     mode = IL.INT_MODES[mode_name]
+    cands = candidates(mode, m, k, gemv_only)
+    if gemv_only and (held := IL.INT_TUNED.get((mode, IL.int_m_key(m), n, k))):
+        cands = [held] + [c for c in cands if c != held]
     wbytes = n * k // (2 if mode in (IL.MODE_INT4, IL.MODE_INT4_AWQ) else 1)
     ws = rotated_int_weights(mode_name, n, k, rotated_copies(wbytes, most=48), rows)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -60,7 +75,7 @@ def tune_shape(mode_name: str, m: int, n: int, k: int, rows: list[int], log=prin
     xs = torch.empty(m, device="cuda", dtype=torch.float32)
     ref = IL.reference_linear(x, ws[0]).float()
     results = []
-    for cfg in candidates(mode, m, k):
+    for cfg in cands:
         try:
             calls = [functools.partial(IL.int_linear, x, w, out, False, cfg, xq, xs) for w in ws]
             calls[0]()
@@ -81,12 +96,12 @@ def tune_shape(mode_name: str, m: int, n: int, k: int, rows: list[int], log=prin
     return results
 
 
-def tune_model(dims, modes: list[str], batches: list[int], log=print) -> list[dict]:
+def tune_model(dims, modes: list[str], batches: list[int], log=print, gemv_only: bool = False) -> list[dict]:
     rows = []
     for b in sorted({IL.int_m_key(b): b for b in batches}.values()):
         for name, n, k in model_shapes(dims):
             for mode_name in modes:
-                r = tune_shape(mode_name, b, n, k, _awq_rows(name, n, dims), log)
+                r = tune_shape(mode_name, b, n, k, _awq_rows(name, n, dims), log, gemv_only)
                 for x in r:
                     x["shape"] = name
                 rows += r
