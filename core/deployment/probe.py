@@ -45,13 +45,15 @@ class ProbeResult:
 
     def record(self) -> int | None:
         """Save to History (None when it could not be written; the caller still has the result)."""
+        import time
+
         from core import store
 
         summary = {"model": self.model, "requests": self.n, "prompt_tokens": self.prompt_tokens,
                    "new_tokens": self.max_new_tokens, "concurrency": self.concurrency, "wall_s": self.wall_s,
                    "tpot_s": self.tpot_s, "client": self.client, "server": self.server}
         title = f"Probe {self.base_url}: {self.n} x {self.prompt_tokens} -> {self.max_new_tokens} tokens"
-        return store.record("probe", title, self.to_dict(), summary)
+        return store.record("probe", title, self.to_dict(), summary, started_at=time.time() - self.wall_s)
 
 
 def client_itl(gen: Generation) -> list[float]:

@@ -18,7 +18,8 @@ def kld_distribution(result: dict, height: int = 360) -> go.Figure:
                     hovertemplate="%{y:.4g} nats<extra>" + r["name"] + "</extra>")
     fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": 30, "b": 10}, showlegend=False,
                       title={"text": "KL(reference || candidate) per position, nats (log scale)", "font": {"size": 14}})
-    fig.update_yaxes(type="log", title="KLD (nats)")
+    # labels at the decades only: the default also labels 2x and 5x, a row of bare 2s and 5s between them
+    fig.update_yaxes(type="log", title="KLD (nats)", dtick=1, exponentformat="power")
     return fig
 
 

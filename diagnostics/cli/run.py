@@ -5,6 +5,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 
 from core.precision import Precision
 from diagnostics.cli.fleet import add_prometheus_args, print_run
@@ -60,13 +61,14 @@ def main(args: argparse.Namespace) -> int:
             last[0] = step
             print(f"[{fraction:4.0%}] {message}", file=sys.stderr)
 
+    started = time.time()
     try:
         result = runner.run(args.duration, vllm_url=args.vllm_url, launch_cmd=args.launch_cmd,
                             requested_precision=args.precision, progress=progress, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, previous)
     store.record("checklist", report.history_title(result.inputs, args.duration), result.to_dict(),
-                 report.history_summary(result))
+                 report.history_summary(result), started_at=started)
     if args.report_dir:
         paths, not_written = report.write_all(result, args.report_dir)
         for ext, path in paths.items():

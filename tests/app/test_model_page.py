@@ -41,7 +41,7 @@ def test_a_generation_is_saved_to_history(embedded_dir, tmp_path, monkeypatch):
     at.button[1].click().run()
     runs = Store(tmp_path / "h.sqlite").list_runs("generate")
     assert [r.title for r in runs] == ["Gemma 3 270M · BF16 · torch eager · CPU: History: the capital of Spain is"]
-    assert runs[0].status == "finished"
+    assert runs[0].status == "finished" and runs[0].duration_s > 0  # saved with its start
     run = Store(tmp_path / "h.sqlite").get_run(runs[0].id)
     assert run.summary["new_tokens"] == 3 and "BF16" in run.summary["setup"]
     assert run.summary["engine"] == run.payload["engine"]  # which engine ran is saved

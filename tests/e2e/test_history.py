@@ -1,6 +1,7 @@
 """The History page in the browser: lists runs saved in the server's database (also by another process), reopens
 one, compares two, exports and deletes with confirmation. Run titles are hostile HTML and must show as text."""
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -117,8 +118,10 @@ def test_compare_quality_and_checklist_runs_reopen_in_their_views(app_server, pa
     spec = ModelSpec("embedded")
     out = quality_history.run_recorded(spec.label, params, lambda keep: quality.run(
         spec, doc, ref, cand, window=32, stride=32, document_name="capitals", use_cache=False, on_result=keep))
+    started = time.time()
     checklist = runner.run(duration_s=1.0)
-    checklist_id = history_db.save_run("checklist", report.history_title(checklist.inputs, 1.0), checklist.to_dict())
+    checklist_id = history_db.save_run("checklist", report.history_title(checklist.inputs, 1.0), checklist.to_dict(),
+                                       started_at=started)
     assert compare_id and out.run_id and out.status == "finished"
 
     goto(page, app_server, history_page)

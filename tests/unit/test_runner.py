@@ -159,9 +159,11 @@ def test_bad_url_is_refused_before_sampling(sampler):
 def test_cli_run_for_real_on_this_machine(tmp_path):
     """`python -m diagnostics run --duration 3 --json`: exits 0, GPU checks SKIP with a 'no GPU' reason, the host
     leak check decided with its evidence; the report directory gets all three formats."""
-    env = {**os.environ, "TRIAGE_VLLM_PYTHON": ""}
+    db = tmp_path / "h.sqlite"
+    env = {**os.environ, "TRIAGE_VLLM_PYTHON": "", "TRIAGE_DB": str(db)}
+    reports = tmp_path / "reports"
     p = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--duration", "3", "--json",
-                        "--report-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                        "--report-dir", str(reports)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
@@ -173,7 +175,11 @@ def test_cli_run_for_real_on_this_machine(tmp_path):
     ev = f["host.mem_leak"]["evidence"]
     assert ev["readings"] >= 5 and "slope_mib_per_min" in ev and "r2" in ev
     assert f["host.mem_leak"]["charts"][0]["series"][0]["v"]
-    assert sorted(x.suffix for x in tmp_path.iterdir()) == [".html", ".json", ".md"]
+    assert sorted(x.suffix for x in reports.iterdir()) == [".html", ".json", ".md"]
+    from core.store import Store
+
+    saved = Store(db).list_runs("checklist")
+    assert len(saved) == 1 and saved[0].duration_s >= 3  # saved with its start: History shows how long it took
 
 
 def test_cli_run_text_output_and_lint(tmp_path):

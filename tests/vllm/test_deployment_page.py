@@ -95,4 +95,5 @@ def test_live_server_panels_and_probe(vllm_engine, monkeypatch, tmp_path):
     assert (table["client (ms)"] > 0).all() and (table["server (ms)"] > 0).all()
     runs = Store(tmp_path / "h.sqlite").list_runs("probe")
     assert len(runs) == 1 and runs[0].summary["requests"] == 2 and runs[0].summary["client"]["ttft"]["p50"] > 0
+    assert runs[0].duration_s == pytest.approx(runs[0].summary["wall_s"], abs=1)  # saved with its start
     at.session_state["dep_watch"].stop()  # its canaries must not land in the next tests' exact counts

@@ -137,6 +137,8 @@ def non_finite_warning(gen, setup: Setup) -> str | None:
 def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
     """Save one Model page generation to history; None when history could not be written (the user keeps the
     result)."""
+    import time
+
     from core import store
 
     timing = gen.timing_summary()
@@ -149,4 +151,6 @@ def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, te
                "engine_short": engine.ran_short, "precision": setup.precision.value,
                "kv_dtype": setup.kv_dtype.value, **timing}
     # the title leads with the short setup, so History's list tells runs of one prompt at two precisions apart
-    return store.record("generate", f"{headline(setup, engine)}: {prompt}", payload, summary)
+    # token times count from the request's start, so the last one is the generation's duration
+    started = time.time() - (gen.token_times[-1] if gen.token_times else 0.0)
+    return store.record("generate", f"{headline(setup, engine)}: {prompt}", payload, summary, started_at=started)
