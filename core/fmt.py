@@ -33,6 +33,11 @@ def fmt_s(s: float | None) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def fmt_ms_cell(s: float | None, decimals: int = 1) -> str:
+    """Seconds as a bare number of milliseconds, for a table column whose header names the unit."""
+    return "N/A" if s is None else f"{1000 * s:.{decimals}f}"
+
+
 # --- telemetry fields: the unit is in the key's suffix, so one function formats every field -----------------------
 
 def fmt_field(key: str, value: Any) -> str:

@@ -5,6 +5,8 @@ import argparse
 import json
 import os
 
+from core.fmt import fmt_ms_cell as ms
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -21,10 +23,6 @@ def add_parser(subparsers) -> None:
                    help="the server's --api-key (default: $VLLM_API_KEY)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
-
-
-def _ms(v: float | None) -> str:
-    return "N/A" if v is None else f"{1000 * v:.1f}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     for key, label in (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "end-to-end")):
         c = res.client[key]
         s = (res.server or {}).get(key, {})
-        print(f"{label:<16}{_ms(c['p50']):>11}{_ms(c['p90']):>9}{_ms(c['p99']):>9}   "
-              f"{_ms(s.get('p50')):>11}{_ms(s.get('p90')):>9}{_ms(s.get('p99')):>9}")
-    print(f"client decode time per output token {_ms(res.tpot_s)} ms; {res.tokens} tokens in {res.chunks} chunks")
+        print(f"{label:<16}{ms(c['p50']):>11}{ms(c['p90']):>9}{ms(c['p99']):>9}   "
+              f"{ms(s.get('p50')):>11}{ms(s.get('p90')):>9}{ms(s.get('p99')):>9}")
+    print(f"client decode time per output token {ms(res.tpot_s)} ms; {res.tokens} tokens in {res.chunks} chunks")
     if res.metrics_note:
         print(f"note: {res.metrics_note}")
     if server_state:

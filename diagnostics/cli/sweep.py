@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
+
+from core.fmt import fmt_ms_cell
+
+_ms = functools.partial(fmt_ms_cell, decimals=0)  # whole milliseconds: the table is wide
 
 
 def add_parser(subparsers) -> None:
@@ -33,10 +38,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-history", action="store_true", help="do not save the sweep to History")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
-
-
-def _ms(v: float | None) -> str:
-    return "N/A" if v is None else f"{1000 * v:.0f}"
 
 
 def _pct(v: float | None) -> str:

@@ -93,8 +93,7 @@ def _div_rn(a, b, r):
 def _int4_half(p, s, z, isc_ptr, irc_ptr, offs_k, K, AWQ: tl.constexpr):
     """bf16 weights [BLOCK_N, 64] from the 4-bit codes p (uint8, one nibble already selected), per-row group scale s
     and zero point z (float32): Int4Linear.dequantized's arithmetic."""
-    # a conversion per code here: ORing the byte codes into 2^23's mantissa (as _code_floats does with whole words)
-    # measured 15% slower in this kernel on the H200 (docs/PERFORMANCE.md)
+    # a conversion per code: ORing unpacked codes into 2^23's mantissa was slower (docs/fast-engine.md#int-decode)
     w = (p.to(tl.float32) - z[:, None]) * s[:, None]  # exact: a 5-bit integer times an 11-bit float16 scale
     if AWQ:
         b = tl.load(isc_ptr + offs_k, mask=offs_k < K, other=1.0)  # a slice's tiles past K: codes 0, x 0
