@@ -22,7 +22,10 @@ def compile_variant(mode: int, decode: int, silu: bool, even: bool, block_n=64, 
     bk = IL.GROUP if mode in (IL.MODE_INT4, IL.MODE_INT4_AWQ) else 256
     const = dict(K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=mode, SILU_X=silu, BLOCK_N=block_n,
                  BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=decode, PDL=False)
-    return triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+    # what a launch on the GPU specializes: 16-byte aligned pointers and strides (N is not specialized)
+    aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
+               for a, ty in sig.items() if ty.startswith("*") or a in ("stride_wn", "stride_sn", "stride_isc")}
+    return triton.compile(ASTSource(fn, sig, const, aligned), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=warps, num_stages=3))
 
 

@@ -2,7 +2,7 @@
 visible with core.fmt.visible_token, and the page shows it in dataframes (never as Markdown or HTML)."""
 from __future__ import annotations
 
-from core.fmt import fmt_bytes, short_path, visible_token
+from core.fmt import MIB, fmt_bytes, short_path, visible_token
 
 
 def _num(v, fmt: str) -> str:
@@ -28,12 +28,19 @@ def table_rows(result: dict) -> list[dict]:
             f"{100 * s['share']:.2f} ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})",
             "RMS Δp %": "n/a" if r.get("rms_dp") is None else f"{100 * r['rms_dp']:.3f}",
             "weights": fmt_bytes(r.get("weights_bytes")),
-            "peak memory": fmt_bytes(r.get("peak_bytes")),
+            "peak memory": _peak(r),
             "prefill tok/s": _num(r.get("prefill_tok_s"), ",.0f"),
             "decode tok/s": _num(r.get("decode_tok_s"), ",.1f"),
             "runs as": label + (f" [{', '.join(kernels)}]" if kernels else ""),
         })
     return out
+
+
+def _peak(row: dict) -> str:
+    """A CPU run's peak is what the process's resident memory grew by: a run that fit in memory the process already
+    held (freed by an earlier run) grows it by nothing, which reads as a broken "0 B"."""
+    b = row.get("peak_bytes")
+    return "< 1 MiB" if b is not None and b < MIB and "RSS" in (row.get("peak_source") or "") else fmt_bytes(b)
 
 
 def worst_rows(result: dict) -> list[dict]:
@@ -60,7 +67,7 @@ def compact_rows(result: dict) -> list[dict]:
             "KLD mean": k.get("mean"), "KLD p99": k.get("p99"), "KLD max": k.get("max"),
             "same top %": None if not s else 100 * s["share"],
             "RMS Δp %": None if r.get("rms_dp") is None else 100 * r["rms_dp"],
-            "weights": fmt_bytes(r.get("weights_bytes")), "peak mem": fmt_bytes(r.get("peak_bytes")),
+            "weights": fmt_bytes(r.get("weights_bytes")), "peak mem": _peak(r),
             "prefill tok/s": r.get("prefill_tok_s"), "decode tok/s": r.get("decode_tok_s"),
         })
     return out

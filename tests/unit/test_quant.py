@@ -213,6 +213,15 @@ def test_visible_token_and_rendered_rows_keep_html_as_text():
     assert t["same top %"].startswith("90.00") and t["weights"] == "N/A"
 
 
+def test_a_cpu_run_that_grew_no_memory_reads_under_1_mib_not_0_b():
+    from core.telemetry.run_peak import SOURCE
+
+    rows = [{"name": "int4", "peak_bytes": 0, "peak_source": SOURCE},
+            {"name": "fp8", "peak_bytes": 15 * 2**20, "peak_source": SOURCE},
+            {"name": "bf16", "peak_bytes": 0, "peak_source": "CUDA allocator (torch.cuda.max_memory_allocated)"}]
+    assert [r["peak mem"] for r in render.compact_rows({"rows": rows})] == ["< 1 MiB", "15.00 MiB", "0 B"]
+
+
 def test_layer_errors_rank_quantizers_and_find_outlier_channels():
     from core.quality import layers
 

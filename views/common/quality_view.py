@@ -21,7 +21,9 @@ COLUMNS = {
                                                      "95% interval is in the full table below"),
     "RMS Δp %": _num(format="%.3f", width=80, help="Root mean square change of the correct token's probability"),
     "weights": st.column_config.TextColumn(width=85),
-    "peak mem": st.column_config.TextColumn(width=80, help="Peak memory of the run"),
+    "peak mem": st.column_config.TextColumn(width=80, help="Peak memory of the run: on a GPU the CUDA allocator's "
+                                                           "peak, on the CPU what the process's resident memory grew "
+                                                           "by during it"),
     "prefill tok/s": _num(format="%,.0f", width=85, help="Tokens per second through the windows (prompt pass)"),
     "decode tok/s": _num(format="%,.1f", width=85, help="Greedy decode speed after the document's start"),
 }
