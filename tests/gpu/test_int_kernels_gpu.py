@@ -73,16 +73,18 @@ def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
         print(f"{mode:8s} {n}x{k} M={m}: cfg {IL.int_config_for(iw.mode, m, n, k)}")
 
 
+@pytest.mark.parametrize("decode", [0, 1, 2])
 @pytest.mark.parametrize("split", [1, 4])
 @pytest.mark.parametrize("n,k,rows", SHAPES)
 @pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
-def test_one_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows, split):
-    """The batch-1 GEMV (compiled: LOP3 codes, the bf16 conversion and _div_rn on the hardware) builds the
-    reference's weights bit for bit: one-hot rows over every code position of a word and a group's ends."""
+def test_one_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows, split, decode):
+    """The batch-1 GEMV (compiled: LOP3 codes, the paired bf16 conversion, _div_rn and the activations read in
+    pairs on the hardware) builds the reference's weights bit for bit: one-hot rows over every code position of a
+    word and a group's ends, for each DECODE variant the tuner may pick."""
     iw = _storage(mode, n, k, rows, seed=SEED)
     ref_w = IL.reference_dequantized(iw)
-    cfg = dict(kernel="gemv", BLOCK_N=32, BLOCK_K=128 if mode != "int8-wo" else 256, SPLIT_K=split, num_warps=4,
-               num_stages=3)
+    cfg = dict(kernel="gemv", BLOCK_N=32 if split == 1 else 128, BLOCK_K=128, SPLIT_K=split, num_warps=4,
+               num_stages=3, DECODE=decode)
     out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, k - 1] + torch.randperm(k)[:8].tolist():
         e = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)

@@ -191,40 +191,53 @@ def _int_finish(acc, ws_ptr, xs_ptr, out_ptr, part_ptr, counter, slice_id, offs_
 
 
 @triton.jit
+def _lop_or(c, MASK: tl.constexpr, FLOAT_BITS: tl.constexpr):
+    """(c & MASK) | FLOAT_BITS, the masked code placed in a float's mantissa, in one LOP3: written as two operations
+    with both constants immediate, the compiler spends two instructions (one immediate fits in a LOP3)."""
+    if _INTERPRETED:
+        return (c & MASK) | FLOAT_BITS
+    else:
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r",  # 0xEA: (a & b) | c
+                                         [c, tl.full(c.shape, MASK, tl.int32), tl.full(c.shape, FLOAT_BITS, tl.int32)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _code_floats(wd, j: tl.constexpr, BITS: tl.constexpr, SHIFT: tl.constexpr):
     """2^23 + c * 2^(BITS * e) as float32 for code j of each int32 word (codes of BITS bits, the first in the low
     bits; INT8 codes already offset to unsigned): the code is masked in place and ORed into the mantissa of 2^23,
     one LOP3 a weight. Codes reaching bit 23 are read from the word shifted right by SHIFT, so e = j, or j - SHIFT /
     BITS for those."""
     if (j + 1) * BITS <= 23:
-        c = wd & (((1 << BITS) - 1) << (BITS * j))
+        c = _lop_or(wd, ((1 << BITS) - 1) << (BITS * j), 0x4B000000)
     else:
-        c = (wd >> SHIFT) & (((1 << BITS) - 1) << (BITS * j - SHIFT))
-    return (c | 0x4B000000).to(tl.float32, bitcast=True)
+        c = _lop_or(wd >> SHIFT, ((1 << BITS) - 1) << (BITS * j - SHIFT), 0x4B000000)
+    return c.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _nibble_near_one(wd, j: tl.constexpr):
     """1 + q * 2^(B - 23) as float32 for nibble j of each int32 word: the nibble moved to bits B..B+3 (B = 16 for
-    nibbles 2, 4 and 6, else 12; four shifts a word) and ORed into the mantissa of 1.0. With B >= 12 such a float has
-    at most 12 significant bits, so its product with a float16 scale is exact in one FMA."""
+    nibbles 2, 4 and 6, else 12; four shifts a word, shared by two nibbles each) and ORed into the mantissa of 1.0.
+    With B >= 12 such a float has at most 12 significant bits, so its product with a float16 scale (11 bits) is exact
+    and one FMA dequantizes it (`_gemv_weight`)."""
     if j == 0:
-        c = (wd << 12) & 0xF000
+        c = _lop_or(wd << 12, 0xF000, 0x3F800000)
     elif j == 1:
-        c = (wd << 8) & 0xF000
+        c = _lop_or(wd << 8, 0xF000, 0x3F800000)
     elif j == 2:
-        c = (wd << 8) & 0xF0000
+        c = _lop_or(wd << 8, 0xF0000, 0x3F800000)
     elif j == 3:
-        c = wd & 0xF000
+        c = _lop_or(wd, 0xF000, 0x3F800000)
     elif j == 4:
-        c = wd & 0xF0000
+        c = _lop_or(wd, 0xF0000, 0x3F800000)
     elif j == 5:
-        c = (wd >> 8) & 0xF000
+        c = _lop_or(wd >> 8, 0xF000, 0x3F800000)
     elif j == 6:
-        c = (wd >> 8) & 0xF0000
+        c = _lop_or(wd >> 8, 0xF0000, 0x3F800000)
     else:
-        c = (wd >> 16) & 0xF000
-    return (c | 0x3F800000).to(tl.float32, bitcast=True)
+        c = _lop_or(wd >> 16, 0xF000, 0x3F800000)
+    return c.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -242,38 +255,47 @@ def _bf16_pair(a, b):
 
 
 @triton.jit
-def _gemv_operands(wd, j: tl.constexpr, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE: tl.constexpr,
-                   SILU_X: tl.constexpr, EVEN: tl.constexpr, DECODE: tl.constexpr, CODES: tl.constexpr,
-                   BITS: tl.constexpr, SHIFT: tl.constexpr, WORDS: tl.constexpr):
-    """Code j of each word as (w, x): the weight before its bf16 rounding and the activations it multiplies, both
-    possibly carrying reciprocal powers of two (exact; bf16 rounding commutes with them, so the rounded product is
-    the reference's). DECODE 1 (INT4): w = fma(1 + q * 2^(B-23), s, -(1 + z * 2^(B-23)) * s) = (q - z) * s * 2^(B-23)
-    exactly, x * 2^(23-B); else w from `_code_floats` less (2^23 + zero) times the scale."""
+def _gemv_x_pair(x_ptr, k0, offs_w, j: tl.constexpr, K, SILU_X: tl.constexpr, EVEN: tl.constexpr,
+                 CODES: tl.constexpr, WORDS: tl.constexpr):
+    """The activations of codes j and j + 1 of each word, as float32 [1, WORDS] each. Unmasked plain bf16 rows are
+    read as one int32 a pair (inputs k and k + 1 side by side) and widened by an AND and a shift: half the loads and
+    no conversion."""
     offs_k = k0 + CODES * offs_w + j
     if EVEN and not SILU_X:
-        x = tl.load(x_ptr + offs_k).to(tl.float32)
+        xp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + offs_k // 2)
+        xa = (xp << 16).to(tl.float32, bitcast=True)
+        xb = (xp & -0x10000).to(tl.float32, bitcast=True)  # 0xFFFF0000 as an int32
     else:
-        x = tl.reshape(_load_x(x_ptr, tl.zeros([1], dtype=tl.int32), offs_k, 1, K, 0, SILU_X), (WORDS,))
-        x = x.to(tl.float32)
+        zero = tl.zeros([1], dtype=tl.int32)
+        xa = tl.reshape(_load_x(x_ptr, zero, offs_k, 1, K, 0, SILU_X), (WORDS,)).to(tl.float32)
+        xb = tl.reshape(_load_x(x_ptr, zero, offs_k + 1, 1, K, 0, SILU_X), (WORDS,)).to(tl.float32)
+    return xa[None, :], xb[None, :]
+
+
+@triton.jit
+def _gemv_weight(wd, j: tl.constexpr, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE: tl.constexpr,
+                 DECODE: tl.constexpr, CODES: tl.constexpr, BITS: tl.constexpr, SHIFT: tl.constexpr):
+    """Code j of each word dequantized to the float32 weight the reference rounds to bf16, (q - z) * s exactly.
+    DECODE 1 (INT4): fma(1 + q * 2^(B-23), s * 2^(23-B), -(2^(23-B) + z) * s), one FMA, its product exact
+    (`_nibble_near_one`); else the code from `_code_floats` less (2^23 + zero), times the scale."""
     if MODE == 5:
         P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))  # _code_floats's code j times P
         w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + 128.0 * P)) * (ws * (1.0 / P))[:, None]
     elif DECODE == 1:
         f = _nibble_near_one(wd, j)
         if j % 2 == 0 and j > 0:
-            w = tl.fma(f, s[:, None], c16[:, None])
-            x = x * 128.0
+            w = tl.fma(f, s16[:, None], c16[:, None])
         else:
-            w = tl.fma(f, s[:, None], c12[:, None])
-            x = x * 2048.0
+            w = tl.fma(f, s12[:, None], c12[:, None])
     else:
         P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))
         w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + z * P)[:, None]) * (s * (1.0 / P))[:, None]
     if MODE == 4:
+        offs_k = k0 + CODES * offs_w + j
         b = tl.load(isc + offs_k, mask=offs_k < K, other=1.0)
         r = tl.load(irc + offs_k, mask=offs_k < K, other=1.0)
-        w = _div_rn(w, b[None, :], r[None, :])  # a correctly rounded quotient scales with w's power of two
-    return w, x[None, :]
+        w = _div_rn(w, b[None, :], r[None, :])
+    return w
 
 
 # N is not specialized so that every projection of one width shares a compiled kernel
@@ -286,7 +308,7 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
     """One activation row (the decode step at batch 1): out[n] = sum_k w[n, k] * x[k] with plain float32 FMAs on
     the weights dequantized in registers to the reference's bf16 values (as _int_linear_kernel's), reduced over k at
     the end. The codes are read as int32 words (w_ptr: the storage viewed as int32) and never unpacked into bytes;
-    `_gemv_operands` makes each code a float with integer bit operations, no conversion instruction.
+    `_gemv_weight` makes each code a float with integer bit operations, no conversion instruction.
     INT4: word i of a row holds inputs 8i..8i+7 (input 2j in a byte's low nibble), BLOCK_K = one group;
     INT8 weight-only: word i holds inputs 4i..4i+3. EVEN: the tiles cover N and every slice's K exactly (no masks).
     DECODE (A/B on the GPU): 0 codes through 2^23 and one bf16 conversion a weight; 1 INT4 codes through one FMA and
@@ -314,7 +336,9 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
     ws = tl.zeros([BLOCK_N], dtype=tl.float32)
     s = ws
     z = ws
+    s12 = ws
     c12 = ws
+    s16 = ws
     c16 = ws
     if MODE == 5:
         ws = tl.load(ws_ptr + offs_n, mask=nmask, other=0.0)
@@ -333,13 +357,16 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
             s = tl.load(ws_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0.0).to(tl.float32)
             z = tl.load(wz_ptr + offs_n * stride_sn + t, mask=nmask & live, other=0).to(tl.float32)
             if DECODE == 1:
-                c12 = -tl.fma(z * (1.0 / 2048.0), s, s)  # -(1 + z * 2^-11) * s, exact: 12 bits times 11
-                c16 = -tl.fma(z * (1.0 / 128.0), s, s)
+                s12 = s * 2048.0
+                c12 = (-2048.0 - z) * s  # exact: 12 bits times 11
+                s16 = s * 128.0
+                c16 = (-128.0 - z) * s
         for jp in tl.static_range(CODES // 2):
-            wa, xa = _gemv_operands(wd, 2 * jp, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE, SILU_X,
-                                    EVEN, DECODE, CODES, BITS, SHIFT, WORDS)
-            wb, xb = _gemv_operands(wd, 2 * jp + 1, s, z, c12, c16, ws, isc, irc, x_ptr, k0, offs_w, K, MODE, SILU_X,
-                                    EVEN, DECODE, CODES, BITS, SHIFT, WORDS)
+            xa, xb = _gemv_x_pair(x_ptr, k0, offs_w, 2 * jp, K, SILU_X, EVEN, CODES, WORDS)
+            wa = _gemv_weight(wd, 2 * jp, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE, DECODE, CODES,
+                              BITS, SHIFT)
+            wb = _gemv_weight(wd, 2 * jp + 1, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE, DECODE,
+                              CODES, BITS, SHIFT)
             if DECODE == 0:
                 acc += _bf16(wa).to(tl.float32) * xa
                 acc += _bf16(wb).to(tl.float32) * xb

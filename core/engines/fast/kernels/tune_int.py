@@ -21,11 +21,12 @@ SHIPPED_INT_H200 = Path(__file__).resolve().parent.parent / "tuned_int_h200.json
 SMALL_M = [(32, 1, 4, 4), (32, 2, 4, 4), (32, 4, 4, 4), (64, 1, 4, 4), (64, 2, 4, 4), (64, 4, 4, 4),
            (64, 8, 4, 4), (128, 1, 4, 4), (128, 2, 4, 4), (128, 4, 8, 3)]
 LARGE_M = [(64, 1, 4, 3), (128, 1, 8, 3), (64, 2, 4, 3), (128, 2, 8, 3)]
-# the one-row FMA GEMV (_int_gemv_kernel): (BLOCK_N, SPLIT_K, num_warps, num_stages, DECODE); INT4 reads one group
-# a step; DECODE 0 and 2 (INT8 weight-only: 1 is 2) are there for the A/B of its code paths
-GEMV = [(32, 2, 4, 3, 1), (64, 2, 4, 3, 1), (64, 4, 4, 3, 1), (64, 4, 2, 3, 1), (64, 8, 2, 3, 1), (128, 4, 4, 3, 1),
-        (128, 8, 4, 3, 1), (128, 4, 2, 3, 1), (128, 8, 2, 3, 1), (256, 8, 4, 3, 1), (256, 4, 8, 3, 1),
-        (64, 4, 4, 3, 0), (128, 8, 4, 3, 0), (64, 4, 4, 3, 2), (128, 8, 4, 3, 2)]
+# the one-row FMA GEMV (_int_gemv_kernel): (BLOCK_N, SPLIT_K, num_warps, num_stages, DECODE), one INT4 group or 128
+# INT8 codes a step; none spills registers on sm_90 (python -m bench.fast.int_gemv_compile). DECODE 0 and 2 are the A/B
+# of its code paths (for INT8 weight-only 1 means 2).
+GEMV = [(32, 4, 4, 3, 1), (64, 2, 4, 3, 1), (64, 4, 4, 3, 1), (64, 8, 4, 3, 1), (64, 4, 2, 3, 1), (128, 2, 4, 3, 1),
+        (128, 4, 4, 3, 1), (128, 8, 4, 3, 1), (256, 4, 8, 3, 1), (256, 8, 8, 3, 1),
+        (64, 4, 4, 3, 0), (128, 4, 4, 3, 0), (64, 4, 4, 3, 2), (128, 4, 4, 3, 2)]
 
 
 def candidates(mode: int, m: int, k: int, gemv_only: bool = False) -> list[dict]:
@@ -34,8 +35,8 @@ def candidates(mode: int, m: int, k: int, gemv_only: bool = False) -> list[dict]
     tiles = [] if gemv_only else [
         dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s)
         for bn, sk, w, s in (LARGE_M if large else SMALL_M) if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
-    gemv = [dict(kernel="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s, DECODE=d)
-            for bn, sk, w, s, d in GEMV if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
+    gemv = [dict(kernel="gemv", BLOCK_N=bn, BLOCK_K=IL.GROUP, SPLIT_K=sk, num_warps=w, num_stages=s, DECODE=d)
+            for bn, sk, w, s, d in GEMV if triton.cdiv(triton.cdiv(k, IL.GROUP), sk) >= 2]
     return tiles + (gemv if m == 1 and mode != IL.MODE_INT8 else [])
 
 
