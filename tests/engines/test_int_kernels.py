@@ -149,15 +149,17 @@ def test_the_prompt_pass_product_is_the_reference(mode):
 GEMV = dict(kernel="gemv", BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2)
 
 
-@pytest.mark.parametrize("decode", [0, 1, 2])
-@pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
+# AWQ differs from INT4 only after the decode (its division), so one DECODE of it here keeps the interpreter's time
+# down; the GPU test runs all of them
+@pytest.mark.parametrize("mode,decode", [("int4", 0), ("int4", 1), ("int4", 2), ("int4-awq", 1), ("int8-wo", 0),
+                                         ("int8-wo", 2)])
 def test_gemv_reads_back_each_dequantized_weight(mode, decode):
     """The one-row kernel builds each weight from the int32 words it reads (every code position of a word, the
     groups' first and last inputs): x = e_k gives exactly the reference's bf16 weight column k."""
     iw = _storage(mode, seed=2)
     ref = IL.reference_dequantized(iw)
     out = torch.empty(1, N, dtype=torch.bfloat16, device=DEV)
-    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, 380, 383]:
+    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 383]:
         x = torch.zeros(1, K, dtype=torch.bfloat16, device=DEV)
         x[0, col] = 1.0
         IL.int_linear(x, iw, out, cfg={**GEMV, "DECODE": decode})

@@ -669,7 +669,8 @@ def _int_gemv(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool, c
         iw.row_seg if iw.row_seg is not None else dummy, out, part, counts, N, words.stride(0), iw.scale.stride(0),
         iw.in_scale.stride(0) if iw.in_scale is not None else 0,
         K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_K=bk,
-        SPLIT_K=split, EVEN=N % bn == 0 and K % (bk * split) == 0,
+        # EVEN also reads the activations as int32 pairs, which wants them 4-byte aligned
+        SPLIT_K=split, EVEN=N % bn == 0 and K % (bk * split) == 0 and x.data_ptr() % 4 == 0,
         DECODE=cfg.get("DECODE", 1),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **launch_options())
