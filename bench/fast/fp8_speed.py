@@ -344,8 +344,8 @@ def main() -> None:
     ap.add_argument("--retune", help="with --tuned: tune these precisions again (e.g. fp8-wo) for --batches")
     ap.add_argument("--int-tuned", help="the integer linears' tuning table (skips their tuning): the shipped "
                     "core/engines/fast/tuned_int_h200.json")
-    ap.add_argument("--int-gemv", action="store_true", help="with --int-tuned: time the one-row GEMV's candidates "
-                    "against the table's batch-1 winners and keep the faster (the table with them goes to --out)")
+    ap.add_argument("--int-gemv", action="store_true", help="with --int-tuned: time the few-row GEMV's candidates "
+                    "against the table's winners for batches of 1-8 and keep the faster (the table goes to --out)")
     ap.add_argument("--prefill", default="", help="prompt lengths whose prompt pass is timed per precision (8192)")
     ap.add_argument("--fold-ab", action="store_true", help="only: sweep gemv_prologue's launch configurations, "
                     "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
@@ -400,7 +400,9 @@ def main() -> None:
         if args.int_gemv or (not args.int_tuned and not args.no_tune):
             t0 = time.perf_counter()
             int_tuning = tune_int.tune_model(dims, [p for p in int_precisions if p != "int8"] if args.int_gemv
-                                             else int_precisions, [1] if args.int_gemv else batches, log=log,
+                                             else int_precisions,
+                                             [b for b in batches if b <= tune_int.IL.GEMV_MAX_ROWS] if args.int_gemv
+                                             else batches, log=log,
                                              gemv_only=args.int_gemv)
             log(f"integer tuning took {time.perf_counter() - t0:.0f} s")
             if args.out:

@@ -1,8 +1,8 @@
-"""Compile the one-row integer GEMV (_int_gemv_kernel) for sm_90 on a machine without a GPU (Triton's bundled ptxas
+"""Compile the few-row integer GEMV (_int_gemv_kernel) for sm_90 on a machine without a GPU (Triton's bundled ptxas
 and nvdisasm): every mode x DECODE x SILU_X x EVEN variant must build, and for each the main loop's SASS is counted:
 instructions a weight (every thread issues them; at batch 1 the H200 has about 33e12 a second for ~7e9 weights of
 Llama-3-8B), registers and spills. The offline half of the GEMV's A/B; the GPU times it (int_gemv_run.sh).
-Run: python -m bench.fast.int_gemv_compile [--block-n 64 --split 4 --warps 4]"""
+Run: python -m bench.fast.int_gemv_compile [--block-n 64 --split 4 --warps 4 --rows 1]"""
 import argparse
 import collections
 import re
@@ -20,18 +20,20 @@ K = 4096  # Llama-3-8B's hidden size
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def compile_variant(mode: int, decode: int, silu: bool, even: bool, block_n=64, split=4, warps=4):
+def compile_variant(mode: int, decode: int, silu: bool, even: bool, block_n=64, split=4, warps=4, rows=1):
     fn = IL._int_gemv_kernel
     sig = {a: "constexpr" for a in fn.arg_names}
     sig.update(x_ptr="*bf16", w_ptr="*i32", ws_ptr="*fp32" if mode == IL.MODE_INT8_WO else "*fp16", wz_ptr="*u8",
                isc_ptr="*fp32", irc_ptr="*fp32", seg_ptr="*i32", out_ptr="*bf16", part_ptr="*fp32",
-               count_ptr="*i32", N="i32", stride_wn="i32", stride_sn="i32", stride_isc="i32")
+               count_ptr="*i32", M="i32", N="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32",
+               stride_isc="i32", stride_om="i32")
     bk = IL.GROUP  # the GEMV reads one INT4 group, or 128 INT8 codes, a step
     const = dict(K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=mode, SILU_X=silu, BLOCK_N=block_n,
-                 BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=decode, PDL=False)
+                 BLOCK_M=rows, BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=decode, PDL=False)
     # what a launch on the GPU specializes: 16-byte aligned pointers and strides (N is not specialized)
     aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]]
-               for a, ty in sig.items() if ty.startswith("*") or a in ("stride_wn", "stride_sn", "stride_isc")}
+               for a, ty in sig.items()
+               if ty.startswith("*") or a in ("stride_xm", "stride_wn", "stride_sn", "stride_isc", "stride_om")}
     return triton.compile(ASTSource(fn, sig, const, aligned), target=GPUTarget("cuda", 90, 32),
                           options=dict(num_warps=warps, num_stages=3))
 
@@ -64,12 +66,13 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--split", type=int, default=4)
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=1, help="activation rows (BLOCK_M: 1, 2, 4 or 8)")
     args = ap.parse_args()
-    per_thread = args.block_n * IL.GROUP // (32 * args.warps)
+    per_thread = args.block_n * IL.GROUP // (32 * args.warps)  # weights a thread dequantizes each step
     for name, mode in (("int4", IL.MODE_INT4), ("int4-awq", IL.MODE_INT4_AWQ), ("int8-wo", IL.MODE_INT8_WO)):
         for decode in (0, 1, 2) if mode != IL.MODE_INT8_WO else (0, 2):
             for silu, even in ((False, True), (True, True), (False, False)):
-                k = compile_variant(mode, decode, silu, even, args.block_n, args.split, args.warps)
+                k = compile_variant(mode, decode, silu, even, args.block_n, args.split, args.warps, args.rows)
                 print(f"{name:8s} DECODE {decode} silu_x {silu!s:5s} even {even!s:5s}: {loop_profile(k, per_thread)}")
 
 

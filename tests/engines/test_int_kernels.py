@@ -149,33 +149,33 @@ def test_the_prompt_pass_product_is_the_reference(mode):
 GEMV = dict(kernel="gemv", BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2)
 
 
-# AWQ differs from INT4 only after the decode (its division), so one DECODE of it here keeps the interpreter's time
-# down; the GPU test runs all of them
-@pytest.mark.parametrize("mode,decode", [("int4", 0), ("int4", 1), ("int4", 2), ("int4-awq", 1), ("int8-wo", 0),
-                                         ("int8-wo", 2)])
+@pytest.mark.parametrize("mode,decode", [("int4", 0), ("int4", 1), ("int4", 2), ("int4-awq", 0), ("int4-awq", 1),
+                                         ("int4-awq", 2), ("int8-wo", 0), ("int8-wo", 2)])
 def test_gemv_reads_back_each_dequantized_weight(mode, decode):
-    """The one-row kernel builds each weight from the int32 words it reads (every code position of a word, the
-    groups' first and last inputs): x = e_k gives exactly the reference's bf16 weight column k."""
+    """The few-row kernel builds each weight from the int32 words it reads (every code position of a word, the
+    groups' first and last inputs): row i of x = e_(k_i) gives exactly the reference's bf16 weight column k_i in
+    output row i. Eight rows (no masks, activations read in pairs), three (rows masked) and one."""
     iw = _storage(mode, seed=2)
     ref = IL.reference_dequantized(iw)
-    out = torch.empty(1, N, dtype=torch.bfloat16, device=DEV)
-    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 383]:
-        x = torch.zeros(1, K, dtype=torch.bfloat16, device=DEV)
-        x[0, col] = 1.0
+    for cols in ([0, 1, 2, 3, 4, 5, 6, 7], [127, 128, 383], [5]):
+        x = torch.zeros(len(cols), K, dtype=torch.bfloat16, device=DEV)
+        x[torch.arange(len(cols)), cols] = 1.0
+        out = torch.empty(len(cols), N, dtype=torch.bfloat16, device=DEV)
         IL.int_linear(x, iw, out, cfg={**GEMV, "DECODE": decode})
-        assert torch.equal(out[0].view(torch.int16), ref[:, col].contiguous().view(torch.int16)), col
+        assert torch.equal(out.view(torch.int16), ref[:, cols].t().contiguous().view(torch.int16)), cols
 
 
-@pytest.mark.parametrize("mode,split,silu,bn", [("int4", 1, False, 32), ("int4", 2, True, 64),
-                                                ("int4-awq", 3, False, 32), ("int8-wo", 1, True, 64),
-                                                ("int8-wo", 2, False, 32)])
-def test_gemv_products_match_the_reference(mode, split, silu, bn):
+@pytest.mark.parametrize("mode,split,silu,bn,rows", [("int4", 1, False, 32, 1), ("int4", 2, True, 64, 1),
+                                                     ("int4-awq", 3, False, 32, 1), ("int8-wo", 1, True, 64, 1),
+                                                     ("int8-wo", 2, False, 32, 1), ("int4", 2, False, 32, 8),
+                                                     ("int4-awq", 1, True, 64, 2), ("int8-wo", 3, False, 32, 5)])
+def test_gemv_products_match_the_reference(mode, split, silu, bn, rows):
     """Tiles that cover N and K exactly (no masks) and tiles that do not (96 rows in tiles of 64; 3 groups in 2
-    slices)."""
+    slices; 5 activation rows in a block of 8)."""
     iw = _storage(mode, seed=3)
-    x = torch.randn(1, (2 if silu else 1) * K, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    x = torch.randn(rows, (2 if silu else 1) * K, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
     x = x.to(DEV)
-    out = torch.full((1, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    out = torch.full((rows, N), float("nan"), dtype=torch.bfloat16, device=DEV)
     IL.int_linear(x, iw, out, silu_x=silu, cfg={**GEMV, "SPLIT_K": split, "BLOCK_N": bn})
     if silu:
         g, u = x.chunk(2, dim=-1)
@@ -183,3 +183,12 @@ def test_gemv_products_match_the_reference(mode, split, silu, bn):
     ref = x.float() @ IL.reference_dequantized(iw).float().t()
     rel = float((out.float() - ref).norm() / ref.norm())
     assert rel < 5e-3, rel  # bf16 output rounding; the weights are the same
+
+
+def test_the_ran_line_names_the_gemv_only_where_the_tuning_table_gives_it(monkeypatch):
+    monkeypatch.setattr(IL, "INT_TUNED", {})
+    assert "GEMV" not in IL.kernel_label("int4")
+    monkeypatch.setattr(IL, "INT_TUNED", {(IL.MODE_INT4, 1, 6144, 4096): {"kernel": "gemv"},
+                                          (IL.MODE_INT8_WO, 16, 6144, 4096): {"BLOCK_N": 32}})
+    assert "at one row, float32-FMA GEMVs" in IL.kernel_label("int4")
+    assert "GEMV" not in IL.kernel_label("int8-wo") and "GEMV" not in IL.kernel_label("int4-awq")

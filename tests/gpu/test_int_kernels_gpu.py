@@ -73,25 +73,29 @@ def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
         print(f"{mode:8s} {n}x{k} M={m}: cfg {IL.int_config_for(iw.mode, m, n, k)}")
 
 
-@pytest.mark.parametrize("decode", [0, 1, 2])
-@pytest.mark.parametrize("split", [1, 4])
-@pytest.mark.parametrize("n,k,rows", SHAPES)
+@pytest.mark.parametrize("split,decode,rows", [(1, 0, 1), (1, 1, 1), (1, 2, 1), (4, 0, 1), (4, 1, 1), (4, 2, 1),
+                                               (1, 1, 8), (4, 1, 8), (4, 2, 8)])
+@pytest.mark.parametrize("n,k,rows_of", SHAPES)
 @pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
-def test_one_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows, split, decode):
-    """The batch-1 GEMV (compiled: LOP3 codes, the paired bf16 conversion, _div_rn and the activations read in
+def test_few_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows_of, split, decode, rows):
+    """The batch 1-8 GEMV (compiled: LOP3 codes, the paired bf16 conversion, _div_rn and the activations read in
     pairs on the hardware) builds the reference's weights bit for bit: one-hot rows over every code position of a
-    word and a group's ends, for each DECODE variant the tuner may pick."""
-    iw = _storage(mode, n, k, rows, seed=SEED)
+    word and a group's ends, for each DECODE variant the tuner may pick, one row at a time or eight (the last block
+    of four: masked rows)."""
+    iw = _storage(mode, n, k, rows_of, seed=SEED)
     ref_w = IL.reference_dequantized(iw)
-    cfg = dict(kernel="gemv", BLOCK_N=32 if split == 1 else 128, BLOCK_K=128, SPLIT_K=split, num_warps=4,
+    cfg = dict(kernel="gemv", BLOCK_N=32 if split == 1 else 64, BLOCK_K=128, SPLIT_K=split, num_warps=4,
                num_stages=3, DECODE=decode)
-    out = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    for col in [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, k - 1] + torch.randperm(k)[:8].tolist():
-        e = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
-        e[0, col] = 1.0
+    cols = [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, k - 1] + torch.randperm(k)[:8].tolist()
+    for i in range(0, len(cols), rows):
+        chunk = cols[i:i + rows]
+        e = torch.zeros(len(chunk), k, device="cuda", dtype=torch.bfloat16)
+        e[torch.arange(len(chunk)), chunk] = 1.0
+        out = torch.full((len(chunk), n), float("nan"), device="cuda", dtype=torch.bfloat16)
         IL.int_linear(e, iw, out, cfg=cfg)
-        assert torch.equal(out[0].view(torch.int16), ref_w[:, col].contiguous().view(torch.int16)), col
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        assert torch.equal(out.view(torch.int16), ref_w[:, chunk].t().contiguous().view(torch.int16)), chunk
+    x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+    out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     IL.int_linear(x, iw, out, cfg=cfg)
     ref = IL.reference_linear(x, iw)
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 5e-3

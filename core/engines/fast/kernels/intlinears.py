@@ -255,21 +255,28 @@ def _bf16_pair(a, b):
 
 
 @triton.jit
-def _gemv_x_pair(x_ptr, k0, offs_w, j: tl.constexpr, K, SILU_X: tl.constexpr, EVEN: tl.constexpr,
-                 CODES: tl.constexpr, WORDS: tl.constexpr):
-    """The activations of codes j and j + 1 of each word, as float32 [1, WORDS] each. Unmasked plain bf16 rows are
-    read as one int32 a pair (inputs k and k + 1 side by side) and widened by an AND and a shift: half the loads and
-    no conversion."""
+def _gemv_x_pair(x_ptr, offs_m, M, stride_xm, k0, offs_w, j: tl.constexpr, K, SILU_X: tl.constexpr,
+                 EVEN: tl.constexpr, CODES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The activations of codes j and j + 1 of each word, as float32 [1, WORDS] each for one row, [1, BLOCK_M, WORDS]
+    for several. Plain bf16 rows without masks are read as one int32 a pair (inputs k and k + 1 side by side) and
+    widened by a shift and an AND: half the loads and no conversion. One row keeps its own 2-D shapes: the 3-D ones
+    cost it a trip through shared memory a step (SASS, bench.fast.int_gemv_compile)."""
     offs_k = k0 + CODES * offs_w + j
     if EVEN and not SILU_X:
-        xp = tl.load(x_ptr.to(tl.pointer_type(tl.int32)) + offs_k // 2)
+        x32 = x_ptr.to(tl.pointer_type(tl.int32))
+        if BLOCK_M == 1:
+            xp = tl.load(x32 + offs_k // 2)[None, :]
+        else:
+            xp = tl.load(x32 + offs_m[:, None] * (stride_xm // 2) + (offs_k // 2)[None, :])[None, :, :]
         xa = (xp << 16).to(tl.float32, bitcast=True)
         xb = (xp & -0x10000).to(tl.float32, bitcast=True)  # 0xFFFF0000 as an int32
     else:
-        zero = tl.zeros([1], dtype=tl.int32)
-        xa = tl.reshape(_load_x(x_ptr, zero, offs_k, 1, K, 0, SILU_X), (WORDS,)).to(tl.float32)
-        xb = tl.reshape(_load_x(x_ptr, zero, offs_k + 1, 1, K, 0, SILU_X), (WORDS,)).to(tl.float32)
-    return xa[None, :], xb[None, :]
+        xa = tl.trans(_load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X)).to(tl.float32)
+        xb = tl.trans(_load_x(x_ptr, offs_m, offs_k + 1, M, K, stride_xm, SILU_X)).to(tl.float32)
+        if BLOCK_M > 1:
+            xa = xa[None, :, :]
+            xb = xb[None, :, :]
+    return xa, xb
 
 
 @triton.jit
@@ -301,13 +308,13 @@ def _gemv_weight(wd, j: tl.constexpr, s, z, s12, c12, s16, c16, ws, isc, irc, k0
 # N is not specialized so that every projection of one width shares a compiled kernel
 @triton.jit(do_not_specialize=["N"])
 def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, out_ptr, part_ptr, count_ptr,
-                     N, stride_wn, stride_sn, stride_isc,
+                     M, N, stride_xm, stride_wn, stride_sn, stride_isc, stride_om,
                      K: tl.constexpr, K_PER: tl.constexpr, MODE: tl.constexpr, SILU_X: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN: tl.constexpr,
-                     DECODE: tl.constexpr, PDL: tl.constexpr):
-    """One activation row (the decode step at batch 1): out[n] = sum_k w[n, k] * x[k] with plain float32 FMAs on
-    the weights dequantized in registers to the reference's bf16 values (as _int_linear_kernel's), reduced over k at
-    the end. The codes are read as int32 words (w_ptr: the storage viewed as int32) and never unpacked into bytes;
+                     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                     EVEN: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr):
+    """A few activation rows (the decode step at batch 1-8): out[m, n] = sum_k w[n, k] * x[m, k] with plain float32
+    FMAs on the weights dequantized in registers to the reference's bf16 values (as _int_linear_kernel's), each weight
+    dequantized once for all BLOCK_M rows, reduced over k at the end. The codes are read as int32 words (w_ptr: the storage viewed as int32) and never unpacked into bytes;
     `_gemv_weight` makes each code a float with integer bit operations, no conversion instruction.
     INT4: word i of a row holds inputs 8i..8i+7 (input 2j in a byte's low nibble), BLOCK_K = one group;
     INT8 weight-only: word i holds inputs 4i..4i+3. EVEN: the tiles cover N and every slice's K exactly (no masks).
@@ -326,7 +333,11 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
     SHIFT: tl.constexpr = 12 if BITS == 4 else 16  # INT4 codes 5-7, INT8 codes 2-3 are read from the word >> SHIFT
     WORDS: tl.constexpr = BLOCK_K // CODES
     offs_w = tl.arange(0, WORDS)
-    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    offs_m = tl.arange(0, BLOCK_M)
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_M, WORDS], dtype=tl.float32)
     isc = isc_ptr
     irc = irc_ptr
     if MODE == 4:
@@ -362,22 +373,28 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
                 s16 = s * 128.0
                 c16 = (-128.0 - z) * s
         for jp in tl.static_range(CODES // 2):
-            xa, xb = _gemv_x_pair(x_ptr, k0, offs_w, 2 * jp, K, SILU_X, EVEN, CODES, WORDS)
+            xa, xb = _gemv_x_pair(x_ptr, offs_m, M, stride_xm, k0, offs_w, 2 * jp, K, SILU_X, EVEN, CODES, BLOCK_M)
             wa = _gemv_weight(wd, 2 * jp, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE, DECODE, CODES,
                               BITS, SHIFT)
             wb = _gemv_weight(wd, 2 * jp + 1, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE, DECODE,
                               CODES, BITS, SHIFT)
             if DECODE == 0:
-                acc += _bf16(wa).to(tl.float32) * xa
-                acc += _bf16(wb).to(tl.float32) * xb
+                ra = _bf16(wa).to(tl.float32)
+                rb = _bf16(wb).to(tl.float32)
             else:
                 ra, rb = _bf16_pair(wa, wb)
+            if BLOCK_M == 1:
                 acc += ra * xa
                 acc += rb * xb
-    out = tl.reshape(tl.sum(acc, axis=1), (BLOCK_N, 1))
-    offs_m = tl.arange(0, 1)
-    _int_finish(out, ws_ptr, ws_ptr, out_ptr, part_ptr, count_ptr + pid_n, tl.program_id(1), offs_m, offs_n, 1, N,
-                0, nmask[:, None] & (offs_m[None, :] < 1), MODE, SPLIT_K)
+            else:
+                acc += ra[:, None, :] * xa
+                acc += rb[:, None, :] * xb
+    if BLOCK_M == 1:
+        res = tl.reshape(tl.sum(acc, axis=1), (BLOCK_N, 1))
+    else:
+        res = tl.sum(acc, axis=2)
+    _int_finish(res, ws_ptr, ws_ptr, out_ptr, part_ptr, count_ptr + pid_n, tl.program_id(1), offs_m, offs_n, M, N,
+                stride_om, nmask[:, None] & (offs_m[None, :] < M), MODE, SPLIT_K)
 
 
 @triton.jit
@@ -585,8 +602,12 @@ def kernel_label(mode: str) -> str:
         return ("INT8 W8A8 linears in Triton (activations quantized per token, int8 tensor-core dots with int32 "
                 "accumulation; prompt GEMMs through torch._int_mm)")
     what = {"int4": "INT4 g128", "int4-awq": "INT4 g128 AWQ", "int8-wo": "INT8 weight-only"}[mode]
-    return (f"{what} linears in Triton (weights dequantized in registers into bf16 tensor-core dots; prompt GEMMs "
-            "on weights dequantized once, through cuBLAS)")
+    gemv_rows = {m for (mo, m, _, _), cfg in INT_TUNED.items()
+                 if mo == INT_MODES[mode] and cfg.get("kernel") == "gemv"}
+    where = "" if not gemv_rows else (" or, at one row" if gemv_rows == {1} else " or, at 1-8 rows") + \
+        ", float32-FMA GEMVs where the tuning table picks them"
+    return (f"{what} linears in Triton (weights dequantized in registers into bf16 tensor-core dots{where}; prompt "
+            "GEMMs on weights dequantized once, through cuBLAS)")
 
 
 # Launch configurations keyed by (mode, m_key, N, K): bench/fast/int_speed.py fills them on the GPU; the shipped
@@ -595,7 +616,8 @@ INT_TUNED: dict[tuple[int, int, int, int], dict] = {}
 
 
 def int_m_key(m: int) -> int:
-    """Tuning bucket of a batch size: one row on its own (same compiled kernel as 2-16 rows), then by BLOCK_M."""
+    """Tuning bucket of a batch size: one row on its own, then by the tile kernel's BLOCK_M (2-16 rows share one:
+    the GEMV takes up to GEMV_MAX_ROWS of them, more fall back to the tile kernel)."""
     return 1 if m == 1 else block_m_for(m)
 
 
@@ -629,7 +651,7 @@ def int_linear(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool =
     if iw.mode in (MODE_INT4, MODE_INT4_AWQ):
         cfg["BLOCK_K"] = GROUP
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], iw.max_block_n)
-    if cfg.get("kernel") == "gemv" and M == 1 and gemv_takes(iw):
+    if cfg.get("kernel") == "gemv" and gemv_takes(iw, M):
         return _int_gemv(x, iw, out, silu_x, cfg)
     bn, bk, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], block_m_for(M)
     split = cfg.get("SPLIT_K", 1)
@@ -649,30 +671,34 @@ def int_linear(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool =
     return out
 
 
-def gemv_takes(iw: IntWeight) -> bool:
-    """Whether `_int_gemv_kernel` takes this weight: weight-only, with rows a whole number of int32 words."""
-    return iw.mode != MODE_INT8 and iw.w.shape[1] % 4 == 0 and iw.w.stride(0) % 4 == 0
+GEMV_MAX_ROWS = 8  # past it each thread's accumulators (BLOCK_N x rows x words) crowd out the weights
+
+
+def gemv_takes(iw: IntWeight, m: int) -> bool:
+    """Whether `_int_gemv_kernel` takes m rows of this weight: weight-only, rows a whole number of int32 words."""
+    return (m <= GEMV_MAX_ROWS and iw.mode != MODE_INT8 and iw.w.shape[1] % 4 == 0
+            and iw.w.stride(0) % 4 == 0)
 
 
 def _int_gemv(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool, cfg: dict) -> torch.Tensor:
-    """int_linear for one row through _int_gemv_kernel (cfg: BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages and
+    """int_linear for a few rows through _int_gemv_kernel (cfg: BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages and
     DECODE, default 1)."""
-    N, K = iw.n, iw.k
+    M, (N, K) = x.shape[0], (iw.n, iw.k)
     words = iw.w.view(torch.int32)
-    bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.get("SPLIT_K", 1)
+    bn, bk, split, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.get("SPLIT_K", 1), triton.next_power_of_2(M)
     grid = (triton.cdiv(N, bn), split)
-    part, counts = _split_parts(out.device, split, 1, N, grid[0]) if split > 1 else (out, out)
+    part, counts = _split_parts(out.device, split, M, N, grid[0]) if split > 1 else (out, out)
     dummy = iw.scale
+    # EVEN: no masks at all, and the activations read as int32 pairs (4-byte aligned rows)
+    even = (N % bn == 0 and K % (bk * split) == 0 and M == bm and x.data_ptr() % 4 == 0
+            and (M == 1 or x.stride(0) % 2 == 0))
     _int_gemv_kernel[grid](
         x, words, iw.scale, iw.zero if iw.zero is not None else dummy,
         iw.in_scale if iw.in_scale is not None else dummy, iw.in_recip if iw.in_recip is not None else dummy,
-        iw.row_seg if iw.row_seg is not None else dummy, out, part, counts, N, words.stride(0), iw.scale.stride(0),
-        iw.in_scale.stride(0) if iw.in_scale is not None else 0,
-        K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_K=bk,
-        # EVEN also reads the activations as int32 pairs, which wants them 4-byte aligned
-        SPLIT_K=split, EVEN=N % bn == 0 and K % (bk * split) == 0 and x.data_ptr() % 4 == 0,
-        DECODE=cfg.get("DECODE", 1),
-        num_warps=cfg["num_warps"],
+        iw.row_seg if iw.row_seg is not None else dummy, out, part, counts, M, N, x.stride(0), words.stride(0),
+        iw.scale.stride(0), iw.in_scale.stride(0) if iw.in_scale is not None else 0, out.stride(0),
+        K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm,
+        BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=cfg.get("DECODE", 1), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **launch_options())
     return out
 

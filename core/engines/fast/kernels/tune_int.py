@@ -27,6 +27,10 @@ LARGE_M = [(64, 1, 4, 3), (128, 1, 8, 3), (64, 2, 4, 3), (128, 2, 8, 3)]
 GEMV = [(32, 4, 4, 3, 1), (64, 2, 4, 3, 1), (64, 4, 4, 3, 1), (64, 8, 4, 3, 1), (64, 4, 2, 3, 1), (128, 2, 4, 3, 1),
         (128, 4, 4, 3, 1), (128, 8, 4, 3, 1), (256, 4, 8, 3, 1), (256, 8, 8, 3, 1),
         (64, 4, 4, 3, 0), (128, 4, 4, 3, 0), (64, 4, 4, 3, 2), (128, 4, 4, 3, 2)]
+# the same kernel over 2-8 rows (each weight dequantized once for all): the accumulators take registers, so 32 rows
+# of weights a program at 4 warps, 64 at 8 (64 at 4 warps spills at 8 rows for INT8 and AWQ)
+GEMV_ROWS = [(32, 2, 4, 3, 1), (32, 4, 4, 3, 1), (32, 8, 4, 3, 1), (64, 2, 8, 3, 1), (64, 4, 8, 3, 1),
+             (32, 4, 4, 3, 2), (64, 4, 8, 3, 2)]
 
 
 def candidates(mode: int, m: int, k: int, gemv_only: bool = False) -> list[dict]:
@@ -36,8 +40,8 @@ def candidates(mode: int, m: int, k: int, gemv_only: bool = False) -> list[dict]
         dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=s)
         for bn, sk, w, s in (LARGE_M if large else SMALL_M) if triton.cdiv(triton.cdiv(k, bk), sk) >= 2]
     gemv = [dict(kernel="gemv", BLOCK_N=bn, BLOCK_K=IL.GROUP, SPLIT_K=sk, num_warps=w, num_stages=s, DECODE=d)
-            for bn, sk, w, s, d in GEMV if triton.cdiv(triton.cdiv(k, IL.GROUP), sk) >= 2]
-    return tiles + (gemv if m == 1 and mode != IL.MODE_INT8 else [])
+            for bn, sk, w, s, d in (GEMV if m == 1 else GEMV_ROWS) if triton.cdiv(triton.cdiv(k, IL.GROUP), sk) >= 2]
+    return tiles + (gemv if m <= IL.GEMV_MAX_ROWS and mode != IL.MODE_INT8 else [])
 
 
 def _awq_rows(name: str, n: int, dims) -> list[int]:
