@@ -21,9 +21,13 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, source: str,
 def section_tokens(sections: Sequence, top: int = 40, height: int = 300) -> go.Figure:
     """Tokens per section (longdoc.Section), in document order; only the first `top` when there are many."""
     shown = list(sections)[:top]
-    labels = [f"{i + 1}. {html.escape(s.title[:30])}" for i, s in enumerate(shown)]
+    # a title cut without a mark reads as whole ("Sample long document (about 25"): cut ones end at a word and "…",
+    # and the hover shows the whole title
+    labels = [f"{i + 1}. {html.escape(s.title if len(s.title) <= 30 else s.title[:29].rsplit(' ', 1)[0] + '…')}"
+              for i, s in enumerate(shown)]
     fig = go.Figure(go.Bar(x=labels, y=[s.tokens for s in shown], marker_color=COLOURS[0],
-                           hovertemplate="%{x}<br>%{y} tokens<extra></extra>"))
+                           customdata=[f"{i + 1}. {html.escape(s.title)}" for i, s in enumerate(shown)],
+                           hovertemplate="%{customdata}<br>%{y} tokens<extra></extra>"))
     more = f"; first {top} of {len(sections)} shown" if len(sections) > top else ""
     fig.update_xaxes(showticklabels=len(shown) <= 20)
     return _layout(fig, "Tokens per section", "section", "tokens", f"the loaded model's tokenizer{more}", height)

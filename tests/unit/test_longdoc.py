@@ -127,3 +127,13 @@ def test_truncation_head_tail_middle():
 def test_new_tokens_that_fill_the_max_length_get_a_message_not_a_crash(tokenizer):
     with pytest.raises(textfile.DocumentError, match="600 new tokens leave no room for a prompt within 512 positions"):
         longdoc.stats("some text " * 100, tokenizer, max_positions=32768, max_length=512, reserve_new_tokens=600)
+
+
+def test_section_chart_marks_cut_titles_and_hovers_the_whole_one():
+    from core.long_context import charts
+
+    secs = [longdoc.Section(title="Sample long document (about 256 tokens)", start=0, end=10, tokens=10),
+            longdoc.Section(title="<b>Short</b>", start=10, end=20, tokens=5)]
+    bar = charts.section_tokens(secs).data[0]
+    assert list(bar.x) == ["1. Sample long document (about…", "2. &lt;b&gt;Short&lt;/b&gt;"]
+    assert bar.customdata[0] == "1. Sample long document (about 256 tokens)"
