@@ -350,6 +350,8 @@ def main() -> None:
     ap.add_argument("--fold-ab", action="store_true", help="only: sweep gemv_prologue's launch configurations, "
                     "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
     args = ap.parse_args()
+    if args.int_gemv and not args.int_tuned:
+        ap.error("--int-gemv times the GEMV against a table's winners: give the table with --int-tuned")
     if not torch.cuda.is_available():
         sys.exit("bench/fast/fp8_speed.py needs a CUDA GPU.")
 
@@ -399,11 +401,11 @@ def main() -> None:
             tune_int.load_int_tuned(args.int_tuned)
         if args.int_gemv or (not args.int_tuned and not args.no_tune):
             t0 = time.perf_counter()
-            int_tuning = tune_int.tune_model(dims, [p for p in int_precisions if p != "int8"] if args.int_gemv
-                                             else int_precisions,
-                                             [b for b in batches if b <= tune_int.IL.GEMV_MAX_ROWS] if args.int_gemv
-                                             else batches, log=log,
-                                             gemv_only=args.int_gemv)
+            modes, tune_batches = int_precisions, batches
+            if args.int_gemv:  # the GEMV is weight-only and takes up to GEMV_MAX_ROWS rows
+                modes = [p for p in int_precisions if p != "int8"]
+                tune_batches = [b for b in batches if b <= tune_int.IL.GEMV_MAX_ROWS]
+            int_tuning = tune_int.tune_model(dims, modes, tune_batches, log=log, gemv_only=args.int_gemv)
             log(f"integer tuning took {time.perf_counter() - t0:.0f} s")
             if args.out:
                 tune_int.save(Path(args.out, "tuned_int.json"), {k: meta[k] for k in ("device", "date", "torch",

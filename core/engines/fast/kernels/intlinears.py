@@ -285,8 +285,8 @@ def _gemv_weight(wd, j: tl.constexpr, s, z, s12, c12, s16, c16, ws, isc, irc, k0
     """Code j of each word dequantized to the float32 weight the reference rounds to bf16, (q - z) * s exactly.
     DECODE 1 (INT4): fma(1 + q * 2^(B-23), s * 2^(23-B), -(2^(23-B) + z) * s), one FMA, its product exact
     (`_nibble_near_one`); else the code from `_code_floats` less (2^23 + zero), times the scale."""
+    P: tl.constexpr = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))  # _code_floats's code j times P
     if MODE == 5:
-        P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))  # _code_floats's code j times P
         w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + 128.0 * P)) * (ws * (1.0 / P))[:, None]
     elif DECODE == 1:
         f = _nibble_near_one(wd, j)
@@ -295,7 +295,6 @@ def _gemv_weight(wd, j: tl.constexpr, s, z, s12, c12, s16, c16, ws, isc, irc, k0
         else:
             w = tl.fma(f, s12[:, None], c12[:, None])
     else:
-        P = 1 << (BITS * (j - ((j + 1) * BITS > 23) * (SHIFT // BITS)))
         w = (_code_floats(wd, j, BITS, SHIFT) - (8388608.0 + z * P)[:, None]) * (s * (1.0 / P))[:, None]
     if MODE == 4:
         offs_k = k0 + CODES * offs_w + j
@@ -659,16 +658,19 @@ def int_linear(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool =
     part, counts = _split_parts(out.device, split, M, N, grid[0] * grid[1]) if split > 1 else (out, out)
     if split > 1 and iw.mode == MODE_INT8:
         part = part.view(torch.int32)  # int32 partial sums: exact, as the reference's
-    dummy = iw.scale
     _int_linear_kernel[grid](
-        x, iw.w, iw.scale, iw.zero if iw.zero is not None else dummy,
-        iw.in_scale if iw.in_scale is not None else dummy, iw.in_recip if iw.in_recip is not None else dummy,
-        iw.row_seg if iw.row_seg is not None else dummy, xs if xs is not None else dummy, out, part, counts,
+        x, iw.w, *_scale_args(iw), xs if xs is not None else iw.scale, out, part, counts,
         M, N, x.stride(0), iw.w.stride(0), iw.scale.stride(0),
         iw.in_scale.stride(0) if iw.in_scale is not None else 0, out.stride(0),
         K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
     return out
+
+
+def _scale_args(iw: IntWeight) -> tuple:
+    """The weight's scale, zero point, AWQ input scales and their reciprocals, and row segments, as both kernels take
+    them: a mode without one gets the scale in its place (never read)."""
+    return tuple(t if t is not None else iw.scale for t in (iw.scale, iw.zero, iw.in_scale, iw.in_recip, iw.row_seg))
 
 
 GEMV_MAX_ROWS = 8  # past it each thread's accumulators (BLOCK_N x rows x words) crowd out the weights
@@ -688,14 +690,11 @@ def _int_gemv(x: torch.Tensor, iw: IntWeight, out: torch.Tensor, silu_x: bool, c
     bn, bk, split, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.get("SPLIT_K", 1), triton.next_power_of_2(M)
     grid = (triton.cdiv(N, bn), split)
     part, counts = _split_parts(out.device, split, M, N, grid[0]) if split > 1 else (out, out)
-    dummy = iw.scale
     # EVEN: no masks at all, and the activations read as int32 pairs (4-byte aligned rows)
     even = (N % bn == 0 and K % (bk * split) == 0 and M == bm and x.data_ptr() % 4 == 0
             and (M == 1 or x.stride(0) % 2 == 0))
     _int_gemv_kernel[grid](
-        x, words, iw.scale, iw.zero if iw.zero is not None else dummy,
-        iw.in_scale if iw.in_scale is not None else dummy, iw.in_recip if iw.in_recip is not None else dummy,
-        iw.row_seg if iw.row_seg is not None else dummy, out, part, counts, M, N, x.stride(0), words.stride(0),
+        x, words, *_scale_args(iw), out, part, counts, M, N, x.stride(0), words.stride(0),
         iw.scale.stride(0), iw.in_scale.stride(0) if iw.in_scale is not None else 0, out.stride(0),
         K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=iw.mode, SILU_X=silu_x, BLOCK_N=bn, BLOCK_M=bm,
         BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=cfg.get("DECODE", 1), num_warps=cfg["num_warps"],
