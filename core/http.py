@@ -5,6 +5,7 @@ request through here, so none of them imports another to reach a server.
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import urlsplit
 
@@ -31,6 +32,9 @@ def normalize_base_url(url: str) -> str:
         raise RemoteError(f"{url!r} is not a valid URL ({exc}); expected e.g. http://127.0.0.1:8000.") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteError(f"{url!r} is not an http(s) URL with a host; expected e.g. http://127.0.0.1:8000.")
+    if (why := _bad_host(parts.hostname)) is not None:
+        raise RemoteError(f"{url!r} is not a server address: {why}. Expected a host name or IP address and a "
+                          "port, e.g. http://127.0.0.1:8000.")
     if parts.query or parts.fragment:
         raise RemoteError(f"{url!r} has a query or fragment; give only the server's base URL.")
     try:
@@ -41,6 +45,29 @@ def normalize_base_url(url: str) -> str:
     if path.endswith("/v1"):
         path = path[:-3]
     return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+_HOST_NAME = re.compile(r"[\w-]+(\.[\w-]+)*\.?")  # DNS labels ("_" for container names, letters for IDNA)
+
+
+def _bad_host(host: str) -> str | None:
+    """Why `host` (urlsplit's hostname) cannot be a server's address, in plain words; None when it can. Checked
+    before any request so that urllib3's parser errors ("Failed to parse: ... contains invalid character") never
+    reach a user."""
+    if ":" in host:  # an IPv6 address (urlsplit took it from inside [...])
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+            return None
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+    if any(c.isspace() for c in host):
+        return "it contains a space, and a host name cannot"
+    if not _HOST_NAME.fullmatch(host):
+        odd = sorted({c for c in host if not re.fullmatch(r"[\w.-]", c)})
+        if not odd:
+            return f"the host {host!r} has an empty part between dots"
+        return f"the host {host!r} has characters a host name cannot have ({', '.join(repr(c) for c in odd)})"
+    return None
 
 
 def new_session() -> requests.Session:
@@ -73,6 +100,10 @@ def describe(exc: Exception, url: str, timeout_s: float, service: str = "the vLL
         return f"Connection to {url} was refused: nothing is listening there. Is {service} running on that port?"
     if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text:
         return f"{unreachable}{'t' if check else 'T'}he host in {url} could not be resolved." + (then or " Check the spelling of the URL.")
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                        requests.exceptions.InvalidSchema)):
+        return (f"{url!r} is not a URL the console can request. Enter the server's base URL, e.g. "
+                "http://127.0.0.1:8000.")
     if isinstance(exc, requests.exceptions.SSLError):
         plain = "a plain vLLM server" if service == "the vLLM server" else f"{service} if it serves plain HTTP"
         return f"TLS with {url} failed ({text[:200]}). Use http:// for {plain}."

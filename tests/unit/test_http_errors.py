@@ -49,3 +49,39 @@ def test_other_failures_name_the_service_asked_for():
     assert timeout.startswith("Prometheus is not reachable: connecting to") and timeout.endswith("Check it.")
     assert "vLLM" not in describe(requests.ReadTimeout("Read timed out"), url, 15, "Prometheus", "Check it.")
     assert describe(requests.exceptions.SSLError("x"), url, 15).endswith("Use http:// for a plain vLLM server.")
+
+
+@pytest.mark.parametrize("url, words", [
+    ("not a url at all", "contains a space"),
+    ("http://exa mple.com:8000", "contains a space"),
+    ("http://x!y:80", "characters a host name cannot have ('!')"),
+    ("http://h..x:80", "an empty part between dots"),
+    ("http://[fe80::zz]:80", "not a valid URL"),
+])
+def test_url_errors_are_plain_words_at_every_entry_point(url, words):
+    """One home for URL validation (core.http.normalize_base_url): the vLLM URL, the remote engine and the
+    Prometheus URL all refuse a malformed address before any request, in words, never urllib3's parser text."""
+    from core.engines.remote import RemoteEngine
+    from core.http import normalize_base_url
+    from core.telemetry.vllm_metrics import scrape
+
+    for attempt in (lambda: normalize_base_url(url), lambda: RemoteEngine(url), lambda: Prometheus(url),
+                    lambda: scrape(url)):
+        with pytest.raises(Exception) as err:
+            attempt()
+        msg = str(err.value)
+        assert words in msg and "e.g. http://127.0.0.1:8000" in msg, msg
+        assert "Failed to parse" not in msg and "invalid character" not in msg
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "localhost:8000/v1", "http://[::1]:9090", "http://a_b:80",
+                                 "https://prom.example.com./"])
+def test_real_addresses_still_pass(url):
+    from core.http import normalize_base_url
+
+    assert normalize_base_url(url).startswith("http")
+
+
+def test_a_parser_error_from_requests_is_worded_too():
+    msg = describe(requests.exceptions.InvalidURL("Failed to parse: http://a b"), "http://a b/x", 5)
+    assert "is not a URL the console can request" in msg and "Failed to parse" not in msg
