@@ -136,10 +136,64 @@ def _trailing(history: list[Observation], pred) -> float | None:
 
 def classify(history: list[Observation], stall_after_s: float = STALL_AFTER_S,
              stopped_after_s: float = STOPPED_AFTER_S, api_down_after_s: float = API_DOWN_AFTER_S) -> Verdict:
-    """The verdict on the latest observation, given the ones before it (oldest first)."""
+    """The verdict on the latest observation, given the ones before it (oldest first), in stages: does the server
+    answer, is the engine dead or stopped, is it stalled, is it degraded, else serving or idle."""
     if not history:
         raise ValueError("classify needs at least one observation")
     last = history[-1]
+    ev = _evidence(last)
+    dead = _procs(last, DEAD_STATES)
+    if not last.answered:
+        return _unanswered(history, dead, ev, api_down_after_s)
+    if dead:
+        return _engine_dead(dead, ev, f"while the API server still answers (/health {last.health})")
+    p = _progress(history)
+    if p.snap is not None and not p.snap.has_vllm_series:
+        return Verdict(DEGRADED, "metrics_off", "/metrics carries no vllm:* series (--disable-log-stats), so progress "
+                       "cannot be seen; only the canary speaks for the engine.", ev,
+                       "Restart the server without --disable-log-stats to make stalls visible.")
+    if p.snap is not None:
+        ev.update(running=p.running, waiting=p.waiting, no_progress_s=round(p.still_s, 1),
+                  kv_cache_usage_pct=None if p.snap.kv_cache_usage is None else round(100 * p.snap.kv_cache_usage, 1),
+                  generation_tokens_total=p.snap.generation_tokens, requests_finished_total=p.snap.requests_finished)
+    return (_stalled(history, p, ev, stall_after_s, stopped_after_s) or _degraded(history, p, ev, stall_after_s)
+            or _serving_or_idle(last, p, ev))
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """What the counters say: the latest snapshot, seconds since any of them last moved, and the resume (if the
+    engine was stopped in the history and runs again) after which the stall clock restarts."""
+
+    snaps: list[Observation]
+    snap: "VllmSnapshot | None"
+    still_s: float
+    running: float
+    waiting: float
+    resumed_s: float | None  # seconds since a stopped engine process was first seen running again; None: no resume
+
+
+def _progress(history: list[Observation]) -> _Progress:
+    last = history[-1]
+    snaps = [o for o in history if o.snapshot is not None]
+    snap = last.snapshot or (snaps[-1].snapshot if snaps else None)
+    last_change = snaps[0].t if snaps else last.t
+    for a, b in zip(snaps, snaps[1:]):
+        if _changed(a.snapshot, b.snapshot):
+            last_change = b.t
+    resumed_t = None
+    for prev, obs in zip(history, history[1:]):
+        if _procs(prev, STOPPED_STATES) and obs.processes is not None and not _procs(obs, STOPPED_STATES):
+            resumed_t = obs.t
+        elif _procs(obs, STOPPED_STATES):
+            resumed_t = None
+    resumed_s = None if resumed_t is None or last_change >= resumed_t else last.t - resumed_t
+    running = (snap.running or 0.0) if snap else 0.0
+    waiting = (snap.waiting or 0.0) if snap else 0.0
+    return _Progress(snaps, snap, last.t - last_change, running, waiting, resumed_s)
+
+
+def _evidence(last: Observation) -> dict[str, Any]:
     ev: dict[str, Any] = {"health": last.health if last.health is not None else f"no answer ({last.health_error})"}
     if last.processes is not None:
         ev["processes"] = "; ".join(f"{p.role} {p.pid} {p.state}" for p in last.processes) or "none found"
@@ -149,81 +203,84 @@ def classify(history: list[Observation], stall_after_s: float = STALL_AFTER_S,
         ev["gpu_util_pct"] = last.gpu.util_pct if last.gpu.util_pct is not None else f"N/A: {last.gpu.reason}"
     if last.canary is not None:
         ev["canary"] = f"token in {last.canary.seconds:.2f} s" if last.canary.ok else last.canary.error
-    dead = _procs(last, DEAD_STATES)
+    return ev
 
-    if not last.answered:
-        down_s = _trailing(history, lambda o: not o.answered) or 0.0
-        ev["unanswered_s"] = round(down_s, 1)
-        if dead:
-            return _engine_dead(dead, ev, "and the API server no longer answers")
-        if down_s >= api_down_after_s or len(history) == 1:
-            api = [p for p in last.processes or () if p.role == "API server"]
-            where = f" (API server pid {api[0].pid}: {api[0].state})" if api else ""
-            return Verdict(STALLED, "api_down", f"The API server has not answered /health, /metrics or a completion "
-                           f"for {down_s:.0f} s{where}.", ev, _REMEDY["api_down"])
-        return Verdict(DEGRADED, "unanswered", f"No answer from the API server for {down_s:.0f} s.", ev,
-                       "Wait a few seconds: a restarting or overloaded server misses a round; if it lasts, see the "
-                       "server's log.")
+
+def _unanswered(history: list[Observation], dead: list[Proc], ev: dict, api_down_after_s: float) -> Verdict:
+    last = history[-1]
+    down_s = _trailing(history, lambda o: not o.answered) or 0.0
+    ev["unanswered_s"] = round(down_s, 1)
     if dead:
-        return _engine_dead(dead, ev, f"while the API server still answers (/health {last.health})")
+        return _engine_dead(dead, ev, "and the API server no longer answers")
+    if down_s >= api_down_after_s or len(history) == 1:
+        api = [p for p in last.processes or () if p.role == "API server"]
+        where = f" (API server pid {api[0].pid}: {api[0].state})" if api else ""
+        return Verdict(STALLED, "api_down", f"The API server has not answered /health, /metrics or a completion "
+                       f"for {down_s:.0f} s{where}.", ev, _REMEDY["api_down"])
+    return Verdict(DEGRADED, "unanswered", f"No answer from the API server for {down_s:.0f} s.", ev,
+                   "Wait a few seconds: a restarting or overloaded server misses a round; if it lasts, see the "
+                   "server's log.")
 
-    snaps = [o for o in history if o.snapshot is not None]
-    snap = last.snapshot or (snaps[-1].snapshot if snaps else None)
-    if snap is not None and not snap.has_vllm_series:
-        return Verdict(DEGRADED, "metrics_off", "/metrics carries no vllm:* series (--disable-log-stats), so progress "
-                       "cannot be seen; only the canary speaks for the engine.", ev,
-                       "Restart the server without --disable-log-stats to make stalls visible.")
-    last_change = snaps[0].t if snaps else last.t
-    for a, b in zip(snaps, snaps[1:]):
-        if _changed(a.snapshot, b.snapshot):
-            last_change = b.t
-    still_s = last.t - last_change
-    running = (snap.running or 0.0) if snap else 0.0
-    waiting = (snap.waiting or 0.0) if snap else 0.0
+
+def _stalled(history: list[Observation], p: _Progress, ev: dict, stall_after_s: float,
+             stopped_after_s: float) -> Verdict | None:
+    """A stopped engine, a preemption livelock, or no progress with work in flight and a canary without a token.
+    After a stopped engine resumes, the no-progress clock restarts there: a resumed engine has a whole tolerance to
+    take its first step, so the round that sees it running again never announces another kind of stall."""
+    last = history[-1]
     canary_failed = last.canary is not None and not last.canary.ok
-    if snap is not None:
-        ev.update(running=running, waiting=waiting, no_progress_s=round(still_s, 1),
-                  kv_cache_usage_pct=None if snap.kv_cache_usage is None else round(100 * snap.kv_cache_usage, 1),
-                  generation_tokens_total=snap.generation_tokens, requests_finished_total=snap.requests_finished)
-
     stopped = _procs(last, STOPPED_STATES)
-    if stopped and len(snaps) >= 2 and still_s >= stopped_after_s:
+    if stopped and len(p.snaps) >= 2 and p.still_s >= stopped_after_s:
         return Verdict(STALLED, "engine_stopped", f"The engine is stopped: {_pids(stopped)} is in state "
-                       f"'{stopped[0].state}' and no counter moved for {still_s:.0f} s, while /health answers "
+                       f"'{stopped[0].state}' and no counter moved for {p.still_s:.0f} s, while /health answers "
                        f"{last.health}.", ev, _REMEDY["engine_stopped"].format(pid=stopped[0].pid))
-
     livelock = _livelock(history, stall_after_s)
     if livelock:
         ev.update(livelock)
         return Verdict(STALLED, "preemption_livelock", f"KV cache full ({livelock['kv_cache_usage_min_pct']:.0f}%+), "
                        f"{livelock['preemptions_in_window']:.0f} preemptions and no request finished in "
                        f"{stall_after_s:.0f} s: requests are recomputed forever.", ev, _REMEDY["preemption_livelock"])
+    still_s = p.still_s if p.resumed_s is None else min(p.still_s, p.resumed_s)
+    in_flight = p.running + p.waiting > 0 or canary_failed  # the canary is in flight: #37729's gauges read 0
+    if len(p.snaps) >= 2 and still_s >= stall_after_s and in_flight and canary_failed:
+        return _stall(last, p.running, p.waiting, still_s, ev)
+    return None
 
-    in_flight = running + waiting > 0 or canary_failed  # the canary is in flight: #37729's gauges read 0
-    if len(snaps) >= 2 and still_s >= stall_after_s and in_flight and canary_failed:
-        return _stall(last, running, waiting, still_s, ev)
 
+def _degraded(history: list[Observation], p: _Progress, ev: dict, stall_after_s: float) -> Verdict | None:
+    last = history[-1]
+    canary_failed = last.canary is not None and not last.canary.ok
+    if p.resumed_s is not None:
+        ev["resumed_s"] = round(p.resumed_s, 1)
+        return Verdict(DEGRADED, "resuming", f"The engine runs again ({p.resumed_s:.0f} s ago) after being stopped; "
+                       "no counter has moved since, so its first step is awaited.", ev,
+                       f"Nothing to do yet: if no counter moves for {stall_after_s:.0f} s after the resume, this "
+                       "becomes a stall.")
     if last.health is not None and last.health != 200:
         return Verdict(DEGRADED, "health_failing", f"/health answers {last.health} while the engine still moves.",
                        ev, "vLLM answers 503 when its engine client reports the engine dead; read the server log.")
     if canary_failed and len(history) >= 2 and history[-2].canary is not None and not history[-2].canary.ok:
         return Verdict(DEGRADED, "slow_canary", f"Two canaries in a row got no token ({last.canary.error}); "
-                       f"no counter moved for {still_s:.0f} s.", ev,
+                       f"no counter moved for {p.still_s:.0f} s.", ev,
                        "A long queue or a long prefill delays new requests; if no counter moves for "
                        f"{stall_after_s:.0f} s more, this becomes a stall.")
     if last.snapshot is None and last.scrape_error:
         ev["scrape_error"] = last.scrape_error
         return Verdict(DEGRADED, "metrics_unreadable", "/metrics did not answer this round, so progress is not "
                        "seen.", ev, "An overloaded API server answers /metrics late; if it lasts, read the log.")
-    pressure = _pressure(snaps)
+    pressure = _pressure(p.snaps)
     if pressure:
         ev.update(pressure)
         return Verdict(DEGRADED, "kv_pressure", f"KV cache {pressure['kv_cache_usage_max_pct']:.0f}% full with "
                        f"{pressure['preemptions_recent']:.0f} new preemption(s); requests still finish.", ev,
                        _REMEDY["preemption_livelock"])
-    if snap is None or running + waiting > 0 or _others_finished(snaps) > 0:
-        what = f"{running:.0f} running, {waiting:.0f} waiting" if snap else "no /metrics yet"
-        return Verdict(SERVING, "", f"Serving: {what}; last progress {still_s:.0f} s ago.", ev)
+    return None
+
+
+def _serving_or_idle(last: Observation, p: _Progress, ev: dict) -> Verdict:
+    if p.snap is None or p.running + p.waiting > 0 or _others_finished(p.snaps) > 0:
+        what = f"{p.running:.0f} running, {p.waiting:.0f} waiting" if p.snap else "no /metrics yet"
+        return Verdict(SERVING, "", f"Serving: {what}; last progress {p.still_s:.0f} s ago.", ev)
     return Verdict(IDLE, "", "Idle: no requests in flight; the canary got its token"
                    + (f" in {last.canary.seconds:.2f} s." if last.canary and last.canary.ok else "."), ev)
 

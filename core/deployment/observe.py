@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from core.deployment.liveness import Canary, GpuActivity, Observation, Proc, Tracker, Verdict, canary_due
+from core.deployment.liveness import (STOPPED_STATES, Canary, GpuActivity, Observation, Proc, Tracker, Verdict,
+                                      canary_due)
 from core.errors import RemoteError, TriageError
 from core.http import http_get, new_session, normalize_base_url, request
 
@@ -173,14 +174,17 @@ class Observer:
             health = http_get(self.base_url + "/health", HEALTH_TIMEOUT_S, self.api_key, self._session).status_code
         except RemoteError as exc:
             health_error = str(exc)
+        # The processes before the canary: a stopped engine core cannot answer one, and waiting out its timeout
+        # would only delay the round that names the stop (and leave a queued request behind).
+        procs, why = self.processes.read() if self.processes else (None, "the server is not on this host")
+        stopped = any(p.state in STOPPED_STATES and p.role != "API server" for p in procs or ())
         canary = None
         age = None if self._last_canary_t is None else t - self._last_canary_t
-        if canary_due(self._previous, snap, self._last_canary, age):
+        if not stopped and canary_due(self._previous, snap, self._last_canary, age):
             canary = self.canary()
             self._last_canary, self._last_canary_t = canary, t
         if snap is not None:
             self._previous = snap
-        procs, why = self.processes.read() if self.processes else (None, "the server is not on this host")
         gpu = self.gpus.read({p.pid for p in procs or () if p.state != "gone"})
         return Observation(t, health, health_error, snap, scrape_error, canary, gpu, procs, why)
 

