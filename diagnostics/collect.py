@@ -107,9 +107,13 @@ class WindowCollector:
         self.liveness_reason = "no vLLM URL given" if not vllm_url else "no liveness round finished in the window"
         self._liveness_stop = threading.Event()
         self._liveness_thread: threading.Thread | None = None
+        from core.telemetry.host import RssWatch
+
+        self.rss = RssWatch()  # whose memory grew: a falling MemAvailable is told apart by process
 
     def begin(self) -> None:
         self._t0_wall, self._t0_mono = time.time(), time.monotonic()
+        self.rss.look(force=True)
         self._next_scrape = self._t0_mono
         if self.vllm_url:
             self._liveness_thread = threading.Thread(target=self._liveness, name="vllm-liveness", daemon=True)
@@ -118,6 +122,7 @@ class WindowCollector:
     def end(self) -> None:
         """Close the window: readings the sampler takes after this are not part of it."""
         self._t1_wall = time.time()
+        self.rss.look(force=True)
         self._liveness_stop.set()
         if self._liveness_thread is not None:
             self._liveness_thread.join(FINAL_WAIT_S)  # a round in progress finishes (its canary times out first)
@@ -146,6 +151,7 @@ class WindowCollector:
     def poll(self, final: bool = False) -> None:
         """Start a scrape of vLLM if one is due and none is in flight. `final` closes the window with a scrape: the
         one in flight if any (it started inside the window), else a new one; it waits for that answer."""
+        self.rss.look()
         if not self.vllm_url:
             return
         busy = self._in_flight is not None and self._in_flight.is_alive()
@@ -224,6 +230,7 @@ class WindowCollector:
             host_mem_available=host,
             host_mem_total_bytes=int(total) if total else None,
             host_reason=host_reason,
+            **self._growth(),
             vllm_url=self.vllm_url,
             vllm_snapshots=tuple(self.snapshots),
             vllm_error=self.last_error,
@@ -233,6 +240,21 @@ class WindowCollector:
             vllm_liveness_reason=self.liveness_reason,
             **inputs,
         )
+
+    def _growth(self) -> dict[str, Any]:
+        """Whose RSS grew, and which pids are the server under test's (its process tree as liveness saw it) and the
+        console's, for host.mem_leak to judge the deployment apart from the rest of the host."""
+        import os
+
+        from core.telemetry.host import descendants
+
+        growth = self.rss.growth()
+        parents = self.rss.table_pids()
+        server = {p.pid for obs in self.liveness for p in obs.processes or ()}
+        return {"host_growth": None if growth is None else tuple(growth),
+                "host_growth_reason": self.rss.reason or "fewer than two looks at the processes in the window",
+                "server_pids": frozenset(descendants(server, parents)) if server else frozenset(),
+                "console_pids": frozenset(descendants([os.getpid()], parents))}
 
     def notes(self) -> list[str]:
         stats = self.sampler.stats()

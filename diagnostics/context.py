@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the context only carries these; importing them here would pull prometheus_client in
     from core.deployment.liveness import Observation
+    from core.telemetry.host import ProcessGrowth
     from core.telemetry.vllm_metrics import VllmSnapshot
     from diagnostics.flags import LintResult
 
@@ -68,6 +69,11 @@ class CheckContext:
     host_mem_available: Series | None = None  # MemAvailable in bytes
     host_mem_total_bytes: int | None = None
     host_reason: str = "no host memory data collected"
+    # whose resident memory grew over the window (core.telemetry.host.RssWatch); None: not known, reason beside it
+    host_growth: tuple["ProcessGrowth", ...] | None = None
+    host_growth_reason: str = "process memory not read"
+    server_pids: frozenset[int] = frozenset()  # the server under test's processes on this host, with descendants
+    console_pids: frozenset[int] = frozenset()  # this console's process and its children
     # vLLM
     vllm_url: str | None = None
     vllm_snapshots: tuple["VllmSnapshot", ...] = ()  # successful scrapes; snapshot.t is seconds since window start

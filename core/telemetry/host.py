@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 try:
@@ -230,3 +231,115 @@ def _cmdlines() -> Iterator[tuple[int, str]]:
     for proc in psutil.process_iter(["name", "cmdline"]):
         if proc.pid != me:
             yield proc.pid, " ".join([proc.info.get("name") or ""] + (proc.info.get("cmdline") or [])).lower()
+
+
+# --- which processes' resident memory grew over a window -------------------------------------------------------------
+
+RSS_LOOK_EVERY_S = 5.0  # a look at every process costs ~10-40 ms (psutil, a few hundred processes): rarely
+GREW_MIN_BYTES = 32 * 2**20  # growth below this is allocator churn, not worth naming
+
+
+@dataclass(frozen=True)
+class ProcessGrowth:
+    """One process's resident memory over a window: at its first look (0 for one started inside the window) and
+    its last (0 for one that exited)."""
+
+    pid: int
+    ppid: int
+    name: str  # the command line, cut: "python -m pip install torch"
+    first_rss: int
+    last_rss: int
+    peak_rss: int
+    started: bool  # not running at the window's first look
+    exited: bool  # gone at its last
+
+    @property
+    def growth(self) -> int:
+        return self.last_rss - self.first_rss
+
+    def describe(self) -> str:
+        how = ", started in the window" if self.started else ", exited since" if self.exited else ""
+        return f"{self.name} (pid {self.pid}) {self.growth / 2**20:+.0f} MiB{how}"
+
+
+class RssWatch:
+    """Every process's RSS at the window's first look and then every RSS_LOOK_EVERY_S: which grew, which started.
+
+    The host's MemAvailable only says that memory went; this says to whom, so a leak in the server under test is
+    told from another process installing packages or loading a model on the same host."""
+
+    def __init__(self, every_s: float = RSS_LOOK_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        self.every_s, self._clock = every_s, clock
+        self._t = -float("inf")
+        self._first: dict[tuple[int, float], tuple[int, int, str]] | None = None  # (pid, created) -> (rss, ppid, name)
+        self._seen: dict[tuple[int, float], tuple[int, int, str, int]] = {}  # -> (last rss, ppid, name, peak)
+        self._alive: set[tuple[int, float]] = set()
+        self.reason = "" if psutil is not None else "psutil is not installed"
+        self.looks = 0
+
+    def look(self, force: bool = False) -> None:
+        if psutil is None or (not force and self._clock() - self._t < self.every_s):
+            return
+        self._t = self._clock()
+        try:
+            table = _rss_table()
+        except Exception as exc:  # the process list unreadable here: growth stays unknown, never "none grew"
+            self.reason = f"psutil could not list the processes: {exc}"
+            return
+        self.looks += 1
+        if self._first is None:
+            self._first = dict(table)
+        for key, (rss, ppid, name) in table.items():
+            peak = max(rss, self._seen.get(key, (0, 0, "", 0))[3])
+            self._seen[key] = (rss, ppid, name, peak)
+        self._alive = set(table)
+
+    def growth(self) -> list[ProcessGrowth] | None:
+        """Every process that grew by GREW_MIN_BYTES+ (or started that big), largest growth first; None before two
+        looks (nothing to compare)."""
+        if self._first is None or self.looks < 2:
+            return None
+        out = []
+        for key, (rss, ppid, name, peak) in self._seen.items():
+            started, exited = key not in self._first, key not in self._alive
+            first = 0 if started else self._first[key][0]
+            g = ProcessGrowth(key[0], ppid, name, first, 0 if exited else rss, peak, started, exited)
+            if g.growth >= GREW_MIN_BYTES or (exited and peak - first >= GREW_MIN_BYTES):
+                out.append(g)
+        return sorted(out, key=lambda g: -max(g.growth, g.peak_rss - g.first_rss))
+
+    def table_pids(self) -> dict[int, int]:
+        """pid -> ppid of every process seen, to find a server's or the console's descendants."""
+        return {key[0]: ppid for key, (_, ppid, _, _) in self._seen.items()}
+
+
+def _rss_table() -> dict[tuple[int, float], tuple[int, int, str]]:
+    out = {}
+    for proc in psutil.process_iter(["ppid", "name", "cmdline", "memory_info", "create_time"]):
+        info = proc.info
+        mem = info.get("memory_info")
+        if mem is None:  # not ours to read
+            continue
+        cmd = " ".join(info.get("cmdline") or []) or info.get("name") or "?"
+        out[(proc.pid, info.get("create_time") or 0.0)] = (mem.rss, info.get("ppid") or 0, _short(cmd))
+    return out
+
+
+def _short(cmd: str, limit: int = 60) -> str:
+    """A command line cut for a verdict: paths of the interpreter and script shortened to their names."""
+    words = [w.rsplit("/", 1)[-1] if i < 2 and "/" in w else w for i, w in enumerate(cmd.split())]
+    text = " ".join(words)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def descendants(roots: Iterable[int], parents: dict[int, int]) -> set[int]:
+    """The roots and every pid whose parent chain leads to one of them."""
+    found = set(roots)
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return found

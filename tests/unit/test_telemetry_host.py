@@ -128,3 +128,67 @@ def test_without_psutil_the_source_says_so(monkeypatch):
 def test_parse_watch():
     assert parse_watch(["self", " 42 ", "vllm serve", ""]) == [
         ("console", os.getpid()), ("pid42", 42), ("vllm_serve", "vllm serve")]
+
+
+GROWER = ("import sys, time\nblocks = []\nfor _ in range(int(sys.argv[1])):\n"
+          "    blocks.append(bytearray(16 * 2**20))\n    for i in range(0, len(blocks[-1]), 4096):\n"
+          "        blocks[-1][i] = 1\n    time.sleep(float(sys.argv[2]))\nprint('grown', flush=True)\n"
+          "time.sleep(60)\n")
+
+
+def spawn_grower(blocks: int, pause_s: float) -> subprocess.Popen:
+    """A real process that grows its resident memory by `blocks` x 16 MiB, one block every `pause_s`."""
+    return subprocess.Popen([sys.executable, "-c", GROWER, str(blocks), str(pause_s)], stdout=subprocess.PIPE,
+                            text=True)
+
+
+def test_rss_watch_names_a_real_process_that_grew_and_its_part():
+    from core.telemetry.host import RssWatch, descendants
+
+    watch = RssWatch(every_s=0.0)
+    watch.look()
+    proc = spawn_grower(12, 0.0)  # 192 MiB, started inside the window
+    try:
+        assert proc.stdout.readline().strip() == "grown"
+        watch.look()
+        grown = {g.pid: g for g in watch.growth()}
+        g = grown[proc.pid]
+        assert g.started and g.growth >= 180 * 2**20 and "python" in g.name, g
+        assert "started in the window" in g.describe() and f"pid {proc.pid}" in g.describe()
+        assert proc.pid in descendants([os.getpid()], watch.table_pids())  # the test's child
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _falling_ctx(growth, **kw):
+    from diagnostics.context import CheckContext, Series
+
+    # MemAvailable falls 600 MiB over 40 s, steadily: a WARN or FAIL unless someone else took it
+    t = tuple(float(i) for i in range(41))
+    v = tuple(8 * 2**30 - 15 * 2**20 * i for i in range(41))
+    return CheckContext(host_mem_available=Series("MemAvailable", "bytes", "psutil", t, v), host_growth=growth, **kw)
+
+
+def test_host_memory_taken_by_another_process_is_not_the_deployments():
+    from core.telemetry.host import ProcessGrowth
+    from diagnostics.checks.host import decide_mem_leak
+    from diagnostics.findings import Status
+
+    pip = ProcessGrowth(900, 1, "python -m pip install torch", 0, 610 * 2**20, 610 * 2**20, True, False)
+    engine = ProcessGrowth(501, 500, "VLLM::EngineCore", 900 * 2**20, 1500 * 2**20, 1500 * 2**20, False, False)
+    url = "http://127.0.0.1:8000"
+    out = decide_mem_leak(_falling_ctx((pip,), vllm_url=url, server_pids=frozenset({500, 501}),
+                                       console_pids=frozenset({77})))
+    assert out.status is Status.PASS, out
+    assert "not from the deployment" in out.verdict and "pip install torch (pid 900) +610 MiB" in out.verdict
+    assert out.evidence["deployment_growth_mib"] == 0
+    # the server's own engine core grew: that is the deployment's, named with its part
+    out = decide_mem_leak(_falling_ctx((engine, pip), vllm_url=url, server_pids=frozenset({500, 501})))
+    assert out.status in (Status.WARN, Status.FAIL) and "server under test: VLLM::EngineCore (pid 501)" in out.verdict
+    # no server named: the host is what is checked, so the fall is said, with who grew
+    out = decide_mem_leak(_falling_ctx((pip,)))
+    assert out.status in (Status.WARN, Status.FAIL) and "other: python -m pip install torch" in out.verdict
+    # growth unknown: said, never read as "nobody grew"
+    out = decide_mem_leak(_falling_ctx(None, host_growth_reason="psutil could not list the processes: denied"))
+    assert out.status in (Status.WARN, Status.FAIL) and "not known (psutil could not list" in out.verdict
