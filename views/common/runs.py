@@ -8,9 +8,11 @@ cleared at its end, so finding it set at the start of a script run means the pre
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import streamlit as st
+
 
 from core.long_context import history as hist
 from core.throttle import throttled
@@ -64,3 +66,26 @@ def results(test: str, stopped: str | None, chart: Callable | None = None, row: 
         st.plotly_chart(chart(got), key=f"lc_{test}_chart", config=NOBAR)
         st.table([row(r) for r in got])
     return got
+
+
+def time_left(elapsed_s: float, fraction: float) -> str:
+    """"12 s elapsed, about 40 s left": the estimate is the speed measured so far in this run applied to what is
+    left (a busy host is slower than an idle one, and its own speed says so); none until a measurable share is done."""
+    text = f"{_seconds(elapsed_s)} elapsed"
+    if 0.02 <= fraction < 1.0 and elapsed_s >= 2.0:
+        text += f", about {_seconds(elapsed_s * (1.0 - fraction) / fraction)} left"
+    return text
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{int(s // 60)} min {s % 60:02.0f} s"
+
+
+def timed_progress(bar, clock: Callable[[], float] = time.monotonic) -> Callable[[float, str], None]:
+    """progress(fraction, message) for `bar` (an st.progress), throttled, each message followed by time_left."""
+    t0 = clock()
+
+    def show(f: float, msg: str) -> None:
+        f = min(max(f, 0.0), 1.0)
+        bar.progress(f, f"{msg} · {time_left(clock() - t0, f)}")
+    return throttled(show, is_last=lambda f, msg: f >= 1.0)
