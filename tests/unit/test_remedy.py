@@ -1,0 +1,125 @@
+"""The pure parts of trying a remedy: which remedies a sweep offers, the flags they make, the memory arithmetic that
+refuses one, the side-by-side comparison and its verdict. Sweeps here are hand-made payloads in SweepResult's shape."""
+from __future__ import annotations
+
+import pytest
+
+from core.deployment import remedy
+from core.deployment.servers import LocalServer, ServerError, split_flags
+from core.fmt import GIB
+
+
+def server(flags: list[str]) -> LocalServer:
+    return LocalServer(8000, 1, "embedded", flags, "/dev/null", 0.0, 1, served_name="gemma-3-270m")
+
+
+def step(load: float, rps: float, ttft: float, queue_share: float | None = 0.8, running: float = 2,
+         requests: int = 4, meets: bool | None = True) -> dict:
+    return {"load": load, "achieved_rps": rps, "requests": requests, "meets_slo": meets,
+            "client": {"ttft": {"p50": ttft, "p90": ttft, "p99": ttft}, "itl": {"p50": 0.05, "p90": 0.05, "p99": 0.06},
+                       "e2e": {"p50": 1.0, "p90": 1.0, "p99": 1.0}},
+            "server": {"queue_share_ttft": queue_share, "prefill_share_ttft": 0.1}, "busiest": {"running": running}}
+
+
+def sweep_doc(steps: list[dict], verdict: dict, kv: int | None = 100_000, slo: dict | None = None) -> dict:
+    good = [s for s in steps if s["meets_slo"]]
+    best = max(good, key=lambda s: s["achieved_rps"]) if good and slo else None
+    return {"base_url": "http://127.0.0.1:8000", "mode": "concurrency", "prompt_tokens": 32, "max_new_tokens": 8,
+            "dataset": None, "slo": slo or {}, "max_seconds": 120.0, "steps": steps, "verdict": verdict,
+            "kv_capacity_tokens": kv, "knee": None,
+            "goodput": {"rps": best["achieved_rps"], "load": best["load"]} if best else None}
+
+
+CAPACITY = {"kind": "capacity-bound", "headline": "Capacity-bound", "remedy": "a larger --max-num-seqs"}
+
+
+def test_structured_remedies_are_taken_as_given_and_what_is_set_is_dropped():
+    doc = sweep_doc([step(2, 1.0, 0.1)], {**CAPACITY, "remedies": [
+        {"text": "more slots", "flags": {"--max-num-seqs": "8"}, "kind": "capacity-bound"},
+        {"text": "already so", "flags": {"--max-num-batched-tokens": "256"}, "kind": "prefill-bound"},
+        {"text": "add replicas", "flags": {}, "kind": "capacity-bound"}]})
+    found = remedy.remedies_for(doc, server(["--max-num-seqs", "2", "--max-num-batched-tokens", "256"]))
+    assert [(r.flags, r.concrete) for r in found] == [({"--max-num-seqs": "8"}, True), ({}, False)]
+
+
+def test_a_capacity_verdict_without_structured_remedies_gets_a_sized_max_num_seqs():
+    doc = sweep_doc([step(2, 1.0, 0.1), step(8, 1.1, 0.9)], CAPACITY)
+    (r,) = remedy.remedies_for(doc, server(["--max-num-seqs", "2"]))
+    assert r.flags == {"--max-num-seqs": "8"} and "at most 2" in r.text
+    # the KV cache holds 4 sequences of 40 tokens: the slots are capped there
+    (r,) = remedy.remedies_for(sweep_doc([step(2, 1.0, 0.1), step(8, 1.1, 0.9)], CAPACITY, kv=160),
+                               server(["--max-num-seqs", "2"]))
+    assert r.flags == {"--max-num-seqs": "4"}
+    # ... and where it holds no more than run now, its memory is what to raise
+    (r,) = remedy.remedies_for(sweep_doc([step(2, 1.0, 0.1)], CAPACITY, kv=80), server(["--max-num-seqs", "2"]))
+    assert r.flags == {"--kv-cache-memory-bytes": str(2 * GIB)}
+
+
+def test_apply_and_parse_flag_changes():
+    flags = ["--max-num-seqs", "2", "--enforce-eager", "--max-num-batched-tokens=512"]
+    assert remedy.apply_flags(flags, {"--max-num-seqs": "8", "--max-num-batched-tokens": "2048"}) == \
+        ["--enforce-eager", "--max-num-seqs", "8", "--max-num-batched-tokens", "2048"]
+    assert remedy.apply_flags([], {"--enable-prefix-caching": ""}) == ["--enable-prefix-caching"]
+    assert remedy.parse_flag_change("--max-num-batched-tokens 2048 --enable-prefix-caching --max-num-seqs=4") == \
+        {"--max-num-batched-tokens": "2048", "--enable-prefix-caching": "", "--max-num-seqs": "4"}
+    with pytest.raises(ServerError, match="not a flag"):
+        remedy.parse_flag_change("8")
+    with pytest.raises(ServerError, match="set by the console"):
+        split_flags("--port 9000")
+
+
+def test_a_remedy_that_needs_more_memory_than_the_host_has_is_refused_with_the_arithmetic():
+    s = server(["--max-num-seqs", "2"])
+    new = remedy.apply_flags(s.flags, {"--kv-cache-memory-bytes": str(8 * GIB)})
+    msg = remedy.memory_refusal(s, new, available=10 * GIB, resident=4 * GIB)
+    assert msg and "12.1 GiB" in msg and "4.0 GiB resident" in msg and "7.0 GiB more KV cache" in msg \
+        and "10.0 GiB available" in msg, msg
+    assert remedy.memory_refusal(s, new, available=20 * GIB, resident=4 * GIB) is None
+
+
+def test_compare_and_judge_side_by_side():
+    slo = {"ttft_p99": 2.0}
+    before = sweep_doc([step(2, 0.5, 1.0), step(8, 0.52, 1.9)], CAPACITY, slo=slo)
+    after = sweep_doc([step(2, 0.6, 0.5, 0.1), step(8, 1.21, 0.9, 0.2)], {"kind": "not saturated"}, slo=slo)
+    cmp = remedy.compare(before, after)
+    assert cmp["rows"]["goodput_rps"]["before"] == 0.52 and cmp["rows"]["goodput_rps"]["after"] == 1.21
+    at8 = cmp["loads"][1]
+    assert at8["load"] == 8 and at8["ttft_p50"]["change_pct"] == pytest.approx(100 * (0.9 - 1.9) / 1.9)
+    assert at8["queue_share"] == {"before": 0.8, "after": 0.2, "change_pct": pytest.approx(-75.0)}
+    v = remedy.judge(cmp, slo, "--max-num-seqs 8")
+    assert v["kind"] == "helped" and "goodput 0.52 -> 1.21 req/s at TTFT p99 <= 2 s" in v["headline"], v
+    same = remedy.judge(remedy.compare(before, before), slo, "x")
+    assert same["kind"] == "no change" and "put the flags back" in same["headline"]
+    worse = remedy.judge(remedy.compare(after, before), slo, "x")
+    assert worse["kind"] == "worse" and "made it worse" in worse["headline"]
+    # without an SLO the peak throughput decides
+    assert remedy.judge(remedy.compare({**before, "slo": {}}, {**after, "slo": {}}), {}, "x")["metric"] == \
+        "peak throughput"
+
+
+def test_same_sweep_reproduces_the_loads_requests_and_workload():
+    before = sweep_doc([step(2, 0.5, 1.0, requests=6), step(8, 0.52, 1.9, requests=16)], CAPACITY,
+                       slo={"ttft_p99": 2.0})
+    kw = remedy.same_sweep_kwargs(before)
+    assert kw["steps"] == [2, 8] and kw["min_requests"] == 6 and kw["slo_ttft_p99"] == 2.0
+    assert kw["prompt_tokens"] == 32 and kw["max_new_tokens"] == 8 and kw["mode"] == "concurrency"
+
+
+def test_result_keeps_the_best_trial_and_its_command():
+    s = server(["--max-num-seqs", "2"])
+    before = sweep_doc([step(8, 0.5, 1.0)], CAPACITY)
+
+    def trial(flags: dict, rps: float) -> remedy.Trial:
+        after = sweep_doc([step(8, rps, 1.0)], CAPACITY)
+        t = remedy.Trial(remedy.Remedy("r", flags), before, after, s.flags, remedy.apply_flags(s.flags, flags))
+        t.comparison = remedy.compare(before, after)
+        t.verdict = remedy.judge(t.comparison, {}, "r")
+        return t
+
+    doc = remedy.result_of([trial({"--max-num-seqs": "4"}, 0.8), trial({"--max-num-seqs": "8"}, 1.1),
+                            trial({"--max-num-seqs": "1"}, 0.3)], s)
+    assert doc["best"] == 1 and doc["flags_changed"] == {"--max-num-seqs": "8"}
+    assert doc["command"] == "vllm serve gemma-3-270m --max-num-seqs 8"
+    assert doc["peak_rps_change"]["after"] == 1.1 and len(doc["trials"]) == 3
+    none = remedy.result_of([trial({"--max-num-seqs": "1"}, 0.3)], s)
+    assert none["best"] is None and none["command"].endswith("--max-num-seqs 2") and "No remedy" in none["summary"]
