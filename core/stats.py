@@ -58,6 +58,27 @@ def nearest_rank_percentiles(values: list[float]) -> dict[str, float | None]:
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
+BOOTSTRAP_MIN = 5  # under this many samples a resampled interval says nothing
+
+
+def bootstrap_intervals(values: list[float], resamples: int = 1000, seed: int = 0,
+                        level: float = 0.95) -> dict[str, tuple[float, float] | None]:
+    """A percentile-bootstrap interval for each of nearest_rank_percentiles' p50/p90/p99 (None under BOOTSTRAP_MIN
+    samples). Seeded, so a saved run reproduces; with few samples the p99's interval reaches the maximum."""
+    import random
+
+    if len(values) < BOOTSTRAP_MIN:
+        return {"p50": None, "p90": None, "p99": None}
+    rng = random.Random(seed)
+    draws: dict[str, list[float]] = {"p50": [], "p90": [], "p99": []}
+    for _ in range(resamples):
+        q = nearest_rank_percentiles([rng.choice(values) for _ in values])
+        for k in draws:
+            draws[k].append(q[k])
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    return {k: (percentile(d, lo), percentile(d, hi)) for k, d in draws.items()}
+
+
 def median(values: list[float]) -> float | None:
     return percentile(values, 0.5)
 

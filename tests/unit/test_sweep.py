@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from core.deployment.sweep import (SweepError, Step, _goodput, _knee, _meets, check_slo, compare_sweeps, parse_steps,
-                                   read_dataset, verdict)
+                                   read_dataset)
+from core.deployment.verdict import verdict
 from core.telemetry.vllm_anatomy import anatomy, saturation_reason
 from core.telemetry.vllm_metrics import parse_metrics
 
@@ -85,28 +86,92 @@ def test_goodput_is_the_best_step_meeting_every_slo():
     assert _meets(steps[0], {}) is None
 
 
-def test_verdicts_rest_on_numbers_and_name_real_flags_only():
+def _config(**labels):
+    from core.deployment.server_config import server_config
+
+    snap = parse_metrics(FIXTURE.read_text(), t=0.0)
+    snap.config_info["vllm:cache_config_info"].update(labels)
+    return server_config(snap, 32768)
+
+
+def test_verdicts_rest_on_shares_and_name_real_flags_only():
     from diagnostics.flags import committed_table, lint_command
 
     capacity = [step(1, 1.0, 0.1), step(2, 1.8, 0.12), step(4, 1.9, 0.9, queue=0.8)]
-    prefill = [step(1, 1.0, 0.1, prefill=0.1), step(4, 2.0, 0.5, prefill=0.45, queue=0.05)]
+    # 2,000-token prompts: 4.4 s of prefill alone; at 4 clients 0.21 req/s x 4.4 s keeps the engine prefilling, and
+    # requests queue behind the prefills (queueing 70% of TTFT with slots free)
+    prefill = [step(1, 0.2, 4.5, prefill=4.4), step(4, 0.21, 15.0, prefill=4.7, queue=11.0)]
     decode = [step(1, 1.0, 0.1, itl=0.05), step(4, 3.0, 0.12, itl=0.12)]
     calm = [step(1, 1.0, 0.1), step(2, 2.0, 0.1)]
     kinds = {}
     for steps in (capacity, prefill, decode, calm):
-        v = verdict(steps, {"ttft_p99": 2.0}, _knee(steps), None, 349_440, 96)
+        v = verdict(steps, {"ttft_p99": 2.0}, _knee(steps), None, _config(), 96, 64)
         kinds[v["kind"]] = v
+        assert v["remedy"] == " ".join(r["text"] for r in v["remedies"])
         flags = [w.strip(",.;:()") for w in v["remedy"].split() if w.startswith("--")]
+        flags += [f for r in v["remedies"] for f in r["flags"]]
         result = lint_command(["vllm", "serve", "m", *flags], committed_table())
         assert not [i for i in result.issues if i.kind in ("unknown", "removed", "fiction")], result.issues
+        assert len(v["evidence"]["shares"]) == len(steps) and "used" in v["evidence"]
     assert list(kinds) == ["capacity-bound", "prefill-bound", "decode-bound", "not saturated"]
     cap = kinds["capacity-bound"]
     assert "89% of the mean time to first token" in cap["headline"] and "above 2 clients" in cap["headline"]
-    assert "about 3640 sequences" in cap["remedy"]
-    assert "No step met the SLO" in cap["headline"]
+    assert "at most 2 sequence(s) ran at once" in cap["headline"]
+    # the next power of two above the 2 that ran; the KV cache (101,386 tokens) holds 1056 of 96 tokens
+    assert cap["remedies"][0] == {"kind": "max-num-seqs", "flags": {"--max-num-seqs": "4"},
+                                  "text": cap["remedies"][0]["text"]}
+    assert "No step met the SLO" in cap["headline"] and "fewer than 20 requests" in cap["headline"]
+    pre = kinds["prefill-bound"]
+    assert "1.0 request(s) in prefill at once" in pre["headline"] or "in prefill at once" in pre["headline"]
+    assert pre["remedies"][0]["kind"] == "no-flag" and pre["remedies"][0]["flags"] == {}
+    assert not any(r["flags"] for r in pre["remedies"])  # prefix caching is on (cache_config_info): not proposed
+    assert "--max-num-seqs" not in pre["remedy"]
+    off = verdict(prefill, {}, None, None, _config(enable_prefix_caching="False"), 96, 64)
+    assert {"--enable-prefix-caching": ""} in [r["flags"] for r in off["remedies"]]
     no_server = [step(1, 1.0, 0.1)]
     no_server[0].server = None
     assert verdict(no_server, {}, None, None, None, None)["kind"] == "unknown (no server metrics)"
+
+
+def test_remedies_never_propose_what_is_in_force_and_cap_by_the_kv_cache():
+    from core.deployment.remedies import Facts, remedies
+    from core.deployment.server_config import flags_of, server_config
+
+    cfg = server_config(parse_metrics(FIXTURE.read_text(), t=0.0), None,
+                        flags_of("vllm serve m --max-num-seqs 8 --kv-cache-dtype fp8"))
+    assert cfg.in_force("--enable-prefix-caching", "") and cfg.in_force("--max-num-seqs", "8")
+    assert cfg.kv_capacity_tokens == 101386 and cfg.sources["--max-num-seqs"] == "launch command"
+    # 8 slots in force, 8 ran: propose 16; the KV cache holds 101386 // 10000 = 10 sequences of 10,000 tokens
+    seqs = remedies("capacity-bound", Facts(peak_running=8, tokens_per_request=10_000), cfg)
+    assert seqs[0]["flags"] == {"--max-num-seqs": "10"} and "capped by the KV cache" in seqs[0]["text"]
+    full = remedies("capacity-bound", Facts(peak_running=10, tokens_per_request=10_000), cfg)
+    assert "--max-num-seqs" not in str([r["flags"] for r in full]) and full[0]["kind"] == "kv-cache"
+    # fp8 KV already in force (launch command): memory-bound proposes the memory share instead (it runs with 0.3)
+    mem = remedies("memory-bound", Facts(), cfg)
+    assert [r["flags"] for r in mem if r["flags"]] == [{"--gpu-memory-utilization": "0.9"}]
+
+
+def test_a_prefill_judgement_is_pure_and_shared():
+    from core.telemetry.vllm_anatomy import prefill_judgement
+
+    lone = prefill_judgement(0.0, 4.4, 4.9, 0.2)
+    assert lone.bound and not lone.queued_behind and "90% of the mean time to first token" in lone.reason
+    behind = prefill_judgement(11.0, 4.7, 16.0, 0.21)
+    assert behind.bound and behind.queued_behind and "behind other prompts' prefill" in behind.reason
+    assert not prefill_judgement(0.8, 0.1, 0.95, 1.9).bound  # short prompts queued for a slot: capacity's case
+    assert not prefill_judgement(0.0, 0.3, 0.35, 3.0).bound  # most of TTFT but too short to matter
+    assert prefill_judgement(None, None, 1.0, 1.0) is None
+    assert saturation_reason(0.7, 3, 0.05, in_prefill=0.99) is None  # they queue behind prefills, not for a slot
+
+
+def test_client_quantiles_carry_their_count_and_a_bootstrap_interval():
+    from core.deployment.sweep import client_quantiles
+
+    q = client_quantiles([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert q["n"] == 6 and q["p99"] == 0.6  # nearest rank: over 6 requests the p99 is their slowest
+    lo, hi = q["ci95"]["p99"]
+    assert lo < hi == 0.6
+    assert client_quantiles([0.1, 0.2])["ci95"]["p50"] is None  # too few to resample
 
 
 def test_two_sweeps_compare_by_goodput_throughput_and_knee():
