@@ -53,6 +53,7 @@ HISTOGRAMS = {
 HISTOGRAM_LABELS = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end request latency",
                     "queue": "queue time", "prefill": "prefill time", "decode": "decode time",
                     "inference": "inference time (prefill + decode)"}
+TOKEN_HISTOGRAMS = ("step_tokens", "prefill_tokens")  # counts of tokens, not seconds: no latency percentiles
 LATENCY_KEYS = ("ttft", "itl", "e2e")  # the three the dashboard and the probe show as percentiles
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # reason="capacity" | "deferred" (vLLM >= 0.11)
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -182,7 +183,7 @@ class VllmSnapshot:
 
     def percentiles(self) -> dict[str, dict[str, float | None]]:
         """Percentiles (seconds) over the server's whole life, per histogram ("ttft", "itl", "e2e")."""
-        return {k: h.percentiles() for k, h in self.histograms.items()}
+        return {k: h.percentiles() for k, h in self.histograms.items() if k not in TOKEN_HISTOGRAMS}
 
 
 @dataclass
@@ -197,7 +198,7 @@ class Rates:
     recent: dict[str, Histogram]  # histogram observations made in the interval
 
     def percentiles(self) -> dict[str, dict[str, float | None]]:
-        return {k: h.percentiles() for k, h in self.recent.items()}
+        return {k: h.percentiles() for k, h in self.recent.items() if k not in TOKEN_HISTOGRAMS}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
