@@ -1,4 +1,4 @@
-"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure."""
+"""vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure, saturation, prefill, liveness."""
 from __future__ import annotations
 
 from diagnostics.context import CheckContext, Series
@@ -7,6 +7,7 @@ from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fai
 KV_FULL = 0.95  # kv_cache_usage_perc (a 0-1 fraction) at or above this is "near 100%"
 KV_HIGH = 0.90
 
+CANARY_SLACK_S = 5.0  # a liveness round's scrape and /health before its canary: a busy server answers them late
 SLOW_ANSWER_S = 1.0  # a /metrics answer slower than the checklist's scrape interval is worth a word
 
 NO_URL = "vLLM URL: none given (--vllm-url, or the URL field on the page)"
@@ -127,38 +128,116 @@ def decide_liveness(ctx: CheckContext) -> Outcome:
     return passed(v.headline, evidence=evidence)
 
 
-def decide_saturation(ctx: CheckContext) -> Outcome:
-    """Requests wait for a scheduling slot while the KV cache has room: the anatomy of the window's requests."""
-    from core.telemetry.vllm_anatomy import SATURATION_REMEDY, anatomy, saturation_reason
+def _window_anatomy(ctx: CheckContext):
+    """(anatomy of the window's requests, scrapes with vllm:* series) or (None, the SKIP saying why)."""
+    from core.telemetry.vllm_anatomy import anatomy
 
     if (out := _unreachable(ctx)) is not None:
-        return out
+        return None, out
     snaps = [s for s in ctx.vllm_snapshots if s.has_vllm_series]
     if len(snaps) < 2:
-        return skip(f"request anatomy over the window: need 2 scrapes with vllm:* series, got {len(snaps)}")
+        return None, skip(f"request anatomy over the window: need 2 scrapes with vllm:* series, got {len(snaps)}")
     a = anatomy(snaps[0], snaps[-1])
     if a.missing and "queue" not in a.phases:
-        return skip("request anatomy: this vLLM does not export " + ", ".join(a.missing))
+        return None, skip("request anatomy: this vLLM does not export " + ", ".join(a.missing))
     if a.requests == 0:
-        return skip("request anatomy: no request finished during the window (nothing to split into queue, "
-                    "prefill and decode)")
-    kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
-    waiting = max((s.waiting_by_reason.get("capacity", 0.0) for s in snaps), default=None) \
-        if any(s.waiting_by_reason for s in snaps) else None
+        return None, skip("request anatomy: no request finished during the window (nothing to split into queue, "
+                          "prefill and decode)")
+    return (a, snaps), None
+
+
+def _canaries(ctx: CheckContext, t0: float, t1: float) -> list:
+    """The liveness rounds that sent the console's own 1-token canary between two scrapes: real requests, counted in
+    the server's histograms and gauges like any other."""
+    return [o for o in ctx.vllm_liveness if o.canary is not None and t0 <= o.t <= t1]
+
+
+def _canary_at(ctx: CheckContext, t: float) -> bool:
+    """A canary may have been in flight at a scrape at `t` (its round started before and ended after)."""
+    rounds = list(ctx.vllm_liveness)
+    for o, nxt in zip(rounds, rounds[1:] + [None]):
+        end = o.t + (o.canary.seconds if o.canary else 0.0) + CANARY_SLACK_S
+        if o.canary is not None and o.t <= t <= (end if nxt is None else min(end, nxt.t)):
+            return True
+    return False
+
+
+def _anatomy_evidence(a, snaps, canaries: list) -> dict:
     ms = (lambda k: None if a.mean(k) is None else round(1000 * a.mean(k), 1))
-    evidence = {"requests_finished": a.requests, "queue_mean_ms": ms("queue"), "prefill_mean_ms": ms("prefill"),
-                "decode_mean_ms": ms("decode"), "ttft_mean_ms": ms("ttft"),
-                "queue_share_of_ttft_pct": None if a.queue_share_ttft is None else round(100 * a.queue_share_ttft, 1),
-                "max_waiting_for_capacity": waiting,
-                "kv_cache_usage_peak_pct": None if kv_peak is None else round(100 * kv_peak, 1),
-                "from": "vllm:request_queue_time_seconds, _prefill_, _decode_, time_to_first_token (_sum/_count)"}
-    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak)
+    pct = (lambda v: None if v is None else round(100 * v, 1))
+    kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
+    return {"requests_finished": a.requests, "console_canaries": len(canaries), "queue_mean_ms": ms("queue"),
+            "prefill_mean_ms": ms("prefill"), "decode_mean_ms": ms("decode"), "ttft_mean_ms": ms("ttft"),
+            "queue_share_of_ttft_pct": pct(a.queue_share_ttft), "prefill_share_of_ttft_pct": pct(a.prefill_share_ttft),
+            "before_engine_share_of_ttft_pct": pct(a.before_engine_share_ttft),
+            "kv_cache_usage_peak_pct": pct(kv_peak),
+            "from": "vllm:request_queue_time_seconds, _prefill_, _decode_, time_to_first_token (_sum/_count)"}
+
+
+def _in_prefill(a) -> float | None:
+    """Requests in prefill at once on average: the window's prefill seconds over its length (Little's law). A sum,
+    so the console's short canaries add next to nothing where they would dilute a mean."""
+    p = a.phases.get("prefill")
+    return p.mean_s * p.count / a.window_s if p is not None and p.mean_s is not None and a.window_s > 0 else None
+
+
+def decide_saturation(ctx: CheckContext) -> Outcome:
+    """Requests wait for a scheduling slot while the KV cache has room: the anatomy of the window's requests."""
+    from core.telemetry.vllm_anatomy import SATURATION_REMEDY, saturation_reason
+
+    got, out = _window_anatomy(ctx)
+    if out is not None:
+        return out
+    a, snaps = got
+    canaries = _canaries(ctx, snaps[0].t, snaps[-1].t)
+    kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
+    waiting, peak_t = None, None
+    if any(s.waiting_by_reason for s in snaps):
+        peak = max(snaps, key=lambda s: s.waiting_by_reason.get("capacity", 0.0))
+        waiting, peak_t = peak.waiting_by_reason.get("capacity", 0.0), peak.t
+    evidence = {**_anatomy_evidence(a, snaps, canaries), "max_waiting_for_capacity": waiting}
+    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak, in_prefill=_in_prefill(a))
     if why:
+        if waiting and peak_t is not None and _canary_at(ctx, peak_t):
+            why = why.replace(" waiting for capacity", " waiting for capacity (1 of them may be the console's "
+                              "canary)", 1)
+            evidence["canary_in_flight_at_peak"] = True
         return fail("Saturated: " + why, SATURATION_REMEDY + " `python -m diagnostics sweep --url URL` finds the "
                     "load where it starts and what the server serves within an SLO.", evidence=evidence)
     share = "N/A" if a.queue_share_ttft is None else f"{100 * a.queue_share_ttft:.0f}%"
-    return passed(f"Queueing is {share} of the mean time to first token over {a.requests:.0f} request(s): requests "
-                  "do not wait for a slot.", evidence=evidence)
+    own = f" ({len(canaries)} of them the console's canary)" if canaries else ""
+    return passed(f"Queueing is {share} of the mean time to first token over {a.requests:.0f} request(s){own}: "
+                  "requests do not wait for a slot.", evidence=evidence)
+
+
+def decide_prefill(ctx: CheckContext) -> Outcome:
+    """Prefill holds most of TTFT, or requests queue behind other prompts' prefill (vllm_anatomy.prefill_judgement,
+    which the Fleet applies per replica)."""
+    from core.deployment.remedies import Facts, remedies
+    from core.deployment.server_config import flags_of, server_config
+    from core.telemetry.vllm_anatomy import prefill_judgement
+
+    got, out = _window_anatomy(ctx)
+    if out is not None:
+        return out
+    a, snaps = got
+    canaries = _canaries(ctx, snaps[0].t, snaps[-1].t)
+    evidence = {**_anatomy_evidence(a, snaps, canaries), "in_prefill": _in_prefill(a),
+                "step_tokens_top": a.step_tokens_top}
+    pj = prefill_judgement(a.mean("queue"), a.mean("prefill"), a.mean("ttft"),
+                           a.requests / a.window_s if a.window_s > 0 else None)
+    if pj is None:
+        return skip("prefill's share of TTFT: this vLLM exports no prefill or TTFT histogram")
+    own = f" ({len(canaries)} of the {a.requests:.0f} request(s) the console's canary)" if canaries else ""
+    if not pj.bound:
+        return passed(f"Not prefill-bound over {a.requests:.0f} request(s){own}: {pj.reason}.", evidence=evidence)
+    cfg = server_config(snaps[-1], None, flags_of(ctx.launch_cmd))
+    rem = remedies("prefill-bound", Facts(prefill_lone_s=None), cfg)
+    evidence["remedy_flags"] = [r["flags"] for r in rem if r["flags"]]
+    text = " ".join(r["text"] for r in rem) + (" `python -m diagnostics sweep --url URL --prompt-tokens N` measures "
+                                               "it at growing load.")
+    head = "Requests queue behind prefills" if pj.queued_behind else "Prefill-bound"
+    return warn(f"{head}{own}: {pj.reason}.", text, evidence=evidence)
 
 
 CHECKS = (
@@ -172,6 +251,10 @@ CHECKS = (
     Check("vllm.saturation", "vLLM saturated (requests queue for a slot)", Severity.HIGH,
           "mean queue time is half or more of the mean TTFT (vllm:request_queue_time_seconds) while the KV cache "
           "stays under 90%", decide_saturation),
+    Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
+          "mean prefill time (vllm:request_prefill_time_seconds) of a second or more is half or more of the mean "
+          "TTFT, or queueing is while the window's prefill seconds keep 0.8+ requests in prefill at once",
+          decide_prefill),
     Check("vllm.liveness", "vLLM engine liveness", Severity.HIGH,
           "counters on /metrics move while requests are in flight, a 1-token canary gets its token, and on this "
           "host the engine processes run", decide_liveness),

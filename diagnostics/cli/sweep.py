@@ -70,21 +70,26 @@ def run(args: argparse.Namespace) -> int:
     unit = "clients" if res.mode == "concurrency" else "req/s"
     print(f"{res.base_url}  model {res.model}: {res.mode} sweep, {len(res.steps)} step(s) in {res.wall_s:.0f} s")
     print(f"{unit:>8}{'req/s':>8}{'tok/s':>8}{'err':>5}{'TTFT p50':>10}{'p99':>7}{'ITL p50':>9}{'p99':>6}"
-          f"{'queue':>8}{'prefill':>9}{'decode':>8}{'queue/TTFT':>11}{'SLO':>5}  (ms; server means)")
+          f"{'queue':>8}{'prefill':>9}{'decode':>8}{'TTFT: queue':>12}{'prefill':>8}{'pre-engine':>11}{'n':>4}"
+          f"{'SLO':>5}  (ms; server means)")
     for s in res.steps:
         srv = s.server or {}
         print(f"{s.load:>8g}{s.achieved_rps:>8.2f}{s.output_tok_s:>8.1f}{s.errors:>5}"
               f"{_ms(s.client['ttft']['p50']):>10}{_ms(s.client['ttft']['p99']):>7}"
               f"{_ms(s.client['itl']['p50']):>9}{_ms(s.client['itl']['p99']):>6}"
               f"{_ms(s.server_mean('queue')):>8}{_ms(s.server_mean('prefill')):>9}{_ms(s.server_mean('decode')):>8}"
-              f"{_pct(srv.get('queue_share_ttft')):>11}"
+              f"{_pct(srv.get('queue_share_ttft')):>12}{_pct(srv.get('prefill_share_ttft')):>8}"
+              f"{_pct(srv.get('before_engine_share_ttft')):>11}{s.ok:>4}"
               f"{'-' if s.meets_slo is None else 'yes' if s.meets_slo else 'NO':>5}")
     if res.knee:
         print(f"knee: {res.knee['load']:g} {unit} ({res.knee['how']})")
     if res.goodput:
         print(f"goodput: {res.goodput['rps']:.2f} req/s at {res.goodput['load']:g} {unit}")
     print(f"verdict: {res.verdict['headline']}")
-    if res.verdict.get("remedy"):
+    for i, r in enumerate(res.verdict.get("remedies") or [], 1):
+        flags = " ".join(f"{k} {v}".strip() for k, v in r["flags"].items())
+        print(f"remedy {i} ({r['kind']}{': ' + flags if flags else ''}): {r['text']}")
+    if not res.verdict.get("remedies") and res.verdict.get("remedy"):  # a sweep saved before remedies had flags
         print(f"remedy: {res.verdict['remedy']}")
     print(f"stopped: {res.stopped}")
     return 0 if res.status != "failed" else 1

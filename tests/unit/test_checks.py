@@ -25,6 +25,7 @@ URL = "http://127.0.0.1:8000"
 
 EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "gpu.imbalance", "gpu.throttled", "gpu.foreign_process",
                 "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off", "vllm.liveness", "vllm.saturation",
+                "vllm.prefill",
                 "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
 
 
@@ -441,6 +442,32 @@ def test_saturation_passes_when_prefill_is_the_time_or_kv_is_full():
     assert decide("vllm.saturation", anatomy_ctx(queue_s=0.01, prefill_s=2.0)).status is Status.PASS
     # waiting for memory is vllm.kv_pressure's finding, not this one's
     assert decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4, kv=0.97)).status is Status.PASS
+
+
+def test_prefill_warns_when_prefill_holds_ttft_or_requests_queue_behind_it():
+    # 4 requests of 4.4 s prefill each in a 10 s window (1.8 in prefill at once): prefill is most of TTFT
+    f = decide("vllm.prefill", anatomy_ctx(queue_s=1.0, prefill_s=17.6))
+    assert f.status is Status.WARN and f.verdict.startswith("Prefill-bound") and "of the mean time to first" in f.verdict
+    assert f.evidence["prefill_share_of_ttft_pct"] > 50 and "No server flag is a measured fix" in f.remedy
+    assert f.evidence["remedy_flags"] == []  # prefix caching is on (cache_config_info): nothing to propose
+    # queueing dominates, but behind prefills: prefill-bound here, and vllm.saturation does not call it slots
+    behind = anatomy_ctx(queue_s=30.0, prefill_s=17.6)
+    f = decide("vllm.prefill", behind)
+    assert f.status is Status.WARN and "behind other prompts' prefill" in f.verdict
+    assert decide("vllm.saturation", behind).status is Status.PASS
+    # short prompts: capacity's case, not this one's
+    assert decide("vllm.prefill", anatomy_ctx(queue_s=8.0, prefill_s=0.4)).status is Status.PASS
+
+
+def test_the_consoles_canary_is_accounted_in_the_anatomy_checks():
+    from core.deployment.liveness import Canary, Observation
+
+    ctx = anatomy_ctx(queue_s=8.0, prefill_s=0.4)
+    ctx = dataclasses.replace(ctx, vllm_liveness=(Observation(t=8.0, canary=Canary(True, 0.5)),))
+    f = decide("vllm.saturation", ctx)
+    assert "(1 of them may be the console's canary)" in f.verdict and f.evidence["console_canaries"] == 1
+    f = decide("vllm.prefill", ctx)
+    assert "(1 of the 4 request(s) the console's canary)" in f.verdict
 
 
 def test_saturation_skips_without_requests_or_histograms():

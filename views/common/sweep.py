@@ -17,6 +17,7 @@ from core.fmt import markdown_literal
 
 NOBAR = {"displayModeBar": False}
 VERDICT_BOX = {"capacity-bound": st.warning, "prefill-bound": st.warning, "decode-bound": st.warning,
+               "memory-bound": st.warning, "front-end-bound": st.warning, "saturated": st.warning,
                "not saturated": st.success}
 
 
@@ -31,12 +32,15 @@ def step_rows(res: dict) -> list[dict]:
         srv = s.get("server") or {}
         phase = (lambda k: _ms(((srv.get("phases") or {}).get(k) or {}).get("mean_s")))
         share = srv.get("queue_share_ttft")
+        pct = (lambda v: None if v is None else round(100 * v, 1))
         rows.append({
             "load": s["load"], "requests": s["requests"], "errors": s["errors"],
             "achieved req/s": round(s["achieved_rps"], 3), "output tok/s": round(s["output_tok_s"], 1),
             **{f"{k.upper()} {p} ms": _ms(s["client"][k][p]) for k in ("ttft", "itl", "e2e") for p in ("p50", "p99")},
             "queue ms": phase("queue"), "prefill ms": phase("prefill"), "decode ms": phase("decode"),
-            "queue % of TTFT": None if share is None else round(100 * share, 1),
+            "queue % of TTFT": pct(share), "prefill % of TTFT": pct(srv.get("prefill_share_ttft")),
+            "before engine % of TTFT": pct(srv.get("before_engine_share_ttft")),
+            "requests timed": s["client"]["ttft"].get("n"),
             "max running": (s.get("busiest") or {}).get("running"),
             "max waiting": (s.get("busiest") or {}).get("waiting"),
             "meets SLO": s.get("meets_slo"),
@@ -50,7 +54,13 @@ def show(res: dict, key: str) -> None:
     unit = "clients" if res.get("mode") == "concurrency" else "req/s"
     box = VERDICT_BOX.get(verdict.get("kind"), st.info)
     box(markdown_literal(verdict.get("headline", "No verdict.")))
-    if verdict.get("remedy"):
+    if verdict.get("remedies"):
+        lines = []
+        for r in verdict["remedies"]:
+            flags = " ".join(f"{k} {v}".strip() for k, v in r["flags"].items())
+            lines.append("- " + markdown_literal(r["text"]) + (f" `{flags}`" if flags else ""))
+        st.caption("What would help:\n" + "\n".join(lines))
+    elif verdict.get("remedy"):  # a sweep saved before remedies had flags
         st.caption("What would help: " + markdown_literal(verdict["remedy"]))
     if res.get("status") in ("failed", "cancelled"):
         st.warning(markdown_literal(f"Sweep {res['status']}: {res.get('stopped', '')}"))
