@@ -6,14 +6,15 @@ import time
 import streamlit as st
 
 from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
-from core.compare.result import Side, history_payload, save_to_history
-from core.compare.run import load_engine, run
+from core.compare.known import default_reference, known_failures, model_types
+from core.compare.result import Side, history_payload, last_run_hint, save_to_history
+from core.compare.run import LIMITS, check_request, load_engine, run
 from core.engines.pool import Setup
 from core.errors import InputError, TriageError
 from core.fmt import markdown_literal
 from core.models import parse_model
 from core.precision import KVDtype, Precision
-from views.common import compare_view, session
+from views.common import compare_view, runs, session
 
 ss = st.session_state
 
@@ -25,10 +26,10 @@ def loader(side: Side, progress):
     return session.pooled(Setup(parse_model(side.model), side.precision, side.kv_dtype), progress)
 
 
-def side_inputs(col, title: str, default: Precision, key: str):
+def side_inputs(col, title: str, default: Precision, key: str, failures: dict[Precision, str]):
     col.markdown(f"**{title}**")
-    prec = col.selectbox("Precision", list(Precision), index=list(Precision).index(default),
-                         format_func=lambda p: p.label, key=f"{key}_prec")
+    prec = col.selectbox("Precision", list(Precision), index=list(Precision).index(default), key=f"{key}_prec",
+                         format_func=lambda p: p.label + (" (fails on this model)" if p in failures else ""))
     kv = col.selectbox("KV cache", list(KVDtype), format_func=lambda k: k.label, key=f"{key}_kv")
     url = col.text_input("Server URL (optional)", key=f"{key}_url", placeholder="empty: in-process torch engine",
                          help="An OpenAI-compatible vLLM server already running at this precision and KV dtype; "
@@ -36,21 +37,35 @@ def side_inputs(col, title: str, default: Precision, key: str):
     return prec, kv, url.strip()
 
 
+def number(col, name: str, value: int, help: str | None = None) -> int:
+    """A number box that shows its allowed range and accepts anything typed: an out-of-range value is refused in
+    words when Compare is pressed (a bounded box turns red and the form then does nothing)."""
+    label, lo, hi = LIMITS[name]
+    return int(col.number_input(f"{label} ({lo:,}-{hi:,})", value=value, step=1, help=help, key=f"cmp_{name}"))
+
+
 st.title("Precision compare")
 st.caption("Same prompts, two precisions, greedy decoding. Free-running outputs side by side, then both sides score "
            "the reference continuation teacher-forced for KL and top-token agreement. Token ids are compared, "
            "never strings.")
 defaults = default_prompts()
+failures = known_failures(ss.get("cmp_model") or "embedded")
+if failures:
+    kinds = ", ".join(f"`{k.replace('`', '')}`" for k in sorted(model_types(ss.get("cmp_model") or "embedded")))
+    st.warning(f"Known to fail on this model ({kinds} in its config): "
+               + "; ".join(f"**{p.label}**: {markdown_literal(why)}" for p, why in failures.items())
+               + ". Such a side is marked in the lists below and is not the default reference.")
 top = st.container()  # the run's progress and outcome, above the form
 with st.form("cmp_form"):
     c = st.columns(2)
-    ref_prec, ref_kv, ref_url = side_inputs(c[0], "Reference", Precision.FP32, "cmp_ref")
-    cand_prec, cand_kv, cand_url = side_inputs(c[1], "Candidate", Precision.FP8, "cmp_cand")
+    ref_prec, ref_kv, ref_url = side_inputs(c[0], "Reference", default_reference(failures), "cmp_ref", failures)
+    cand_prec, cand_kv, cand_url = side_inputs(c[1], "Candidate", Precision.FP8, "cmp_cand", failures)
     c = st.columns([3, 1, 1, 1])
     chosen = c[0].multiselect("Built-in prompts", [p.name for p in defaults], default=[p.name for p in defaults])
-    max_new = c[1].number_input("Max new tokens", 1, 512, 32)
-    top_k = c[2].number_input("Top-k", 1, 20, 8, help="Logprobs kept per position; vLLM's rule checks top-8.")
-    model = c[3].text_input("Model", "embedded", help="embedded, an HF model directory or a .gguf file")
+    max_new = number(c[1], "max_new_tokens", 32)
+    top_k = number(c[2], "top_k", 8, help="Logprobs kept per position; vLLM's rule checks top-8.")
+    model = c[3].text_input("Model", "embedded", key="cmp_model", help="embedded, an HF model directory or a .gguf "
+                            "file")
     c = st.columns([3, 2])
     own = c[0].text_area("Your prompts, one per line (write \\n for a newline)", height=90)
     upload = c[1].file_uploader("or a prompts file (.txt, .jsonl, .json)", type=list(PROMPT_FILE_EXTENSIONS))
@@ -60,8 +75,35 @@ with st.form("cmp_form"):
                              "round by batch shape, so near-ties can part: that is its real noise floor.")
     submitted = st.form_submit_button("Compare", type="primary")
 
+
+def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
+    """Run the comparison (and the noise floor) under a progress bar that tells time; keep and save the result."""
+    started = time.time()
+    step = runs.timed_progress(st.progress(0.0))
+    for side, role in ((ref, "reference"), (cand, "candidate")):
+        if side.engine == "torch" and side.precision in failures:
+            st.warning(f"The {side.precision.label} {role} is known to fail on this model; the run goes ahead and "
+                       "its verdict names the side that broke.")
+    result = run(ref, cand, prompts, max_new_tokens=max_new, top_k=top_k, progress=step, loader=loader)
+    floor = None
+    if noise:
+        floor = run(ref, ref, prompts, max_new_tokens=max_new, top_k=top_k, loader=loader,
+                    progress=runs.timed_progress(st.progress(0.0)))
+    # Replaced together, so a failed run leaves the previous result and its history note as they were.
+    ss.cmp_result, ss.cmp_payload = result, history_payload(result, floor)
+    ss.cmp_saved = save_to_history(result, floor, started_at=started) or False
+    sm = result.summary
+    head = sm.status.capitalize() + (
+        "" if sm.same_top is None else f": same top token {100 * sm.same_top:.1f} %"
+        + ("" if sm.mean_kld is None else f", mean KLD {sm.mean_kld:.3g} nats"))
+    status.update(label=f"Compared in {time.time() - started:.1f} s. {head}. The full result is below the form.",
+                  state="complete", expanded=False)
+    st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
+
+
 if submitted:
     try:
+        check_request(max_new, top_k)
         prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)
         if upload is not None:
             prompts += prompts_from_bytes(upload.getvalue(), upload.name)
@@ -70,35 +112,18 @@ if submitted:
         # A server serves its own model: the model box is for the in-process engine.
         ref = Side(ref_prec, ref_kv, "" if ref_url else model, "remote" if ref_url else "torch", ref_url)
         cand = Side(cand_prec, cand_kv, "" if cand_url else model, "remote" if cand_url else "torch", cand_url)
-        started = time.time()
         # The progress sits above the form, where the eye is when Compare is pressed: a run of minutes under load
         # must not look frozen.
         n = len(prompts)
         with top.status(f"Comparing {n} prompt{'s' * (n != 1)}…", expanded=True) as status:
-            bar = st.progress(0.0)
-            step = lambda f, m: bar.progress(min(max(f, 0.0), 1.0), text=m)  # noqa: E731
-            result = run(ref, cand, prompts, max_new_tokens=int(max_new), top_k=int(top_k), progress=step,
-                         loader=loader)
-            floor = None
-            if noise:
-                floor = run(ref, ref, prompts, max_new_tokens=int(max_new), top_k=int(top_k),
-                            progress=lambda f, m: step(f, f"Noise floor: {m}"), loader=loader)
-            # Replaced together, so a failed run leaves the previous result and its history note as they were.
-            ss.cmp_result, ss.cmp_payload = result, history_payload(result, floor)
-            ss.cmp_saved = save_to_history(result, floor, started_at=started) or False
-            sm = result.summary
-            head = sm.status.capitalize() + (
-                "" if sm.same_top is None else f": same top token {100 * sm.same_top:.1f} %"
-                + ("" if sm.mean_kld is None else f", mean KLD {sm.mean_kld:.3g} nats"))
-            status.update(label=f"Compared in {time.time() - started:.1f} s. {head}. The full result is below the form.",
-                          state="complete", expanded=False)
-        st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
+            compare_and_save(ref, cand, prompts, status)
     except TriageError as exc:
         top.error(f"The comparison did not run: {markdown_literal(exc)}")
 
 if ss.get("cmp_payload") is None:
-    st.info("Pick two precisions and press Compare. On an idle 2-core CPU the built-in prompts take about 17 s for "
-            "FP32 against FP8 W8A8, once both are loaded (measured in docs/PERFORMANCE.md).")
+    last = last_run_hint()
+    st.info("Pick two precisions and press Compare. The progress bar says how long it has run and, from the speed "
+            "measured as it goes, how long is left" + (f"; {markdown_literal(last)}." if last else "."))
     st.stop()
 
 st.divider()

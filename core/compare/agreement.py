@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from core.errors import InputError
-from core.stats import wilson_interval  # noqa: F401 - its home is core/stats.py; kept importable from here
+from core.stats import wilson_interval  # its home is core/stats.py; kept importable from here
 
 DEFAULT_K = 8  # vLLM's FP8 KV cache test compares top-8 logprobs
 
@@ -272,13 +272,18 @@ def teacher_forced(ref_topk: Sequence[TopK], cand_topk: Sequence[TopK], k: int =
 class Band:
     metric: str
     value: float | None
-    name: str  # "fine", "watch", "calibration failed", "n/a"
+    name: str  # "fine", "watch", "low agreement", "n/a"
 
     @property
     def label(self) -> str:
         """Says which metric the seed's band is applied to, as the UI must."""
-        rule = f">= {BAND_FINE} fine, {BAND_FAILED}-{BAND_FINE} watch, < {BAND_FAILED} calibration failed"
-        return f"{self.name} (seed band for the {BANDED_METRICS[self.metric]}: {rule})"
+        return f"{self.name} (seed band for the {BANDED_METRICS[self.metric]}: {BAND_RULE})"
+
+
+# The seed calls its lowest band "calibration failed"; dynamic-scale FP8 and the integer precisions calibrate nothing,
+# so the band says what was measured: the two sides agree too little.
+LOW = "low agreement"
+BAND_RULE = f">= {BAND_FINE} fine, {BAND_FAILED}-{BAND_FINE} watch, < {BAND_FAILED} {LOW}"
 
 
 def band(value: float | None, metric: str = "top3_match") -> Band:
@@ -286,16 +291,83 @@ def band(value: float | None, metric: str = "top3_match") -> Band:
         raise InputError(f"The seed's bands apply only to {', '.join(BANDED_METRICS)}; not to {metric!r}.")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return Band(metric, value, "n/a")
-    name = "fine" if value >= BAND_FINE else "watch" if value >= BAND_FAILED else "calibration failed"
+    name = "fine" if value >= BAND_FINE else "watch" if value >= BAND_FAILED else LOW
     return Band(metric, value, name)
 
 
-_SEVERITY = {"n/a": 0, "fine": 0, "watch": 1, "calibration failed": 2}
+_SEVERITY = {"n/a": 0, "fine": 0, "watch": 1, LOW: 2}
+INCONCLUSIVE = "inconclusive"
+# Statuses where one side's own output shows it is broken: the comparison then says which, and judges nothing else.
+BROKEN = ("reference broken", "candidate broken", "broken")
+STATUSES = ("n/a", "identical", "fine", "watch", INCONCLUSIVE, LOW, *BROKEN)
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
+
+# ---- is one side broken on its own? ----
+
+# A side whose every output of at least this many tokens is one token repeated has stopped being a language model
+# (an overflowed FP16 forward pass picks token 0, the pad token, at every step); shorter outputs prove nothing.
+REPEAT_MIN_TOKENS = 4
+
+
+@dataclass
+class SideHealth:
+    """What one side's own numbers say about it, whatever the other side did."""
+
+    positions: int  # positions with log-probabilities: its own generation plus the teacher-forced continuation
+    nonfinite: int  # of those, positions where a log-probability is NaN or infinite
+    outputs: int  # outputs of at least REPEAT_MIN_TOKENS tokens
+    repeated: int  # of those, outputs that are one token repeated
+    repeated_token: int | None = None  # the token of the first repeated output
+
+    @property
+    def nonfinite_share(self) -> float:
+        return self.nonfinite / self.positions if self.positions else 0.0
+
+    @property
+    def all_repeated(self) -> bool:
+        return self.outputs > 0 and self.repeated == self.outputs
+
+
+def _finite_topk(d: dict[int, float]) -> bool:
+    return all(math.isfinite(v) for v in d.values())
+
+
+def side_health(outputs: Sequence[Sequence[int]], topks: Sequence[Sequence[TopK | None]]) -> SideHealth:
+    """`outputs`: the side's generated ids per prompt; `topks`: every top-k dict it reported (its own generation and
+    its teacher-forced scores, one list per prompt and kind). A top-k with a NaN or infinite value is a position where
+    the forward pass overflowed (a saved run's JSON null reads back as -inf, still non-finite)."""
+    positions = [n for seq in topks for d in seq if (n := normalize_topk(d))]  # an empty top-k holds no evidence
+    long = [list(o) for o in outputs if len(o) >= REPEAT_MIN_TOKENS]
+    repeated = [o for o in long if len(set(o)) == 1]
+    return SideHealth(len(positions), sum(not _finite_topk(d) for d in positions), len(long), len(repeated),
+                      repeated[0][0] if repeated else None)
+
+
+def _looks_like_padding(text: str) -> bool:
+    return text.strip().strip("<>[]|").lower() in ("pad", "padding")
+
+
+def broken_reason(health: SideHealth | None, other: SideHealth | None,
+                  text_of: Callable[[int], str] = lambda t: f"[{t}]") -> str | None:
+    """Why one side's output means nothing on its own terms (None when it looks sound): non-finite log-probabilities
+    (overflow), or every output one token repeated while the other side's outputs are not."""
+    if health is None:
+        return None
+    if health.nonfinite:
+        return (f"overflowed: its logits are not finite at {100 * health.nonfinite_share:.0f}% of positions "
+                f"({health.nonfinite} of {health.positions})")
+    if health.all_repeated and not (other and other.all_repeated):
+        text = text_of(health.repeated_token)
+        what = "padding" if _looks_like_padding(text) else "one token repeated"
+        return f"is broken: every output is {what} ({text!r} again and again)"
+    return None
+
+
+# ---- the summary ----
 
 @dataclass
 class Summary:
@@ -319,6 +391,9 @@ class Summary:
     bands: dict[str, Band] = field(default_factory=dict)
     status: str = "n/a"
     verdict: str = ""
+    same_top_ci95: tuple[float, float] | None = None  # Wilson 95% interval of same_top over `positions`
+    reference_health: SideHealth | None = None
+    candidate_health: SideHealth | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -328,7 +403,10 @@ class Summary:
 
 
 def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: str = "reference",
-              cand_label: str = "candidate") -> Summary:
+              cand_label: str = "candidate", health: tuple[SideHealth, SideHealth] | None = None,
+              text_of: Callable[[int], str] = lambda t: f"[{t}]") -> Summary:
+    """Pooled numbers, bands and the verdict. `health`: (reference, candidate) as side_health gives them, so a broken
+    side is named; `text_of` names a repeated token in words."""
     kl = [x for t in tf for x in t.kl]
     agree = [x for t in tf for x in t.top1_agree]
     overlap = [x for t in tf for x in t.topk_overlap]
@@ -337,6 +415,7 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
     finite = [x for x in kl if math.isfinite(x)]
     identical = (all(f.first_divergence is None for f in free) and all(agree) and all(o == 1.0 for o in overlap)
                  and all(x == 0.0 for x in kl))
+    same = _mean([float(a) for a in agree])
     s = Summary(
         prompts=len(free),
         top3_match=_mean([f.top3_match for f in free]),
@@ -346,7 +425,7 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
         vllm_passed=sum(f.vllm.passed for f in free),
         vllm_total=len(free),
         positions=len(kl),
-        same_top=_mean([float(a) for a in agree]),
+        same_top=same,
         mean_topk_overlap=_mean(overlap),
         mean_kld=_mean(finite),
         p99_kld=float(np.percentile(finite, 99)) if finite else None,
@@ -354,21 +433,60 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
         nonfinite_kl=len(kl) - len(finite),
         kl_source=KL_TOPK if KL_TOPK in sources else KL_FULL,
         identical=identical,
+        same_top_ci95=wilson_interval(same, len(agree)) if agree else None,
+        reference_health=health[0] if health else None,
+        candidate_health=health[1] if health else None,
     )
     s.bands = {"top3_match": band(s.top3_match, "top3_match"), "same_top": band(s.same_top, "same_top")}
-    s.status, s.verdict = verdict(s, ref_label, cand_label)
+    s.status, s.verdict = verdict(s, ref_label, cand_label, text_of)
     return s
 
 
-def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate") -> tuple[str, str]:
+def _broken_verdict(s: Summary, ref_label: str, cand_label: str, text_of) -> tuple[str, str] | None:
+    """(status, line) when a side is broken on its own: the side is named and the other is not judged against it."""
+    ref_why = broken_reason(s.reference_health, s.candidate_health, text_of)
+    cand_why = broken_reason(s.candidate_health, s.reference_health, text_of)
+    if ref_why and cand_why:
+        return "broken", (f"Both sides are broken: the {ref_label} reference {ref_why}; the {cand_label} candidate "
+                          f"{cand_why}. Nothing was judged.")
+    if ref_why:
+        return "reference broken", (f"Reference broken: the {ref_label} reference {ref_why}; the {cand_label} "
+                                    "candidate was not judged. Choose another reference precision.")
+    if cand_why:
+        return "candidate broken", f"Candidate broken: the {cand_label} candidate {cand_why}."
+    if s.nonfinite_kl:  # a side's log-probabilities were not kept (an older run): the KL alone shows the overflow
+        return "broken", (f"Broken: KL is not finite at {s.nonfinite_kl} of {s.positions} positions (NaN or -inf "
+                          "log-probabilities: numerical overflow, for example FP16 activations past 65504).")
+    return None
+
+
+def _interval_text(s: Summary) -> str:
+    # Rounded outwards: 91.97% shown as "92" would hide why the interval leaves the fine band.
+    lo, hi = s.same_top_ci95
+    return f"{math.floor(1000 * lo) / 10:.1f}-{math.ceil(1000 * hi) / 10:.1f}%"
+
+
+def _spans_bands(s: Summary) -> bool:
+    if s.same_top_ci95 is None:
+        return False
+    lo, hi = s.same_top_ci95
+    return band(lo, "same_top").name != band(hi, "same_top").name
+
+
+def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate",
+            text_of: Callable[[int], str] = lambda t: f"[{t}]") -> tuple[str, str]:
     """(status, one line).
 
-    The status follows the teacher-forced same-top-token band: it rests on every scored position, where the seed's
-    top-3 match rests on three tokens a prompt and flips on a single near-tie. A failed vLLM rule (a divergent pick
-    outside the other side's top-k, more than a near-tie) lifts "fine" to "watch" and lets a bad top-3 band count.
-    When the top-3 band is worse but every divergence passed vLLM's rule, the line says so instead of failing."""
+    A side broken on its own (non-finite logits, all padding or one token repeated) is named first, and the other
+    side is not judged against it. Otherwise the status follows the teacher-forced same-top-token band: it rests on
+    every scored position, where the seed's top-3 match rests on three tokens a prompt and flips on a single near-tie.
+    A failed vLLM rule (a divergent pick outside the other side's top-k, more than a near-tie) lifts "fine" to "watch"
+    and lets a bad top-3 band count. When the 95% interval of the same-top share spans more than one band, the
+    evidence cannot tell the bands apart: the status is "inconclusive", never a failure."""
     if s.prompts == 0:
         return "n/a", "No prompts were compared."
+    if (broken := _broken_verdict(s, ref_label, cand_label, text_of)) is not None:
+        return broken
     if s.identical:
         return "identical", (f"Identical: {cand_label} matches {ref_label} token for token, same top-k, KL 0 "
                              f"over {s.positions} positions (the noise floor).")
@@ -377,29 +495,19 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
     vllm_failed = s.vllm_passed < s.vllm_total
     if vllm_failed:
         status = max(status, "watch", top3 if top3 != "n/a" else "fine", key=_SEVERITY.__getitem__)
-    if s.nonfinite_kl:
-        status = "calibration failed"  # NaN or infinite log-probabilities: the candidate's numbers are broken
-    head = {"fine": "Fine", "watch": "Watch", "calibration failed": "Calibration failed"}[status]
     kld = "n/a" if s.mean_kld is None else f"{s.mean_kld:.3g} nats" + (" (lower bound)" if s.kl_source == KL_TOPK else "")
     same_txt = "n/a" if s.same_top is None else f"{100 * s.same_top:.1f}%"
     top3_txt = "n/a" if s.top3_match is None else f"{s.top3_match:.2f}"
+    numbers = (f"{cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), top-3 match {top3_txt}, "
+               f"mean KLD {kld}, vLLM rule passed on {s.vllm_passed}/{s.vllm_total} prompts.")
     note = ""
-    if s.nonfinite_kl:
-        note = (f" KL is not finite at {s.nonfinite_kl} of {s.positions} positions (NaN or -inf log-probabilities: "
-                "numerical overflow, for example FP16 activations past 65504); the mean covers the rest.")
-    elif not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
+    if not vllm_failed and _SEVERITY[top3] > _SEVERITY[status]:
         note = (f" The seed's top-3 match is in its '{top3}' band, but every early divergence passed vLLM's top-k "
                 "rule: near-ties, not a broken model.")
-    if s.same_top is not None and s.positions > 0:
-        # A few dozen positions cannot tell 0.85 from 0.92: when the 95% interval spans more than one band, say so
-        # rather than let one near-tie read as a calibration failure. The status keeps the seed's rule.
-        lo, hi = wilson_interval(s.same_top, s.positions)
-        if band(lo, "same_top").name != band(hi, "same_top").name:
-            # Rounded outwards: 91.97% shown as "92" would hide why the interval leaves the fine band.
-            lo_pct, hi_pct = math.floor(1000 * lo) / 10, math.ceil(1000 * hi) / 10
-            note += (f" With {s.positions} scored positions, same top token lies in {lo_pct:.1f}-{hi_pct:.1f}% "
-                     "(95% interval), which spans more than one band; compare more prompts or tokens before "
-                     "trusting it.")
-    return status, (f"{head}: {cand_label} vs {ref_label}: same top token {same_txt} (teacher-forced), "
-                    f"top-3 match {top3_txt}, mean KLD {kld}, vLLM rule passed on {s.vllm_passed}/{s.vllm_total} "
-                    f"prompts.{note}")
+    if _spans_bands(s):
+        # A few dozen positions cannot tell 0.85 from 0.92: say so rather than let one near-tie read as a failure.
+        return INCONCLUSIVE, (f"Inconclusive: run more prompts. {numbers} With {s.positions} scored positions, same "
+                              f"top token lies in {_interval_text(s)} (95% interval), which spans more than one "
+                              f"band.{note}")
+    head = {"fine": "Fine", "watch": "Watch", LOW: "Low agreement"}[status]
+    return status, f"{head}: {numbers}{note}"

@@ -129,6 +129,22 @@ def side_by_side_html(res: CompareResult, index: int) -> str:
             f'<div class="cmp-wrap">{"".join(cols)}</div>')
 
 
+def most_divergent(res: CompareResult) -> int:
+    """The prompt the token diff opens on: the lowest free-running top-1 agreement, then the earliest divergence
+    (an identical prompt is the last choice, as it shows nothing)."""
+    def key(i: int) -> tuple:
+        f = res.prompts[i].free
+        return (f.top1_agreement, math.inf if f.first_divergence is None else f.first_divergence, i)
+    return min(range(len(res.prompts)), key=key) if res.prompts else 0
+
+
+def prompt_choice(p: PromptResult) -> str:
+    """A prompt as the picker lists it: its name and where it diverged."""
+    div = p.free.first_divergence
+    where = "identical" if div is None else f"diverged at token {div}, top-1 agreement {p.free.top1_agreement:.2f}"
+    return f"{p.name} · {where}"
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "n/a" if v is None else format(v, spec)
 

@@ -72,6 +72,18 @@ def side_names(reference: Side, candidate: Side) -> tuple[str, str]:
 
 # ---- results ----
 
+def summarize_prompts(prompts: list["PromptResult"], reference: Side, candidate: Side,
+                      token_text: dict[int, str]) -> ag.Summary:
+    """The summary of per-prompt results, each side's own health included: the same whether the run just finished or
+    was reopened from History."""
+    health = (ag.side_health([p.ref_ids for p in prompts], [x for p in prompts for x in (p.ref_decode_topk,
+                                                                                         p.ref_tf_topk)]),
+              ag.side_health([p.cand_ids for p in prompts], [x for p in prompts for x in (p.cand_decode_topk,
+                                                                                          p.cand_tf_topk)]))
+    return ag.summarize([p.free for p in prompts], [p.tf for p in prompts], *side_names(reference, candidate),
+                        health=health, text_of=lambda t: token_text.get(t, f"[{t}]"))
+
+
 def _json_safe(obj):
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -157,11 +169,11 @@ class CompareResult:
         does: a run saved by an older version named them with every kernel, twice in one line."""
         ref, cand = Side.from_dict(d["reference"]), Side.from_dict(d["candidate"])
         prompts = [PromptResult.from_dict(p) for p in d["prompts"]]
-        summary = ag.summarize([p.free for p in prompts], [p.tf for p in prompts], *side_names(ref, cand))
+        token_text = {int(k): v for k, v in d.get("token_text", {}).items()}
+        summary = summarize_prompts(prompts, ref, cand, token_text)
         timings = {k: v for k, v in d.get("timings_s", {}).items() if v is not None}
         return cls(ref, cand, d.get("max_new_tokens", max((len(p.ref_ids) for p in prompts), default=0)),
-                   d.get("top_k", ag.DEFAULT_K), prompts, summary,
-                   {int(k): v for k, v in d.get("token_text", {}).items()}, timings,
+                   d.get("top_k", ag.DEFAULT_K), prompts, summary, token_text, timings,
                    bool(d.get("noise_floor", ref == cand)))
 
     def rows(self) -> list[dict]:
@@ -187,8 +199,6 @@ class CompareResult:
                 })
         return out
 
-
-# ---- batching (torch) ----
 
 # ---- history ----
 
@@ -274,3 +284,18 @@ def save_to_history(result: CompareResult, noise: CompareResult | None = None,
     start = time.time() - run_seconds(result, noise) if started_at is None else started_at
     return store.record("compare", history_title(result), history_payload(result, noise),
                         history_summary(result, noise), started_at=start)
+
+
+def last_run_hint(kind: str = "compare") -> str | None:
+    """How long the last finished run of `kind` took on this machine, from History: a hint measured here, where a
+    constant would be an idle machine's figure. None when there is none (or the history cannot be read)."""
+    from core import store
+    from core.errors import TriageError
+
+    try:
+        runs = store.list_runs(kind, limit=1, status="finished")
+    except (TriageError, OSError):
+        return None
+    if not runs or runs[0].duration_s is None:
+        return None
+    return f"the last one on this machine ({runs[0].title}) took {runs[0].duration_s:,.0f} s, loads included"

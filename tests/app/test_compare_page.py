@@ -51,11 +51,33 @@ def test_no_prompts_is_a_clear_error():
     assert any("Choose at least one" in e.value for e in at.error)
 
 
+def test_an_out_of_range_number_says_its_range_and_runs_nothing(db):
+    at = _page()
+    assert at.number_input(key="cmp_max_new_tokens").label == "Max new tokens (1-512)"
+    assert at.number_input(key="cmp_top_k").label == "Top-k (1-20)"
+    at.number_input(key="cmp_max_new_tokens").set_value(1_000_000_000)
+    at.button[0].click()
+    at.run()
+    assert not at.exception
+    assert any("Max new tokens must be between 1 and 512; got 1,000,000,000" in e.value for e in at.error), \
+        [e.value for e in at.error]
+    assert db.list_runs("compare") == []
+
+
+def test_a_precision_the_model_breaks_in_is_warned_and_not_the_default_reference():
+    # The embedded model's config says gemma3_text: FP16 overflows (core.compare.known), read from data, not a name.
+    at = _page()
+    assert any("FP16" in w.value and "gemma3_text" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert at.selectbox(key="cmp_ref_prec").value is Precision.FP32
+    fp16 = at.selectbox(key="cmp_ref_prec").options[list(Precision).index(Precision.FP16)]
+    assert fp16.endswith("(fails on this model)"), fp16
+
+
 def _compare_fp32_with_itself(at: AppTest, prompt: str = "The capital of France is <script>x</script>") -> AppTest:
     at.selectbox(key="cmp_cand_prec").set_value(Precision.FP32)
     at.multiselect[0].set_value([])
     at.text_area[0].input(prompt)
-    at.number_input[0].set_value(6)
+    at.number_input(key="cmp_max_new_tokens").set_value(6)
     at.button[0].click()
     return at.run(timeout=600)
 

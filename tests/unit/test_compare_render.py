@@ -10,7 +10,7 @@ import pytest
 
 from core.compare import agreement as ag
 from core.compare import charts, render
-from core.compare.result import CompareResult, PromptResult, Side, side_names
+from core.compare.result import CompareResult, PromptResult, Side, summarize_prompts
 from core.precision import KVDtype, Precision
 
 EVIL = {
@@ -35,7 +35,7 @@ def _result() -> CompareResult:
                      [lp(14), lp(10, 15), lp(12), lp(11)], [lp(14), lp(15, 10), lp(13), lp(16)], ref_tf, cand_tf,
                      free, tf)
     ref, cand = Side(Precision.FP32), Side(Precision.FP8, KVDtype.FP8)
-    summary = ag.summarize([free], [tf], *side_names(ref, cand))
+    summary = summarize_prompts([p], ref, cand, EVIL)
     return CompareResult(ref, cand, 4, 2, [p], summary, dict(EVIL),
                          {"total": 1.0}, noise_floor=False)
 

@@ -8,13 +8,15 @@ import json
 import streamlit as st
 
 from core.compare import charts, render
-from core.compare.agreement import BANDED_METRICS, KL_SOURCE_TEXT
+from core.compare.agreement import BAND_RULE, BANDED_METRICS, BROKEN, KL_SOURCE_TEXT, LOW
 from core.compare.result import CompareResult
 from core.fmt import markdown_literal
 
 NOBAR = {"displayModeBar": False}
-STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "calibration failed": st.error}
-COLOUR = {"fine": "green", "watch": "orange", "calibration failed": "red"}
+# "calibration failed" is how older versions named the low band; their saved summaries still carry it.
+STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "inconclusive": st.info,
+          LOW: st.error, "calibration failed": st.error, **{b: st.error for b in BROKEN}}
+COLOUR = {"fine": "green", "watch": "orange", LOW: "red"}
 
 
 def _fmt(v, spec: str) -> str:
@@ -83,8 +85,10 @@ def show(payload: dict, key: str) -> None:
                 f"max {_fmt(s.max_kld, '.3g')} nats")
     t = {k: 0.0 for k in ("load", "reference_generate", "candidate_generate", "reference_score", "candidate_score",
                           "total")} | res.timings
-    st.caption("Bands (>= 0.92 fine, 0.85-0.92 watch, < 0.85 calibration failed) come from the seed and are applied "
-               "only to " + " and ".join(BANDED_METRICS.values()) + f". Measured when it ran: load {t['load']:.1f} s, "
+    st.caption(f"Bands ({BAND_RULE}) come from the seed and are applied only to "
+               + " and ".join(BANDED_METRICS.values()) + "; when the 95% interval of the same top token share "
+               "spans two bands, the verdict is inconclusive. A side whose own logits are not finite, or whose "
+               f"every output is one token repeated, is named as broken. Measured when it ran: load {t['load']:.1f} s, "
                f"generate {t['reference_generate']:.1f} s (reference) + {t['candidate_generate']:.1f} s "
                f"(candidate), teacher-forced scoring {t['reference_score']:.1f} s + {t['candidate_score']:.1f} s, "
                f"total {t['total']:.1f} s.")
@@ -104,8 +108,12 @@ def show(payload: dict, key: str) -> None:
                      "mean KLD (nats)": number("mean KLD", format="%.3g", width=85,
                                                help="Teacher-forced, nats"),
                      "max KLD (nats)": number("max KLD", format="%.3g", width=80, help="Teacher-forced, nats")})
-    names = [p.name for p in res.prompts]
-    idx = names.index(st.selectbox("Prompt", names, key=f"{key}_prompt")) if len(names) > 1 else 0
+    # The diff opens on the prompt that parted first: the one a reader came to see, not an identical one.
+    order = range(len(res.prompts))
+    idx = st.selectbox("Prompt", order, index=render.most_divergent(res), key=f"{key}_prompt",
+                       format_func=lambda i: render.prompt_choice(res.prompts[i]),
+                       help="Opens on the prompt with the lowest free-running top-1 agreement") \
+        if len(res.prompts) > 1 else 0
     st.html(render.side_by_side_html(res, idx))
     c = st.columns([3, 2])
     c[0].plotly_chart(charts.position_chart(res, idx), key=f"{key}_pos", config=NOBAR)
