@@ -1,11 +1,13 @@
-"""python -m diagnostics compare --model embedded --reference fp16 --candidate fp8 [--kv-dtype fp8]
+"""python -m diagnostics compare --model embedded --reference fp32 --candidate fp8 [--kv-dtype fp8]
 [--prompts-file F] [--max-new-tokens N] [--top-k K] [--json] [--no-history]
 
 Every run is saved to the history database as a "compare" run (the History page reopens it) unless --no-history;
 a history that cannot be written is a warning on stderr, never a failed comparison.
 
 Exit code 0 when the comparison ran (whatever the verdict), 1 with --fail-on watch/failed when the verdict is
-at least that bad (for CI gates), 2 on errors (printed as one line by diagnostics.__main__).
+at least that bad (for CI gates: "failed" is low agreement or a broken side, "watch" adds watch and inconclusive),
+2 on errors (printed as one line by diagnostics.__main__). A precision the model is known to break in (FP16 on
+Gemma 3, from its config) is named on stderr before the run.
 """
 from __future__ import annotations
 
@@ -15,7 +17,16 @@ from core.precision import KVDtype, Precision
 from diagnostics.cli.progress import stderr_progress
 
 
+def fail_on_statuses(level: str) -> tuple[str, ...]:
+    """--fail-on: the statuses at least as bad as `level`."""
+    from core.compare.agreement import BROKEN, INCONCLUSIVE, LOW
+
+    return {"watch": ("watch", INCONCLUSIVE, LOW, *BROKEN), "failed": (LOW, *BROKEN)}[level]
+
+
 def add_parser(sub) -> None:
+    from core.compare.run import MAX_NEW_TOKENS, MAX_TOP_K
+
     p = sub.add_parser(
         "compare", help="token agreement of two precisions on the same prompts (top-3 match, KL, vLLM rule)",
         description="Greedy-generate with a reference and a candidate precision, score the reference continuation "
@@ -34,8 +45,8 @@ def add_parser(sub) -> None:
                    help="engine for sides without a URL: in-process torch, or a local vLLM server (default torch)")
     p.add_argument("--prompts-file", help="one prompt per line, or .jsonl/.json; default: the built-in set")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable); replaces the built-in set")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--top-k", type=int, default=8, help="logprobs per position, 1-20 (vLLM's rule uses 8)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"1-{MAX_NEW_TOKENS} (default 32)")
+    p.add_argument("--top-k", type=int, default=8, help=f"logprobs per position, 1-{MAX_TOP_K} (vLLM's rule uses 8)")
     p.add_argument("--noise-floor", action="store_true", help="also compare the reference with itself")
     p.add_argument("--fail-on", choices=["watch", "failed"], help="exit 1 when the verdict is this bad or worse")
     p.add_argument("--json", action="store_true", help="print the full result (ids, top-k, per-position metrics)")
@@ -60,6 +71,7 @@ def run(args) -> int:
 
     ref = side(args.reference, args.reference_kv_dtype, args.reference_url)
     cand = side(args.candidate, args.kv_dtype, args.candidate_url)
+    warn_known_failures(args.model, ((ref, "reference"), (cand, "candidate")))
     progress = stderr_progress(args.json)
 
     res = run_compare(ref, cand, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress)
@@ -88,8 +100,20 @@ def run(args) -> int:
               f"{t['candidate_generate']:.1f} s, score {t['reference_score']:.1f} + {t['candidate_score']:.1f} s)")
         if not args.no_history:
             print(f"history: saved as run #{saved}" if saved else "history: not saved (see the warning above)")
-    worst = {"watch": ("watch", "calibration failed"), "failed": ("calibration failed",)}
-    return 1 if args.fail_on and res.summary.status in worst[args.fail_on] else 0
+    return 1 if args.fail_on and res.summary.status in fail_on_statuses(args.fail_on) else 0
+
+
+def warn_known_failures(model: str, sides) -> None:
+    """Before the run: name on stderr each in-process side whose precision the model is known to break in."""
+    import sys
+
+    from core.compare.known import known_failures
+
+    failures = known_failures(model)
+    for side, role in sides:
+        if side.engine != "remote" and side.precision in failures:
+            print(f"warning: the {side.precision.label} {role} is known to fail on this model: "
+                  f"{failures[side.precision]}. The verdict will name the side that broke.", file=sys.stderr)
 
 
 def _cell(v) -> str:

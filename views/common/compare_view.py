@@ -8,13 +8,13 @@ import json
 import streamlit as st
 
 from core.compare import charts, render
-from core.compare.agreement import BAND_RULE, BANDED_METRICS, BROKEN, KL_SOURCE_TEXT, LOW
+from core.compare.agreement import BAND_RULE, BANDED_METRICS, BROKEN, INCONCLUSIVE, KL_SOURCE_TEXT, LOW
 from core.compare.result import CompareResult
 from core.fmt import markdown_literal
 
 NOBAR = {"displayModeBar": False}
 # "calibration failed" is how older versions named the low band; their saved summaries still carry it.
-STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, "inconclusive": st.info,
+STATUS = {"identical": st.success, "fine": st.success, "watch": st.warning, INCONCLUSIVE: st.info,
           LOW: st.error, "calibration failed": st.error, **{b: st.error for b in BROKEN}}
 COLOUR = {"fine": "green", "watch": "orange", LOW: "red"}
 
@@ -62,10 +62,13 @@ def show(payload: dict, key: str) -> None:
                                            + markdown_literal(floor.get("verdict", "")))
     what_ran(res)
 
+    # A band is coloured only when the verdict rests on it: not when the interval spans bands or a side broke.
+    settled = s.status not in (INCONCLUSIVE, *BROKEN)
+
     def banded(col, name: str, label: str, value: str) -> None:
         band = s.bands[name]
-        col.metric(label, value, delta=band.name, delta_color=COLOUR.get(band.name, "off"), delta_arrow="off",
-                   help=band.label)
+        col.metric(label, value, delta=band.name, delta_color=COLOUR.get(band.name, "off") if settled else "off",
+                   delta_arrow="off", help=band.label)
 
     # Two rows of three: six columns truncated labels and KL values ("0.02…") in the browser. One row per way of
     # measuring, because free-running and teacher-forced numbers answer different questions.
