@@ -351,17 +351,8 @@ def nearest_flag(name: str, flags: list[str]) -> str | None:
     return best[2] if best and best[0] >= FLAG_SIMILARITY_FLOOR else None
 
 
-def lint_command(command: str | list[str], table: FlagTable | None = None) -> LintResult:
-    """Lint a launch command (a string as typed, or argv tokens). Never raises on odd input."""
-    table = table or load_table()
-    text = command if isinstance(command, str) else shlex.join(command)
-    try:
-        tokens = tokenize(command) if isinstance(command, str) else list(command)
-    except ValueError as exc:  # unbalanced quotes
-        issue = FlagIssue(text, "positional", f"The command cannot be split into arguments: {exc}.")
-        return LintResult(text, "", table.vllm_version, table.source, (), (issue,))
-    program, args = split_program(tokens)
-    issues: list[FlagIssue] = []
+def _program_issues(program: str, args: list[str], table: FlagTable, issues: list[FlagIssue]) -> list[str]:
+    """Issues of the program itself and of the fiction header; returns the arguments without that header."""
     if program.startswith("python -m "):
         module = program.split()[-1]
         if table.entrypoints.get(module) is False:
@@ -374,10 +365,92 @@ def lint_command(command: str | list[str], table: FlagTable | None = None) -> Li
         if FICTION_HEADER.lower() in tok.lower():
             issues.append(FlagIssue(tok, "fiction", f"{FICTION_HEADER} is not a vLLM header (nor a flag).",
                                     real_way=FICTION_HEADER_TEXT))
-    args = [t for t in args if FICTION_HEADER.lower() not in t.lower()]
+    return [t for t in args if FICTION_HEADER.lower() not in t.lower()]
+
+
+def _resolve(raw: str, has_inline: bool, table: FlagTable,
+             issues: list[FlagIssue]) -> tuple[str, "Option | None", list[str], bool]:
+    """(canonical name, its option or None, the flags an ambiguous prefix could mean, has an inline value)."""
+    if raw.startswith("-O") and not raw.startswith("--"):
+        name = "--optimization-level"  # vLLM's -O3, -O=3 and -O 3 shorthands
+        has_inline = has_inline or len(raw) > 2
+    else:
+        name = _normalise(raw)
+    opt = table.options.get(name)
+    ambiguous: list[str] = []
+    if opt is None and table.allow_abbrev and name.startswith("--"):
+        # argparse (allow_abbrev, as vLLM leaves it) accepts a unique prefix of a long flag
+        matches = [f for f in table.long_flags if f.startswith(name)]
+        if len(matches) == 1:
+            issues.append(FlagIssue(raw, "abbreviated",
+                                    f"{raw} is an abbreviation of {matches[0]}: vLLM accepts it, but spell it out "
+                                    "so a future flag cannot make it ambiguous.", suggestion=matches[0]))
+            opt, name = table.options[matches[0]], matches[0]
+        ambiguous = matches if len(matches) > 1 else []
+    return name, opt, ambiguous, has_inline
+
+
+def _known_flag(raw: str, name: str, opt: Option, value: str, has_inline: bool, args: list[str], i: int,
+                program: str, table: FlagTable, issues: list[FlagIssue]) -> int:
+    """Issues of a flag vLLM knows (deprecated, bad choice); returns the index after its value."""
+    if opt.deprecated:
+        issues.append(FlagIssue(raw, "deprecated", f"{name} is deprecated in vLLM {table.vllm_version}: "
+                                f"it still works but will be removed. {opt.help}".strip()))
+    if name == "--model" and program == "vllm serve":
+        issues.append(FlagIssue(raw, "deprecated", "With `vllm serve`, give the model as the first "
+                                "positional argument: the --model option will be removed.",
+                                suggestion="vllm serve MODEL"))
+    if opt.takes_value and not has_inline:
+        if opt.nargs in ("*", "+"):
+            values = []
+            while i < len(args) and not _is_flag(args[i]):
+                values.append(args[i])
+                i += 1
+            value = " ".join(values)
+        elif i < len(args) and (not _is_flag(args[i]) or opt.nargs is None):
+            value = args[i]
+            i += 1
+    if opt.choices and value and opt.nargs in (None, "?") and value not in opt.choices:
+        close = nearest(value, list(opt.choices))
+        issues.append(FlagIssue(f"{raw} {value}", "bad_choice",
+                                f"{value!r} is not a valid value of {name}; valid: {', '.join(opt.choices)}.",
+                                suggestion=close))
+    return i
+
+
+def _unknown_flag(raw: str, name: str, ambiguous: list[str], table: FlagTable) -> FlagIssue:
+    """What an unknown flag was meant to be: ambiguous, fiction, removed, or the closest real one."""
+    if ambiguous:
+        return FlagIssue(raw, "unknown", f"{raw} is ambiguous: it could be {', '.join(ambiguous[:4])}.",
+                         suggestion=ambiguous[0])
+    if name in FICTIONS:
+        related, real_way = FICTIONS[name]
+        return FlagIssue(raw, "fiction", f"{raw} is not a vLLM flag (in no release).", suggestion=related,
+                         real_way=real_way)
+    if name in REMOVED:
+        return FlagIssue(raw, "removed", f"{raw} is not in vLLM {table.vllm_version}: it {REMOVED[name]}",
+                         real_way=REMOVED[name])
+    close = nearest_flag(name, table.long_flags)
+    hint = (f" Did you mean {close}?" if close else
+            " vLLM has no such flag, and none is spelled close to it: remove it, or look up the setting you "
+            "want in `vllm serve --help`.")
+    return FlagIssue(raw, "unknown", f"{raw} is not a flag of vLLM {table.vllm_version}.{hint}", suggestion=close)
+
+
+def lint_command(command: str | list[str], table: FlagTable | None = None) -> LintResult:
+    """Lint a launch command (a string as typed, or argv tokens). Never raises on odd input."""
+    table = table or load_table()
+    text = command if isinstance(command, str) else shlex.join(command)
+    try:
+        tokens = tokenize(command) if isinstance(command, str) else list(command)
+    except ValueError as exc:  # unbalanced quotes
+        issue = FlagIssue(text, "positional", f"The command cannot be split into arguments: {exc}.")
+        return LintResult(text, "", table.vllm_version, table.source, (), (issue,))
+    program, args = split_program(tokens)
+    issues: list[FlagIssue] = []
+    args = _program_issues(program, args, table, issues)
     seen: list[str] = []
     positionals: list[str] = []
-    long_flags = table.long_flags
     i = 0
     while i < len(args):
         tok = args[i]
@@ -388,70 +461,17 @@ def lint_command(command: str | list[str], table: FlagTable | None = None) -> Li
         if not _is_flag(tok):
             positionals.append(tok)
             continue
-        raw, has_inline, value = tok.partition("=")
-        if raw.startswith("-O") and not raw.startswith("--"):
-            name = "--optimization-level"  # vLLM's -O3, -O=3 and -O 3 shorthands
-            has_inline = has_inline or len(raw) > 2
-        else:
-            name = _normalise(raw)
-        opt = table.options.get(name)
-        ambiguous: list[str] = []
-        if opt is None and table.allow_abbrev and name.startswith("--"):
-            # argparse (allow_abbrev, as vLLM leaves it) accepts a unique prefix of a long flag
-            matches = [f for f in long_flags if f.startswith(name)]
-            if len(matches) == 1:
-                issues.append(FlagIssue(raw, "abbreviated",
-                                        f"{raw} is an abbreviation of {matches[0]}: vLLM accepts it, but spell it out "
-                                        "so a future flag cannot make it ambiguous.", suggestion=matches[0]))
-                opt = table.options[matches[0]]
-                name = matches[0]
-            ambiguous = matches if len(matches) > 1 else []
+        raw, inline, value = tok.partition("=")
+        name, opt, ambiguous, has_inline = _resolve(raw, bool(inline), table, issues)
         if opt is not None:
             seen.append(name)
-            if opt.deprecated:
-                issues.append(FlagIssue(raw, "deprecated", f"{name} is deprecated in vLLM {table.vllm_version}: "
-                                        f"it still works but will be removed. {opt.help}".strip()))
-            if name == "--model" and program == "vllm serve":
-                issues.append(FlagIssue(raw, "deprecated", "With `vllm serve`, give the model as the first "
-                                        "positional argument: the --model option will be removed.",
-                                        suggestion="vllm serve MODEL"))
-            if opt.takes_value and not has_inline:
-                if opt.nargs in ("*", "+"):
-                    values = []
-                    while i < len(args) and not _is_flag(args[i]):
-                        values.append(args[i])
-                        i += 1
-                    value = " ".join(values)
-                elif i < len(args) and (not _is_flag(args[i]) or opt.nargs is None):
-                    value = args[i]
-                    i += 1
-            if opt.choices and value and opt.nargs in (None, "?") and value not in opt.choices:
-                close = nearest(value, list(opt.choices))
-                issues.append(FlagIssue(f"{raw} {value}", "bad_choice",
-                                        f"{value!r} is not a valid value of {name}; valid: {', '.join(opt.choices)}.",
-                                        suggestion=close))
+            i = _known_flag(raw, name, opt, value, has_inline, args, i, program, table, issues)
             continue
         # Unknown: say what was meant. The token after an unknown flag is taken as its value unless it is a flag,
         # so `--fp8-padding-threshold 0.05` is one issue, not two.
         if name not in FICTION_SWITCHES and i < len(args) and not _is_flag(args[i]) and not has_inline:
             i += 1
-        if ambiguous:
-            issues.append(FlagIssue(raw, "unknown", f"{raw} is ambiguous: it could be {', '.join(ambiguous[:4])}.",
-                                    suggestion=ambiguous[0]))
-        elif name in FICTIONS:
-            related, real_way = FICTIONS[name]
-            issues.append(FlagIssue(raw, "fiction", f"{raw} is not a vLLM flag (in no release).",
-                                    suggestion=related, real_way=real_way))
-        elif name in REMOVED:
-            issues.append(FlagIssue(raw, "removed", f"{raw} is not in vLLM {table.vllm_version}: it {REMOVED[name]}",
-                                    real_way=REMOVED[name]))
-        else:
-            close = nearest_flag(name, long_flags)
-            hint = (f" Did you mean {close}?" if close else
-                    " vLLM has no such flag, and none is spelled close to it: remove it, or look up the setting you "
-                    "want in `vllm serve --help`.")
-            issues.append(FlagIssue(raw, "unknown", f"{raw} is not a flag of vLLM {table.vllm_version}.{hint}",
-                                    suggestion=close))
+        issues.append(_unknown_flag(raw, name, ambiguous, table))
     # vllm serve takes one positional (the model); more make argparse stop with "unrecognized arguments".
     for extra in positionals[1:]:
         issues.append(FlagIssue(extra, "positional", f"Unexpected argument {extra!r}: `vllm serve` takes one "
