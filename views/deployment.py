@@ -14,7 +14,7 @@ from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape
-from views.common import recorded, sweep as sweep_view
+from views.common import local_servers, recorded, sweep as sweep_view
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -34,6 +34,7 @@ if rec is not None:  # a recorded load sweep of a real server, drawn as a sweep 
     st.subheader("Load sweep")
     sweep_view.show(rec.payload, f"rec_{rec.name}")
     st.stop()
+local_servers.panel()
 with st.form("dep_connect"):
     c = st.columns([4, 2, 1], vertical_alignment="bottom")
     url = c[0].text_input("Server base URL", ss.get("dep_url", os.environ.get("TRIAGE_VLLM_URL", "http://127.0.0.1:8000")))
@@ -188,3 +189,4 @@ if res is not None:
                                      "first token in this window. ") + notes))
 
 sweep_view.section(info.base_url, ss.get("dep_key"))
+local_servers.remedy_section(info.base_url, ss.get("dep_key"))

@@ -378,3 +378,19 @@ def guided(before: SweepResult | dict, server: LocalServer, *, max_restarts: int
         trials.append(t)
         tried.append(t.flags_after)
     return trials
+
+
+def previous_sweep(base_url: str, before_id: int | None) -> tuple[int, dict] | None:
+    """The latest saved sweep of the same URL older than run `before_id`: a server the console did not launch is
+    compared across a restart its owner did (History pairs the two)."""
+    from core import store
+
+    try:
+        for run in store.list_runs("sweep", limit=200):
+            if before_id is not None and run.id < before_id and run.title.startswith(f"Sweep {base_url} "):
+                full = store.get_run(run.id)
+                if full is not None and isinstance(full.payload, dict):
+                    return run.id, full.payload
+    except store.StoreError:
+        return None
+    return None

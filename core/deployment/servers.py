@@ -205,15 +205,31 @@ def start_server(model: str | None, flags: str | list[str] = (), *, check_flags:
     engine = VllmEngine(None if model == EMBEDDED else str(Path(model).expanduser()), default_precision(),
                         KVDtype.AUTO, kv_cache_gib=kv_cache_gib, extra_args=flags,
                         start_timeout_s=start_timeout_s or DEFAULT_START_TIMEOUT_S)
+    def record() -> LocalServer | None:
+        srv = engine.server
+        if srv is None or srv.proc is None:
+            return None
+        return LocalServer(port=srv.port, pgid=srv.proc.pid, model=model, flags=flags, log_path=srv.log_path,
+                           started_at=time.time(), owner_pid=os.getpid(), command=list(srv.cmd),
+                           served_name=engine.remote.model if engine.remote else "")
+
+    def on_progress(frac: float, msg: str) -> None:
+        # registered while it starts: a console killed during the ~45 s start leaves an orphan the next one lists
+        if not registered and (starting := record()) is not None:
+            registered.append(starting)
+            _register(starting)
+        if progress:
+            progress(frac, msg)
+
+    registered: list[LocalServer] = []
     try:
-        engine.load(progress, should_stop)
+        engine.load(on_progress, should_stop)
     except BaseException:
         engine.unload()
+        if registered:
+            _unregister(registered[0].port)
         raise
-    srv = engine.server
-    server = LocalServer(port=srv.port, pgid=srv.proc.pid,
-                         model=model, flags=flags, log_path=srv.log_path, started_at=time.time(),
-                         owner_pid=os.getpid(), command=list(srv.cmd), served_name=engine.remote.model or "")
+    server = record()
     with _LOCK:
         _OWNED[server.port] = engine
     _register(server)

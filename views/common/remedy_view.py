@@ -1,0 +1,73 @@
+"""A tried remedy drawn the same way on the vLLM deployment page and when History reopens it: the verdict, the
+before/after table (goodput at the SLO, peak throughput, knee), each shared load's latencies and anatomy shares, the
+command line to copy, and every trial when several were tried. Input is core.deployment.remedy.result_of's dict."""
+from __future__ import annotations
+
+import streamlit as st
+
+from core.fmt import markdown_literal
+
+VERDICT_BOX = {"helped": st.success, "no change": st.warning, "worse": st.error, "refused": st.error,
+               "failed": st.error}
+ROWS = {"goodput_rps": "goodput at the SLO (req/s)", "max_rps": "peak throughput (req/s)", "knee_load": "knee (load)"}
+PER_LOAD = (("rps", "req/s", 1.0), ("ttft_p50", "TTFT p50 ms", 1000.0), ("ttft_p99", "TTFT p99 ms", 1000.0),
+            ("itl_p50", "ITL p50 ms", 1000.0), ("itl_p99", "ITL p99 ms", 1000.0),
+            ("queue_share", "queue % of TTFT", 100.0), ("prefill_share", "prefill % of TTFT", 100.0))
+
+
+def _r(v, scale: float = 1.0, nd: int = 3):
+    return None if v is None else round(scale * v, nd)
+
+
+def flag_text(flags: dict) -> str:
+    return " ".join(f"{k} {v}".strip() for k, v in (flags or {}).items()) or "(no flag change)"
+
+
+def trial(t: dict, key: str) -> None:
+    """One trial: its verdict, the summary rows and the per-load table."""
+    v = t.get("verdict") or {}
+    VERDICT_BOX.get(v.get("kind"), st.info)(markdown_literal(v.get("headline", "Not tried.")))
+    cmp = t.get("comparison") or {}
+    if not cmp:
+        return
+    st.dataframe([{"": ROWS[k], "before": _r(r["before"]), "after": _r(r["after"]),
+                   "change %": _r(r["change_pct"], 1.0, 1)} for k, r in cmp["rows"].items()],
+                 hide_index=True, key=f"{key}_rows")
+    rows = []
+    for row in cmp.get("loads", []):
+        out = {"load": row["load"]}
+        for name, label, scale in PER_LOAD:
+            cell = row[name]
+            out[f"{label} before"] = _r(cell["before"], scale, 1)
+            out[f"{label} after"] = _r(cell["after"], scale, 1)
+        rows.append(out)
+    if rows:
+        st.caption("At each load both sweeps ran: client latencies (measured here) and the server's anatomy shares "
+                   "(vLLM /metrics histograms over the step).")
+        st.dataframe(rows, hide_index=True, key=f"{key}_loads")
+    before, after = t.get("before") or {}, t.get("after") or {}
+    loads = ", ".join(f"{s['load']:g}" for s in before.get("steps", []))
+    kind = (lambda d: (d.get("verdict") or {}).get("kind"))
+    st.caption(markdown_literal(
+        f"Before: {' '.join(t.get('flags_before') or []) or '(no flags)'} at {before.get('base_url')} "
+        f"({kind(before)}); after: {' '.join(t.get('flags_after') or [])} at {after.get('base_url')} ({kind(after)}). "
+        f"Same sweep: {before.get('mode')}, loads {loads}, {before.get('prompt_tokens')} prompt tokens -> "
+        f"{before.get('max_new_tokens')} new tokens."))
+
+
+def show(doc: dict, key: str) -> None:
+    """The whole result: the best trial first, the command to copy, then every trial."""
+    trials = doc.get("trials") or []
+    st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")
+    best = doc.get("best")
+    if best is not None and 0 <= best < len(trials):
+        trial(trials[best], f"{key}_best")
+    elif trials:
+        trial(trials[0], f"{key}_first")
+    st.caption("The command line that won (the original's when nothing helped), to copy into the real deployment:")
+    st.code(doc.get("command", ""), language="bash")
+    if len(trials) > 1:
+        for i, t in enumerate(trials):
+            with st.expander(f"Try {i + 1}: {flag_text(t.get('flags_changed'))}: "
+                             f"{(t.get('verdict') or {}).get('kind', '')}"):
+                trial(t, f"{key}_t{i}")
