@@ -79,8 +79,27 @@ class SkipGroup:
         return self.missing.partition(":")[2].strip() if self.input else self.missing
 
     @property
+    def cause(self) -> str:
+        """'no NVIDIA driver here' of the reason 'No NVIDIA driver here: libnvidia-ml.so.1 was not found ...': its
+        short head, when it has one; '' otherwise."""
+        head, sep, _ = self.reason.partition(":")
+        return head[:1].lower() + head[1:] if sep and len(head) <= 40 else ""
+
+    @property
+    def detail(self) -> str:
+        """The reason after its short head (the whole reason when there is no head)."""
+        return self.reason.partition(":")[2].strip() if self.cause else self.reason
+
+    @property
     def title(self) -> str:
-        return f"{len(self.findings)} checks skipped" + (f": {self.input}" if self.input else "")
+        """'7 GPU checks skipped: no NVIDIA driver here', the one line that stands for all of them."""
+        noun = "GPU checks" if self.input == "no GPU" else "checks"
+        what = self.cause or self.input
+        return f"{len(self.findings)} {noun} skipped" + (f": {what}" if what else "")
+
+    @property
+    def check_ids(self) -> list[str]:
+        return [f.check_id for f in self.findings]
 
     @property
     def remedy(self) -> str:
@@ -127,9 +146,14 @@ def history_summary(result: RunResult) -> dict:
 
 
 def to_text(result: RunResult) -> str:
-    """The terminal report: the summary line, then a line per finding with its remedy under the ones to act on."""
+    """The terminal report: the summary line, then a line per finding with its remedy under the ones to act on;
+    checks skipped for one reason share a line, which says the reason once."""
     lines = [summary_line(result)]
-    for f in result.findings:
+    for f in group_skips(result.findings):
+        if isinstance(f, SkipGroup):
+            lines.append(f"SKIP  {f.title}: {f.detail}")
+            lines.append(f"{'':26} ({', '.join(f.check_ids)})")
+            continue
         lines.append(f"{f.status.value:5} {f.check_id:20} {f.verdict}")
         if f.remedy and f.status in (Status.FAIL, Status.WARN, Status.ERROR):
             lines.append(f"{'':26} -> {f.remedy}")
@@ -139,7 +163,20 @@ def to_text(result: RunResult) -> str:
 # --- JSON ---------------------------------------------------------------------------------------------------------
 
 def to_json(result: RunResult) -> str:
-    return json.dumps(result.to_dict(), indent=2, default=str)
+    """Every finding with its id and status; checks skipped for one reason say it once, in "skip_groups", and each
+    of them points there ("skip_group": its index) instead of repeating the reason and its remedy."""
+    data = result.to_dict()
+    groups = [g for g in group_skips(result.findings) if isinstance(g, SkipGroup)]
+    index = {f.check_id: i for i, g in enumerate(groups) for f in g.findings}
+    if groups:
+        data["skip_groups"] = [{"title": g.title, "missing": g.missing, "remedy": g.remedy, "checks": g.check_ids}
+                               for g in groups]
+        for f in data.get("findings", []):
+            if f.get("id") in index:
+                for key in ("verdict", "missing", "remedy"):
+                    f.pop(key, None)
+                f["skip_group"] = index[f["id"]]
+    return json.dumps(data, indent=2, default=str)
 
 
 def remedy_markdown(remedy: str) -> str:
@@ -167,10 +204,19 @@ def to_markdown(result: RunResult) -> str:
     out.append(f"- Launch command: {_code(inputs['launch_cmd']) if inputs.get('launch_cmd') else 'none given'}")
     for note in result.collector_notes:
         out.append(f"- {markdown_safe(note)}")
+    items = group_skips(result.findings)
     out += ["", "| status | check | verdict |", "|---|---|---|"]
-    for f in result.findings:
-        out.append(f"| {f.status.value} | {_cell(f.check_id)} | {_cell(f.verdict)} |")
-    for f in result.findings:
+    for f in items:
+        if isinstance(f, SkipGroup):
+            out.append(f"| SKIP | {_cell(', '.join(f.check_ids))} | {_cell(f.title)} |")
+        else:
+            out.append(f"| {f.status.value} | {_cell(f.check_id)} | {_cell(f.verdict)} |")
+    for f in items:
+        if isinstance(f, SkipGroup):
+            out += ["", f"## SKIP · {markdown_safe(f.title)}", "", markdown_safe(f.detail)]
+            out += ["", remedy_markdown(f.remedy)] if f.remedy else []
+            out += ["", "Not decided: " + ", ".join(f"{markdown_safe(m.title)} (`{m.check_id}`)" for m in f.findings)]
+            continue
         heading = f"## {f.status.value} · {markdown_safe(f.title)} (`{f.check_id}`, severity {f.severity.label})"
         out += ["", heading, "", markdown_safe(f.verdict)]
         if f.remedy:
@@ -229,7 +275,7 @@ def _skip_group_card(g: SkipGroup) -> str:
     colour = STATUS_COLOURS[Status.SKIP]
     parts = [f'<div class="card" style="--c:{colour}">',
              f'<div><span class="badge">{STATUS_ICONS[Status.SKIP]} {len(g.findings)} SKIP</span>'
-             f"<strong>{_e(g.title)}</strong></div>", f"<p>{_e(g.reason)}</p>"]
+             f"<strong>{_e(g.title)}</strong></div>", f"<p>{_e(g.detail)}</p>"]
     if g.remedy:
         parts.append(f'<p class="remedy"><strong>What to do:</strong> {_e(g.remedy)}</p>')
     parts.append('<div class="hint">Not decided: ' + " · ".join(

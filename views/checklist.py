@@ -7,6 +7,8 @@ runs; this page only reads widgets, starts the job and renders what it found. Al
 import streamlit as st
 
 from core.errors import TriageError
+from core.recordings import available
+from core.telemetry.sampler import get_sampler
 from diagnostics import job as jobs
 from diagnostics.registry import all_checks
 from diagnostics.runner import DEFAULT_S, MAX_S
@@ -28,6 +30,10 @@ if rec is not None:  # a real run captured elsewhere, drawn alone: no form, no l
     recorded.banner(rec)
     checklist_view.show(rec.payload, f"rec-{rec.name}")
     st.stop()
+
+nvml = get_sampler().availability("nvml")
+if not nvml.ok:
+    checklist_view.what_this_host_can_check(nvml.reason, recorded=bool(available("checklist")))
 
 with st.form("diag_inputs", border=True):
     cols = st.columns([1, 2])

@@ -135,7 +135,7 @@ def test_saved_payloads_old_and_unfinished_open_without_a_traceback():
         assert not at.exception, (p, [e.value for e in at.exception])
     at = AppTest.from_function(_show_payload, args=(payload,), default_timeout=30).run()
     assert len(at.get("plotly_chart")) == 1 and len(at.get("download_button")) == 3
-    titles = [m.value for m in at.markdown if "checks skipped: no GPU" in m.value]
+    titles = [m.value for m in at.markdown if "GPU checks skipped: no NVIDIA driver here" in m.value]
     assert len(titles) == 1  # every GPU check's identical "no driver" skip on one card, with its remedy once
     assert sum("docker run --gpus all" in m.value for m in at.markdown) == 1
     assert RunResult.from_dict(payload).to_dict() == payload  # nothing lost on the way through History
@@ -157,3 +157,32 @@ def test_recorded_mode_draws_the_shipped_run_under_its_banner_and_no_form():
     ids = [m.value.split("`")[1] for m in at.markdown if m.value.startswith("**") and "· `" in m.value]
     assert ids and set(ids) <= {f["id"] for f in rec.payload["findings"]}
     assert [m.value for m in at.metric] == [str(n) for n in rec.payload["counts"].values()]
+
+
+@pytest.fixture
+def this_host_sampler():
+    """The real NVML adapter and host of this machine: on a CPU host, NVML says there is no driver."""
+    shutdown_sampler()
+    s = Sampler([NvmlSource(), HostSource()], rate_hz=10).start()
+    sampler_mod._SAMPLER = s
+    yield s
+    shutdown_sampler()
+
+
+def test_a_cpu_host_leads_with_what_it_can_check_and_groups_the_gpu_skips(this_host_sampler, monkeypatch):
+    if this_host_sampler.availability("nvml").ok:
+        pytest.skip("this host has an NVIDIA GPU: the page does not lead with the CPU host's alternatives")
+    monkeypatch.setenv("TRIAGE_VLLM_PYTHON", "")
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    lead = at.info[0].value
+    assert "No NVIDIA GPU on this host" in lead
+    assert all(w in lead for w in ("vLLM server", "Prometheus", "Recorded"))
+    at = run_to_results(at)
+    result = at.session_state["diag_job"].result
+    gpu_skips = [f for f in result.findings if f.missing.startswith("no GPU")]
+    assert len(gpu_skips) >= 7
+    lines = [m.value for m in at.markdown if "GPU checks skipped" in m.value]
+    assert lines == [f"**{len(gpu_skips)} GPU checks skipped: no NVIDIA driver here**"]
+    shown = "\n".join(m.value for m in at.markdown)
+    assert shown.count("libnvidia-ml") == 1  # the reason once, under the line

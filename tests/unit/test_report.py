@@ -65,21 +65,32 @@ def test_svg_chart_draws_clock_times_gaps_and_thresholds():
     assert "no readings" in svg(Chart("empty", (Series("x", "%", "NVML"),), "%"))
 
 
-def test_identical_skips_share_one_card_in_the_html_but_not_in_json_or_text():
+def test_identical_skips_say_their_reason_once_in_every_report():
+    """A CPU host skips every GPU check for one reason: each report says the missing driver once, in one line that
+    stands for the group, and still names every check (the JSON keeps a finding per check, pointing at the group)."""
     ctx = CheckContext(gpu_reason="No NVIDIA driver here: libnvidia-ml.so.1 was not found.")
     result = RunResult("t", 1.0, 1.0, False, "h", {"vllm_url": None, "launch_cmd": None}, tuple(evaluate(ctx)))
     no_gpu = [f for f in result.findings if f.missing.startswith("no GPU")]
     assert len(no_gpu) >= 7
     groups = [g for g in report.group_skips(result.findings) if isinstance(g, report.SkipGroup)]
     gpu_group = next(g for g in groups if g.input == "no GPU")
-    assert gpu_group.findings == tuple(no_gpu) and gpu_group.title == f"{len(no_gpu)} checks skipped: no GPU"
+    title = f"{len(no_gpu)} GPU checks skipped: no NVIDIA driver here"
+    assert gpu_group.findings == tuple(no_gpu) and gpu_group.title == title
+    assert gpu_group.detail == "libnvidia-ml.so.1 was not found."
     assert "docker run --gpus all" in gpu_group.remedy
-    page = report.to_html(result)
-    assert page.count(f"{len(no_gpu)} checks skipped: no GPU") == 1
-    assert page.count("docker run --gpus all") == 1
+    text, md, page = report.to_text(result), report.to_markdown(result), report.to_html(result)
+    data = json.loads(report.to_json(result))
+    for out in (text, md, page, json.dumps(data)):
+        assert out.count("libnvidia-ml.so.1") == 1, out
+        assert out.count("docker run --gpus all") <= 1
+        assert all(f.check_id in out for f in result.findings)  # every check is still named
+    assert text.count(title) == 1 and page.count(title) == 1
+    assert md.count(title) == 2  # its table row and its section
     assert all(f'id="{f.check_id}"' in page for f in result.findings)  # every check still has its anchor
-    assert len(json.loads(report.to_json(result))["findings"]) == len(result.findings)
-    assert sum(line.startswith("SKIP") for line in report.to_text(result).splitlines()) == result.counts()["SKIP"]
+    assert len(data["findings"]) == len(result.findings)
+    gpu_index = next(i for i, g in enumerate(data["skip_groups"]) if g["title"] == title)
+    pointed = [f["id"] for f in data["findings"] if f.get("skip_group") == gpu_index]
+    assert pointed == data["skip_groups"][gpu_index]["checks"] == [f.check_id for f in no_gpu]
 
 
 def test_markdown_escapes_links_html_and_table_pipes():

