@@ -4,10 +4,11 @@ server's own anatomy (queue, prefill, decode) over exactly each step's window, a
 A step is either a closed loop of C clients that each send their next request when the last one ends (concurrency),
 or an open loop of Poisson arrivals at R requests/s (rate), as GuideLLM and AIPerf do. "auto" starts from one
 request at a time and doubles the load until an SLO breaks, the knee shows (twice the load for under 15% more
-throughput while latency grows; under 30% when the server's queue holds most of TTFT), the server fails, or the time
+throughput while latency grows; under 30% when the server's queue holds most of TTFT, or prefill does while requests
+prefill all the time), the server fails, or the time
 budget would be spent; it never runs open-ended.
 
-Everything the verdict says is measured here: client percentiles by nearest rank over the step's requests, server
+What limits the server is judged in core.deployment.verdict. Everything the verdict says is measured here: client percentiles by nearest rank over the step's requests, server
 phase means exact from the histograms' _sum/_count, the busiest scheduler state from scrapes once a second.
 """
 from __future__ import annotations

@@ -161,6 +161,7 @@ class VllmSnapshot:
     model_names: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)  # field -> the metric name it was read from
     process_rss_bytes: float | None = None
+    process_start_time_s: float | None = None  # the API server's start (Unix time): how long the counters have run
 
     @property
     def logging_disabled(self) -> bool:
@@ -276,6 +277,8 @@ def parse_metrics(text: str, t: float | None = None) -> VllmSnapshot:
     snap.model_names = sorted(names)
     rss = samples.get("process_resident_memory_bytes")
     snap.process_rss_bytes = rss[0][1] if rss else None
+    start = samples.get("process_start_time_seconds")
+    snap.process_start_time_s = start[0][1] if start else None
     return snap
 
 

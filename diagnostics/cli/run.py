@@ -8,7 +8,7 @@ import threading
 import time
 
 from core.precision import Precision
-from diagnostics.cli.fleet import add_prometheus_args, print_run
+from diagnostics.cli.fleet import add_prometheus_args, print_run, window_and_at
 from diagnostics.runner import DEFAULT_S, MAX_S
 
 
@@ -25,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=[x.value for x in Precision],
                    help="the precision you asked for, when the launch command does not say")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
+    p.add_argument("--quick", action="store_true",
+                   help="with --vllm-url: a first answer within seconds from the server's counters since it started "
+                        "and a 5 s window, before the full window refines it")
     add_prometheus_args(p, required=False)  # given: the fleet checklist from Prometheus instead of this host
     p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D "
                    "(HTML needs plotly; without it the other two are written and the run still exits 0)")
@@ -39,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
         from core.fleet.prom import Prometheus
         from diagnostics import fleet
 
-        print_run(fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window),
+        window, at = window_and_at(args)
+        print_run(fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, window, at=at),
                   args.json)
         return 0
 
@@ -62,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"[{fraction:4.0%}] {message}", file=sys.stderr)
 
     started = time.time()
+    if args.quick and args.vllm_url:
+        _first_answer(args)
     try:
         result = runner.run(args.duration, vllm_url=args.vllm_url, launch_cmd=args.launch_cmd,
                             requested_precision=args.precision, progress=progress, cancel=cancel)
@@ -80,3 +86,18 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(report.to_text(result))
     return 0
+
+
+def _first_answer(args: argparse.Namespace) -> None:
+    """Print the quick answer (on stderr with --json, so the JSON stays whole); a failure is said, not raised."""
+    from core.errors import TriageError
+    from diagnostics.quick import first_answer, format_first_answer
+
+    t0 = time.monotonic()
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        findings, judged = first_answer(args.vllm_url, launch_cmd=args.launch_cmd)
+    except (TriageError, ValueError) as exc:
+        print(f"No first answer: {exc}", file=out, flush=True)
+        return
+    print(format_first_answer(findings, judged, time.monotonic() - t0), file=out, flush=True)

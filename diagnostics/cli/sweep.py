@@ -36,6 +36,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any answer (default 120)")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
                    help="the server's --api-key (default: $VLLM_API_KEY)")
+    p.add_argument("--launch-cmd", metavar="CMD",
+                   help="the server's launch command, e.g. \"vllm serve MODEL --max-num-seqs 8\": no remedy proposes a "
+                        "flag it already sets (what the server publishes on /metrics is read either way)")
     p.add_argument("--no-history", action="store_true", help="do not save the sweep to History")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     serve.add_remedy_args(p)  # --try-remedy / --try-flags
@@ -47,6 +50,7 @@ def _pct(v: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from core.deployment.server_config import flags_of
     from core.deployment.sweep import parse_steps, sweep
 
     steps = parse_steps(args.steps, args.mode)
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     res = sweep(args.url, args.mode, steps, prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens,
                 dataset=args.dataset, slo_ttft_p99=args.slo_ttft_p99, slo_itl_p99=args.slo_itl_p99,
                 max_seconds=args.max_seconds, min_requests=args.min_requests, api_key=args.api_key,
-                timeout_s=args.timeout, progress=progress)
+                timeout_s=args.timeout, progress=progress, launch_flags=flags_of(args.launch_cmd))
     run_id = None if args.no_history else res.record(started_at=started)
     tried = serve.run_remedy(args, res, started)  # a remedy tried prints its own before/after
     if tried is not None:

