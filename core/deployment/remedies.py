@@ -58,9 +58,9 @@ def _more_seqs(config: ServerConfig, facts: Facts) -> list[dict]:
     value = min(want, cap) if capped else want
     ran = f"at most {facts.peak_running:.0f} ran at once" if facts.peak_running else ""
     if value <= base:
-        return [remedy(f"More sequences at once need more KV memory: the KV cache holds {config.kv_capacity_tokens:,} "
-                       f"tokens, about {cap} sequences of {facts.tokens_per_request} tokens, and {ran or 'it is full'}.",
-                       "kv-cache")] + _more_kv(config)
+        text = (f"More sequences at once need more KV memory: the KV cache holds {config.kv_capacity_tokens:,} "
+                f"tokens, about {cap} sequences of {facts.tokens_per_request} tokens, and {ran or 'it is full'}.")
+        return [remedy(text, "kv-cache")] + _more_kv(config)
     why = f"{ran}; the next power of two above it" if ran else f"twice the {now:.0f} it runs now"
     if capped:
         why += f", capped by the KV cache's room for {cap} sequences of {facts.tokens_per_request} tokens"

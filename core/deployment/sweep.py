@@ -8,8 +8,9 @@ throughput while latency grows; under 30% when the server's queue holds most of 
 prefill all the time), the server fails, or the time
 budget would be spent; it never runs open-ended.
 
-What limits the server is judged in core.deployment.verdict. Everything the verdict says is measured here: client percentiles by nearest rank over the step's requests, server
-phase means exact from the histograms' _sum/_count, the busiest scheduler state from scrapes once a second.
+What limits the server is judged in core.deployment.verdict. Everything the verdict says is measured here: client
+percentiles by nearest rank over the step's requests (with their count and a bootstrap interval), server phase means
+exact from the histograms' _sum/_count, the busiest scheduler state from scrapes once a second.
 """
 from __future__ import annotations
 

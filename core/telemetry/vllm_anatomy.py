@@ -180,7 +180,8 @@ def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, 
     busy = "" if in_prefill is None else (f"; {finished_per_s:.2f} finished req/s x {prefill_mean_s:.2f} s of prefill "
                                           f"= {in_prefill:.1f} request(s) in prefill at once on average")
     if prefill_mean_s < PREFILL_SLOW_S:
-        return PrefillJudgement(False, False, f"{said}: under {PREFILL_SLOW_S:g} s, too short to hold users up", numbers)
+        return PrefillJudgement(False, False, f"{said}: under {PREFILL_SLOW_S:g} s, too short to hold users up",
+                                numbers)
     if share >= PREFILL_SHARE_BOUND:
         return PrefillJudgement(True, False, said + busy, numbers)
     if q_share is not None and q_share >= QUEUE_SHARE_SATURATED and in_prefill is not None \
