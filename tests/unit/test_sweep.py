@@ -159,6 +159,9 @@ def test_remedies_never_propose_what_is_in_force_and_cap_by_the_kv_cache():
     # fp8 KV already in force (launch command): memory-bound proposes the memory share instead (it runs with 0.3)
     mem = remedies("memory-bound", Facts(), cfg)
     assert [r["flags"] for r in mem if r["flags"]] == [{"--gpu-memory-utilization": "0.9"}]
+    fixed = server_config(parse_metrics(FIXTURE.read_text(), t=0.0), None,
+                          flags_of("vllm serve m --kv-cache-memory-bytes 1073741824"))
+    assert {"--kv-cache-memory-bytes": "2147483648"} in [r["flags"] for r in remedies("memory-bound", Facts(), fixed)]
 
 
 def test_a_prefill_judgement_is_pure_and_shared():
