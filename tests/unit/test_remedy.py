@@ -42,17 +42,9 @@ def test_structured_remedies_are_taken_as_given_and_what_is_set_is_dropped():
     assert [(r.flags, r.concrete) for r in found] == [({"--max-num-seqs": "8"}, True), ({}, False)]
 
 
-def test_a_capacity_verdict_without_structured_remedies_gets_a_sized_max_num_seqs():
-    doc = sweep_doc([step(2, 1.0, 0.1), step(8, 1.1, 0.9)], CAPACITY)
-    (r,) = remedy.remedies_for(doc, server(["--max-num-seqs", "2"]))
-    assert r.flags == {"--max-num-seqs": "8"} and "at most 2" in r.text
-    # the KV cache holds 4 sequences of 40 tokens: the slots are capped there
-    (r,) = remedy.remedies_for(sweep_doc([step(2, 1.0, 0.1), step(8, 1.1, 0.9)], CAPACITY, kv=160),
-                               server(["--max-num-seqs", "2"]))
-    assert r.flags == {"--max-num-seqs": "4"}
-    # ... and where it holds no more than run now, its memory is what to raise
-    (r,) = remedy.remedies_for(sweep_doc([step(2, 1.0, 0.1)], CAPACITY, kv=80), server(["--max-num-seqs", "2"]))
-    assert r.flags == {"--kv-cache-memory-bytes": str(2 * GIB)}
+def test_a_sweep_saved_before_structured_remedies_offers_its_sentence_only():
+    (r,) = remedy.remedies_for(sweep_doc([step(2, 1.0, 0.1)], CAPACITY), server(["--max-num-seqs", "2"]))
+    assert r.text == "a larger --max-num-seqs" and not r.concrete
 
 
 def test_apply_and_parse_flag_changes():
