@@ -33,6 +33,7 @@ if rec is not None:  # a recorded load sweep of a real server, drawn as a sweep 
     recorded.banner(rec)
     st.subheader("Load sweep")
     sweep_view.show(rec.payload, f"rec_{rec.name}")
+    local_servers.recorded_remedies()
     st.stop()
 local_servers.panel()
 with st.form("dep_connect"):

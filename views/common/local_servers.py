@@ -185,3 +185,14 @@ def _not_launched(doc: dict, concrete: list) -> None:
         run_id, payload = previous
         st.caption(f"Compared with the previous sweep of this URL (History #{run_id}):")
         sweep_view.show_comparison(payload, doc, (f"#{run_id}", "this sweep"))
+
+
+def recorded_remedies() -> None:
+    """The recorded mode's tried remedies, each under its own recorded banner."""
+    from core.recordings import available
+    from views.common import recorded
+
+    for rec in available("remedy"):
+        st.subheader("A remedy tried")
+        recorded.banner(rec)
+        remedy_view.show(rec.payload, f"rec_{rec.name}")

