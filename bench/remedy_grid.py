@@ -15,22 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.record_demo import cpu_model
 from core.deployment import remedy, servers
 from core.deployment.sweep import sweep
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        return platform.processor() or "unknown CPU"
 
 
 def score(doc: dict) -> float:

@@ -196,8 +196,8 @@ def start_server(model: str | None, flags: str | list[str] = (), *, check_flags:
     model = (model or EMBEDDED).strip()
     if model != EMBEDDED and not Path(model).expanduser().is_dir():
         raise ServerError(f"The model {model!r} is not a local directory. Give a directory with a Hugging Face "
-                          f"checkpoint (config.json and weights), or '{EMBEDDED}' for the console's embedded model; the "
-                          "server starts offline and does not download.")
+                          f"checkpoint (config.json and weights), or '{EMBEDDED}' for the console's embedded model; "
+                          "the server starts offline and does not download.")
     errors = check_flags(flags) if check_flags else []
     if errors:
         raise ServerError("vLLM would refuse these flags: " + " ".join(errors))
