@@ -13,13 +13,14 @@ from dataclasses import asdict, dataclass, field
 from core.telemetry.vllm_metrics import VllmSnapshot
 
 # A label of a *_config_info gauge names a setting; these are the ones whose flag is not simply --label-with-dashes.
-LABEL_FLAGS = {"cache_dtype": "--kv-cache-dtype", "num_gpu_blocks_override": "--num-gpu-blocks-override"}
+LABEL_FLAGS = {"cache_dtype": "--kv-cache-dtype"}
 SWITCHES = ("--enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager", "--disable-log-stats")
 NO_VALUE = ("None", "", "none")
 
 
-def flag_of(label: str) -> str:
-    return LABEL_FLAGS.get(label, "--" + label.replace("_", "-"))
+def label_of(flag: str) -> str:
+    """The *_config_info label that publishes a flag's setting (--kv-cache-dtype is cache_dtype there)."""
+    return next((k for k, f in LABEL_FLAGS.items() if f == flag), flag.lstrip("-").replace("-", "_"))
 
 
 def flags_of(argv: list[str] | str | None) -> dict[str, str]:
@@ -45,24 +46,28 @@ def flags_of(argv: list[str] | str | None) -> dict[str, str]:
 
 @dataclass
 class ServerConfig:
-    """The settings known to be in force, each with where it was read (flag -> source)."""
+    """The settings known to be in force: what the server publishes (each *_config_info label as it spells it, with
+    the gauge it came from) and the flags of its launch command, which win where both say something."""
 
-    settings: dict[str, str] = field(default_factory=dict)  # "--flag" -> value as the server spells it
-    sources: dict[str, str] = field(default_factory=dict)  # "--flag" -> "launch command" | metric name | /v1/models
-    step_tokens_top: float | None = None  # the largest tokens per engine step seen (upper bound of its bucket)
+    published: dict[str, str] = field(default_factory=dict)  # label -> value, e.g. "enable_prefix_caching": "True"
+    sources: dict[str, str] = field(default_factory=dict)  # label -> the metric (or "/v1/models") it was read from
+    launch: dict[str, str] = field(default_factory=dict)  # "--flag" -> value from the launch command ("" a switch)
+    step_tokens_top: float | None = None  # the most tokens one engine step carried in the sweep (bucket bound)
 
     def value(self, flag: str) -> str | None:
-        return self.settings.get(flag)
+        if flag in self.launch:
+            return self.launch[flag] if self.launch[flag] or flag not in SWITCHES else "True"
+        return self.published.get(label_of(flag))
 
     def number(self, flag: str) -> float | None:
         try:
-            return float(self.settings[flag])
-        except (KeyError, ValueError):
+            return float(self.value(flag))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
             return None
 
     def switch(self, flag: str) -> bool | None:
-        """True/False where the server says, None where unknown."""
-        v = self.settings.get(flag)
+        """True/False where the server or its command says, None where unknown."""
+        v = self.value(flag)
         if v is None:
             return None
         return v.strip().lower() not in ("false", "0", "no")
@@ -93,20 +98,12 @@ class ServerConfig:
 def server_config(snap: VllmSnapshot | None, max_model_len: int | None = None,
                   launch_flags: dict[str, str] | None = None) -> ServerConfig:
     """Merge the sources; the launch command wins where it says something (it is what the operator typed)."""
-    cfg = ServerConfig()
+    cfg = ServerConfig(launch=dict(launch_flags or {}))
     for metric, labels in ((snap.config_info if snap else None) or {}).items():
         for label, v in labels.items():
             if label.startswith("_") or label == "engine" or v in NO_VALUE:
                 continue
-            cfg.settings[flag_of(label)] = v
-            cfg.sources[flag_of(label)] = metric
+            cfg.published[label], cfg.sources[label] = v, metric
     if max_model_len:
-        cfg.settings["--max-model-len"] = str(max_model_len)
-        cfg.sources["--max-model-len"] = "/v1/models"
-    for k, v in (launch_flags or {}).items():
-        cfg.settings[k] = v if v or k not in SWITCHES else "True"
-        cfg.sources[k] = "launch command"
-    h = snap.histograms.get("step_tokens") if snap else None
-    top = h.top_bucket() if h is not None else None
-    cfg.step_tokens_top = top[1] if top else None
+        cfg.published["max_model_len"], cfg.sources["max_model_len"] = str(max_model_len), "/v1/models"
     return cfg

@@ -174,6 +174,9 @@ def verdict(steps: list["Step"], slo: dict[str, float], knee: dict | None, goodp
                     "histograms (--disable-log-stats?), so where the time goes is unknown.")
     else:
         kind, headline, evidence["used"] = _classify(steps, judged, knee)
+        sh = step_shares(judged)
+        headline += (f" Mean TTFT at {judged.load:g} {unit(judged.mode)}: queue {_pct(sh['queue'])}, prefill "
+                     f"{_pct(sh['prefill'])}, before the engine {_pct(sh['before_engine'])}.")
     if knee:
         headline += f" The knee: above {knee['load']:g} {unit(first.mode)} ({knee['how']})."
     facts = Facts(peak_running=max((s.busiest.get("running") or 0 for s in steps), default=0) or None,

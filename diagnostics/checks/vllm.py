@@ -232,6 +232,7 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
     if not pj.bound:
         return passed(f"Not prefill-bound over {a.requests:.0f} request(s){own}: {pj.reason}.", evidence=evidence)
     cfg = server_config(snaps[-1], None, flags_of(ctx.launch_cmd))
+    cfg.step_tokens_top = a.step_tokens_top
     rem = remedies("prefill-bound", Facts(prefill_lone_s=None), cfg)
     evidence["remedy_flags"] = [r["flags"] for r in rem if r["flags"]]
     text = " ".join(r["text"] for r in rem) + (" `python -m diagnostics sweep --url URL --prompt-tokens N` measures "

@@ -150,7 +150,7 @@ def test_remedies_never_propose_what_is_in_force_and_cap_by_the_kv_cache():
     cfg = server_config(parse_metrics(FIXTURE.read_text(), t=0.0), None,
                         flags_of("vllm serve m --max-num-seqs 8 --kv-cache-dtype fp8"))
     assert cfg.in_force("--enable-prefix-caching", "") and cfg.in_force("--max-num-seqs", "8")
-    assert cfg.kv_capacity_tokens == 101386 and cfg.sources["--max-num-seqs"] == "launch command"
+    assert cfg.kv_capacity_tokens == 101386 and cfg.launch["--max-num-seqs"] == "8"
     # 8 slots in force, 8 ran: propose 16; the KV cache holds 101386 // 10000 = 10 sequences of 10,000 tokens
     seqs = remedies("capacity-bound", Facts(peak_running=8, tokens_per_request=10_000), cfg)
     assert seqs[0]["flags"] == {"--max-num-seqs": "10"} and "capped by the KV cache" in seqs[0]["text"]
