@@ -82,6 +82,10 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "CREATE INDEX runs_kind_created ON runs (kind, created_at DESC)",
         "CREATE INDEX runs_status ON runs (status)",
     ]),
+    # 3: speeds measured by finished runs (prompt tokens/s of a prefill, load seconds, ...), so the hint before a
+    # run comes from this machine's recent speed rather than from a constant.
+    (3, ["CREATE TABLE speeds (what TEXT NOT NULL, setup TEXT NOT NULL, per_s REAL NOT NULL, at REAL NOT NULL)",
+         "CREATE INDEX speeds_what_setup ON speeds (what, setup, at DESC)"]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -336,10 +340,11 @@ class Store:
             self._write(f"UPDATE runs SET {', '.join(sets)} WHERE id = ? AND status = 'running'", (*args, int(run_id)))
 
     def finish_run(self, run_id: int, payload: Any = None, summary: dict | None = None, *, status: str = "finished",
-                   error: str | None = None) -> None:
+                   error: str | None = None, at: float | None = None) -> None:
+        """at: when it ended (unix seconds; a cancelled run's stop), else now."""
         if status not in ("finished", "failed", "cancelled"):
             raise ValueError(f"A run finishes as 'finished', 'failed' or 'cancelled', not {status!r}.")
-        sets, args = ["status = ?", "finished_at = ?", "error = ?"], [status, time.time(), error]
+        sets, args = ["status = ?", "finished_at = ?", "error = ?"], [status, at or time.time(), error]
         if payload is not None:
             sets.append("payload = ?"), args.append(_dumps(payload, "payload"))
         if summary is not None:
@@ -347,6 +352,20 @@ class Store:
         cur = self._write(f"UPDATE runs SET {', '.join(sets)} WHERE id = ?", (*args, int(run_id)))
         if cur.rowcount == 0:
             raise StoreError(f"Run #{run_id} is not in the history (deleted meanwhile?); its result was not saved.")
+
+    def add_speed(self, what: str, setup: str, per_s: float) -> None:
+        """One measured speed (units a second) of `what` ("prefill tok/s", "load") on `setup`; the newest 50 kept."""
+        if per_s > 0 and math.isfinite(per_s):
+            self._write("INSERT INTO speeds (what, setup, per_s, at) VALUES (?, ?, ?, ?)",
+                        (what, setup, per_s, time.time()))
+            self._write("DELETE FROM speeds WHERE what = ? AND setup = ? AND at NOT IN (SELECT at FROM speeds WHERE "
+                        "what = ? AND setup = ? ORDER BY at DESC LIMIT 50)", (what, setup, what, setup))
+
+    def recent_speed(self, what: str, setup: str, last: int = 5) -> float | None:
+        """The median of the last `last` speeds measured for (what, setup), or None when none was."""
+        rows = self._read("SELECT per_s FROM speeds WHERE what = ? AND setup = ? ORDER BY at DESC LIMIT ?",
+                          (what, setup, last))
+        return sorted(r[0] for r in rows)[len(rows) // 2] if rows else None
 
     def delete_run(self, run_id: int) -> bool:
         return self._write("DELETE FROM runs WHERE id = ?", (int(run_id),)).rowcount > 0
@@ -438,6 +457,16 @@ def finish_run(run_id: int, payload: Any = None, summary: dict | None = None, **
     get_store().finish_run(run_id, payload, summary, **kw)
 
 
+def add_speed(what: str, setup: str, per_s: float) -> None:
+    """Keep a measured speed for later hints; a history that cannot be written only loses the hint."""
+    quietly(lambda: get_store().add_speed(what, setup, per_s))
+
+
+def recent_speed(what: str, setup: str) -> float | None:
+    """This machine's recent speed of `what` on `setup` (median of the last five), or None."""
+    return quietly(lambda: get_store().recent_speed(what, setup))
+
+
 def list_runs(kind: str | None = None, limit: int = 200, status: str | None = None) -> list[Run]:
     return get_store().list_runs(kind, limit, status)
 
@@ -515,14 +544,16 @@ class RunRecorder:
         if self.run_id is not None:
             self._try(lambda: update_run(self.run_id, self._payload(), self._summary()))
 
-    def finish(self, error: str | None = None, cancelled: bool = False, extra: dict | None = None) -> None:
-        """Stored as cancelled, failed (with `error`) or finished; `extra` goes into the payload."""
+    def finish(self, error: str | None = None, cancelled: bool = False, extra: dict | None = None,
+               at: float | None = None) -> None:
+        """Stored as cancelled, failed (with `error`) or finished; `extra` goes into the payload; `at` dates the end
+        (a cancelled run's stop, seen by core.engines.base.RunControl)."""
         if self.run_id is None:
             return
 
         def write() -> bool:
             finish_run(self.run_id, self._payload(cancelled=cancelled, **(extra or {})), self._summary(),
-                       status="cancelled" if cancelled else "failed" if error else "finished", error=error)
+                       status="cancelled" if cancelled else "failed" if error else "finished", error=error, at=at)
             return True
 
         # Tried even after a failed checkpoint (a locked database passes): it writes every result at once.

@@ -14,7 +14,7 @@ from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape
-from views.common import local_servers, recorded, sweep as sweep_view
+from views.common import local_servers, probe_view, recorded, sweep as sweep_view
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -168,26 +168,7 @@ with st.form("dep_probe_form"):
 
 res = ss.get("dep_probe")
 if res is not None:
-    table = [{"latency": f"{dc.LATENCY_LABELS[k]} {p}",
-              "client (ms)": None if res.client[k][p] is None else 1000 * res.client[k][p],
-              "server (ms)": None if not res.server or res.server[k][p] is None else 1000 * res.server[k][p]}
-             for k in ("ttft", "itl", "e2e") for p in dc.PERCENTILES]
-    c = st.columns([2, 3])
-    c[0].dataframe(table, hide_index=True, width="stretch", column_config={
-        "client (ms)": st.column_config.NumberColumn(format="%.1f", help="Measured here, from the streamed chunks"),
-        "server (ms)": st.column_config.NumberColumn(format="%.1f", help="vLLM /metrics histograms, same window")})
-    c[1].plotly_chart(dc.probe_comparison(res.client, res.server), key="dep_probe_chart",
-                      config={"displayModeBar": False})
-    st.caption(markdown_literal(f"{res.n} requests x {res.prompt_tokens} prompt tokens -> {res.max_new_tokens} new tokens, "
-                   f"{res.concurrency} at a time, {res.wall_s:.1f} s wall. Client decode time per output token "
-                   f"{num(res.tpot_s and 1000 * res.tpot_s)} ms; {res.tokens} tokens arrived in {res.chunks} chunks "
-                   "(a chunk carrying k tokens counts as k gaps of 1/k). ") + markdown_literal(res.metrics_note))
-    if res.anatomy and res.anatomy.get("phases"):
-        st.plotly_chart(dc.anatomy_bar(res.anatomy), key="dep_probe_anatomy", config={"displayModeBar": False})
-        notes = " ".join(res.anatomy.get("notes") or [])
-        share = res.anatomy.get("queue_share_ttft")
-        st.caption(markdown_literal(("" if share is None else f"Queueing was {100 * share:.0f}% of the mean time to "
-                                     "first token in this window. ") + notes))
+    probe_view.show(res.to_dict(), "dep_probe")
 
 sweep_view.section(info.base_url, ss.get("dep_key"))
 local_servers.remedy_section(info.base_url, ss.get("dep_key"))

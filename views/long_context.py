@@ -9,13 +9,15 @@ import streamlit as st
 
 from core import speedup, textfile
 from core.engines.pool import Setup
-from core.fmt import GIB, fmt_cache_bytes
+from core.fmt import GIB
 from core.long_context import charts as lc
 from core.long_context import document as longdoc
 from core.long_context import kvcache as kv
 from core.long_context import runs as longrun
 from core.models import ModelSpec, embedded_converted_dir
 from core.precision import Precision
+from views.common import inputs
+from views.common import long_context_view as lcv
 from views.common import runs as ui
 from views.common import session
 
@@ -41,9 +43,8 @@ if engine is None:
             + ("Token counts and the KV cache calculator use the embedded model's tokenizer and config; timed runs "
                "need a loaded model." if text_model else "Token counts and runs need one."))
     if st.button("Load the embedded model (Gemma 3 270M) at BF16", type="primary"):
-        bar = st.progress(0.0, "Loading")
         try:
-            session.load(Setup(ModelSpec("embedded"), Precision.BF16), lambda f, m: bar.progress(f, m))
+            session.load_with_progress(Setup(ModelSpec("embedded"), Precision.BF16))
         except Exception as exc:  # any load failure: say so and stay on this page
             st.error(f"Loading failed: {exc}")
         else:
@@ -57,9 +58,15 @@ else:
     st.caption(f"{engine.max_positions or 'unknown'} positions.")
 
 
+SAMPLE_TOKENS = (256, 32000)
+
+
 def set_sample():
-    ss.lc_text = longdoc.sample_document(ss.lc_sample_tokens,
-                                         lambda s: longdoc.count_tokens(text_model.tokenizer, s))
+    sample = inputs.Bounded("Sample size", *SAMPLE_TOKENS, ss.lc_sample_tokens)
+    ss.lc_error = sample.problem
+    if sample.problem is None:
+        ss.lc_text = longdoc.sample_document(int(ss.lc_sample_tokens),
+                                             lambda s: longdoc.count_tokens(text_model.tokenizer, s))
 
 
 def read_upload():
@@ -73,9 +80,10 @@ def read_upload():
 
 left, right = st.columns([5, 2])
 with right:  # the uploader enforces server.maxUploadSize itself; decode_bytes repeats the check for other callers
-    st.file_uploader(f"Upload ({', '.join(textfile.EXTENSIONS)})", type=list(textfile.EXTENSIONS), key="lc_file",
+    # Any file is taken and checked here: a type filter in the browser refuses a .bin with a bare red "!"
+    st.file_uploader(f"Upload a text file ({', '.join('.' + e for e in textfile.EXTENSIONS)})", key="lc_file",
                      on_change=read_upload)
-    st.number_input("Sample size (tokens)", 256, 32000, 2000, 256, key="lc_sample_tokens")
+    inputs.number("Sample size (tokens)", *SAMPLE_TOKENS, 2000, step=256, key="lc_sample_tokens")
     st.button("Build a sample document", on_click=set_sample, help="Prose, code and JSON from text this project ships")
 text = left.text_area("Document", key="lc_text", height=230, placeholder="Paste a long document here")
 if ss.get("lc_error"):
@@ -93,10 +101,13 @@ def doc_stats(text, model, max_len, reserve):
 
 
 c = st.columns(3)
-max_len = int(c[0].number_input("Configured max length (tokens)", 16, text_model.max_positions or 10**7,
-                                text_model.max_positions or 32768, help="As vLLM's --max-model-len",
-                                key="lc_max_len"))
-new_tokens = int(c[1].number_input("New tokens per run", 2, 1024, 16, key="lc_new"))
+max_len_in = inputs.number("Configured max length (tokens)", 16, text_model.max_positions or 10**7,
+                           text_model.max_positions or 32768, where=c[0], help="As vLLM's --max-model-len",
+                           key="lc_max_len")
+new_in = inputs.number("New tokens per run", 2, 1024, 16, where=c[1], key="lc_new")
+if inputs.refused(max_len_in, new_in):
+    st.stop()
+max_len, new_tokens = int(max_len_in.value), int(new_in.value)
 try:
     s = doc_stats(text, model_label, max_len, new_tokens)
 except textfile.DocumentError as exc:
@@ -115,23 +126,23 @@ with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
     src = k[0].selectbox("Config", [own, *kv.BUILTIN_CONFIGS])
     config = text_model.config if src == own else kv.BUILTIN_CONFIGS[src]
     dtype = k[1].selectbox("KV dtype", list(kv.DTYPE_BYTES))
-    block = k[2].number_input("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, help="vLLM --block-size")
+    block = inputs.number("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, where=k[2], help="vLLM --block-size")
     run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
-    tokens = k[3].number_input("Tokens", 1, 10**7, run_tokens, key=f"lc_kv_{run_tokens}")
+    tokens = inputs.number("Tokens", 1, 10**7, run_tokens, where=k[3], key=f"lc_kv_{run_tokens}")
     cap_bytes, cap_what = kv.default_capacity(session.device())  # the device present, not an assumed GPU
-    gpu = k[4].number_input(f"Memory (GiB): {cap_what}", 0.1, 4096.0, round(cap_bytes / GIB, 1) or 80.0,
-                            help=f"Default: this machine's {cap_what}. Set another size to size a different device.")
+    gpu = inputs.number(f"Memory (GiB): {cap_what}", 0.1, 4096.0, round(cap_bytes / GIB, 1) or 80.0, where=k[4],
+                        help=f"Default: this machine's {cap_what}. Set another size to size a different device.")
     est = round((kv.estimate_weight_bytes(config) or 0) / GIB, 2)
-    weights = k[5].number_input("Weights (GiB)", 0.0, 2048.0, est, key=f"lc_w_{src}",
-                                help="Default: estimated from the config at 2 bytes per parameter")
+    weights = inputs.number("Weights (GiB)", 0.0, 2048.0, est, where=k[5], key=f"lc_w_{src}",
+                            help="Default: estimated from the config at 2 bytes per parameter")
     try:
-        r = kv.report(kv.shape_from_config(config), dtype, int(tokens), int(block), gpu * GIB, weights * GIB,
-                      gpu_memory_utilization=0.9, memory_kind=cap_what)  # vLLM's default
+        if not inputs.refused(block, tokens, gpu, weights):
+            r = kv.report(kv.shape_from_config(config), dtype, int(tokens.value), int(block.value), gpu.value * GIB,
+                          weights.value * GIB, gpu_memory_utilization=0.9, memory_kind=cap_what)  # vLLM's default
+            ui.metrics(kv.headline(r))
+            st.caption(kv.formula(r))
     except kv.KVConfigError as exc:
         st.error(str(exc))
-    else:
-        ui.metrics(kv.headline(r))
-        st.caption(kv.formula(r))
 
 if engine is None:
     st.info("Load a model (the button above, or the Model page) to time prefill and decode on this document.")
@@ -142,38 +153,51 @@ filler, lim, n_prompt = ids or [0], max(s.limit, 256), len(ids) + s.special_toke
 doc = {"new_tokens": new_tokens, "document_chars": s.chars, "document_tokens": s.prompt_tokens,
        "truncation": mode if over else None, "device": engine.device.name,  # saved with each run: enough to reopen
        "setup": setup.ran_label(engine), "engine": engine.ran, "engine_short": engine.ran_short}
+
+
+def hint(prompt_tokens: int) -> str | None:
+    """How long the prompt passes should take, from this machine's recent prefill speed on this setup."""
+    return ui.speed_hint("prefill", doc["setup"], prompt_tokens, "prompt tokens")
+
+
+def results(test: str) -> None:
+    if got := ui.results(test, stopped):
+        lcv.draw(test, got, f"lc_{test}")
+
+
 tabs = st.tabs(["Single run", "Length ramp", "Needle", "Batch 1/4/8"], key="lc_tabs")
 with tabs[0]:
     if st.button(f"Run: prefill {n_prompt:,} tokens + {new_tokens} new", type="primary", key="lc_go_single"):
-        ui.run("single", model_label, {**doc, "prompt_tokens": n_prompt}, lambda p, keep: keep(
-            longrun.run_once(engine, longrun.exact_prompt(engine, filler, n_prompt), new_tokens, progress=p)))
-    for r1 in ui.results("single", stopped):
-        ui.metrics(longrun.headline(r1))
-        st.plotly_chart(lc.itl_histogram(r1), key="lc_itl", config=ui.NOBAR)
-        st.caption(f"KV cache held by the engine after the run: {fmt_cache_bytes(r1['kv_bytes'])} (measured).")
+        ui.run("single", model_label, {**doc, "prompt_tokens": n_prompt}, engine, lambda p, keep: keep(
+            longrun.run_once(engine, longrun.exact_prompt(engine, filler, n_prompt), new_tokens, progress=p)),
+            hint(n_prompt))
+    results("single")
 with tabs[1]:
     steps = longrun.ramp_steps(lim)
     lengths = st.multiselect("Prompt lengths (tokens)", steps, steps[:3],
                              help="Cut from this document at exact lengths, repeated if it is shorter")
     if st.button("Run the ramp", type="primary", disabled=not lengths, key="lc_go_ramp"):
-        ui.run("ramp", model_label, {**doc, "lengths": lengths},
-               lambda p, keep: longrun.ramp(engine, filler, lengths, new_tokens, p, on_result=keep))
-    ui.results("ramp", stopped, lc.ramp_chart, longrun.table_row)
+        ui.run("ramp", model_label, {**doc, "lengths": lengths}, engine,
+               lambda p, keep: longrun.ramp(engine, filler, lengths, new_tokens, p, on_result=keep),
+               hint(sum(lengths)))
+    results("ramp")
 with tabs[2]:
-    cap = longrun.needle_max_tokens(engine, max_len) or 32768
-    total = int(st.number_input("Prompt length (tokens)", 128, max(cap, 128), min(1024, max(cap, 128)),
-                                help=f"At most {cap:,}: the answer is scored after the prompt, within the positions"))
+    cap = max(longrun.needle_max_tokens(engine, max_len) or 32768, 128)
+    total = inputs.number("Prompt length (tokens)", 128, cap, min(1024, cap), key="lc_needle_tokens",
+                          help="The answer is scored after the prompt, within the model's positions")
     st.caption(longrun.NEEDLE_NOTE)
-    if st.button("Run the needle test", type="primary", key="lc_go_needle"):
-        ui.run("needle", model_label, {**doc, "prompt_tokens": total}, lambda p, keep: longrun.needle_test(
-            engine, filler, total, progress=p, on_result=keep, max_length=max_len))
-    ui.results("needle", stopped, lc.needle_chart, longrun.needle_row)
+    if st.button("Run the needle test", type="primary", key="lc_go_needle") and not inputs.refused(total):
+        n = int(total.value)
+        ui.run("needle", model_label, {**doc, "prompt_tokens": n}, engine, lambda p, keep: longrun.needle_test(
+            engine, filler, n, progress=p, on_result=keep, max_length=max_len), hint(4 * n))
+    results("needle")
 with tabs[3]:
-    bt = int(st.number_input("Prompt tokens per sequence", 16, lim, min(256, lim)))
-    if st.button("Run batch 1, 4 and 8", type="primary", key="lc_go_batch"):
-        ui.run("batch", model_label, {**doc, "prompt_tokens": bt, "batches": [1, 4, 8]}, lambda p, keep:
-               longrun.batch_sweep(engine, filler, bt, new_tokens, progress=p, on_result=keep))
-    ui.results("batch", stopped, lc.batch_chart, longrun.table_row)
+    bt = inputs.number("Prompt tokens per sequence", 16, lim, min(256, lim), key="lc_batch_tokens")
+    if st.button("Run batch 1, 4 and 8", type="primary", key="lc_go_batch") and not inputs.refused(bt):
+        n = int(bt.value)
+        ui.run("batch", model_label, {**doc, "prompt_tokens": n, "batches": [1, 4, 8]}, engine, lambda p, keep:
+               longrun.batch_sweep(engine, filler, n, new_tokens, progress=p, on_result=keep), hint(13 * n))
+    results("batch")
 
 if (ctx := speedup.by_context(setup.kv_dtype.value)) is not None:
     short, long, rows, notes = ctx

@@ -3,11 +3,12 @@ import streamlit as st
 
 from core.engines.pool import DEFAULT_SETUP, Setup
 from core.errors import TriageError
-from core.fmt import fmt_bytes, fmt_s
+from core.engines.base import Cancelled
+from core.fmt import fmt_bytes
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import display_row, measured_speedups, recorded_on, source_line
-from views.common import session
+from views.common import generate_view, inputs, runs, session
 
 st.title("Model")
 st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
@@ -44,8 +45,7 @@ if submitted or st.session_state.get("setup") is None:
         else:  # first visit: the embedded model at BF16, so the console answers right away
             setup = DEFAULT_SETUP
         with st.status(f"Loading {setup.label}", expanded=True) as status:
-            bar = st.progress(0.0)
-            loaded = session.load(setup, progress=lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), text=msg))
+            loaded = session.load_with_progress(setup)
             status.update(label=f"Loaded {session.headline(setup, loaded)}", state="complete", expanded=False)
     except Exception as exc:  # noqa: BLE001 - every load failure is shown to the user, the app keeps running
         st.error(f"Could not load: {exc}")
@@ -103,8 +103,8 @@ st.subheader("Prompt")
 with st.form("prompt"):
     prompt = st.text_area("Prompt", "The capital of France is", height=100)
     c1, c2 = st.columns(2)
-    max_new = c1.number_input("New tokens", min_value=1, max_value=1024, value=48)
-    temperature = c2.number_input("Temperature (0 = greedy)", min_value=0.0, max_value=5.0, value=0.0, step=0.1)
+    max_new = inputs.number("New tokens", 1, 1024, 48, where=c1, key="model_new_tokens")
+    temperature = inputs.number("Temperature (0 = greedy)", 0.0, 5.0, 0.0, where=c2, key="model_temperature")
     go = st.form_submit_button("Generate", type="primary")
 
 
@@ -113,28 +113,30 @@ def run_prompt() -> None:
     if not prompt.strip():
         st.warning("The prompt is empty: type some text first.")
         return
-    out = st.empty()
+    if inputs.refused(max_new, temperature):
+        return
+    n_new, temp = int(max_new.value), float(temperature.value)
+    hint = runs.speed_hint("decode", setup.label, n_new, "tokens")
+    progress, out = runs.RunProgress(f"Expected: {hint}" if hint else None), st.empty()
     try:
-        gen = session.stream_generate(engine, prompt, int(max_new), float(temperature),
-                                      lambda text: out.code(text, language=None, wrap_lines=True))
+        with runs.stoppable(progress):
+            runs.wait_for_engine(engine, progress)
+            gen = session.stream_generate(engine, prompt, n_new, temp,
+                                          lambda text: out.code(text, language=None, wrap_lines=True),
+                                          on_token=lambda i: progress.step(i, n_new, "tokens", "Decode"))
+    except Cancelled:
+        st.warning("Stopped: the engine was handed back at the stop; nothing was saved.")
+        return
     except TriageError as exc:
         st.error(str(exc))
         return
+    finally:
+        progress.clear()
     if (warning := session.non_finite_warning(gen, setup)) is not None:
         st.warning(warning)
-    t = gen.timing_summary()
-    if session.record_generation(setup, engine, prompt, int(max_new), float(temperature), gen) is None:
+    if session.record_generation(setup, engine, prompt, n_new, temp, gen) is None:
         st.caption("This run could not be saved to History (see the server log).")
-    cols = st.columns(4)
-    cols[0].metric("TTFT", fmt_s(t["ttft_s"]), help="Request start to first token, measured here (prefill).")
-    cols[1].metric("ITL median", fmt_s(t["itl_median_s"]), help="Median gap between consecutive tokens.")
-    cols[2].metric("Decode", f"{t['decode_tok_s']:.1f} tok/s" if t["decode_tok_s"] else "N/A",
-                   help="Tokens after the first, divided by their time.")
-    cols[3].metric("Tokens", f"{t['prompt_tokens']} in / {t['new_tokens']} out")
-    if t["itl_max_s"] and t["itl_median_s"] and t["itl_max_s"] > 2 * t["itl_median_s"]:
-        st.caption(f"Decode tok/s counts every gap, the median ITL does not: 10% of the gaps were over "
-                   f"{fmt_s(t['itl_p90_s'])} and the longest {fmt_s(t['itl_max_s'])}. Single long gaps are "
-                   "usually the host (other work on its CPU), not the model.")
+    generate_view.timing(gen.timing_summary())
 
 
 if go:

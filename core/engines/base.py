@@ -5,6 +5,8 @@ the agreement metrics and the benchmarks never care which one produced a result.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -114,13 +116,80 @@ class StreamEvent:
     t: float
 
 
+@dataclass
+class RunControl:
+    """How a caller steers a run it cannot interrupt itself: `should_stop()` is asked between prefill chunks and
+    decode steps (an in-process engine gives the CPU back within about a second of a stop), `on_prefill(done,
+    total)` hears of each prefill chunk (prompt tokens), and `stopped_at` keeps the unix time the stop was first
+    seen, so the history can date a cancelled run to its stop. Set for a block of calls with `controlled`; engines
+    read it with `check_stop` and `report_prefill`, whatever feature called them."""
+
+    should_stop: Callable[[], bool] | None = None
+    on_prefill: Callable[[int, int], None] | None = None
+    stopped_at: float | None = None
+
+    def stop_asked(self) -> bool:
+        if self.stopped_at is not None:
+            return True
+        if self.should_stop is not None and self.should_stop():
+            self.stopped_at = time.time()
+            return True
+        return False
+
+
+_CONTROL: contextvars.ContextVar[RunControl | None] = contextvars.ContextVar("run_control", default=None)
+
+
+@contextlib.contextmanager
+def controlled(control: RunControl) -> Iterator[RunControl]:
+    """Every engine call in the block checks `control` for a stop and reports its prefill to it."""
+    token = _CONTROL.set(control)
+    try:
+        yield control
+    finally:
+        _CONTROL.reset(token)
+
+
+def check_stop(should_stop: Callable[[], bool] | None = None) -> None:
+    """Raise Cancelled when the caller's `should_stop` or the block's RunControl asks to stop."""
+    control = _CONTROL.get()
+    if (should_stop is not None and should_stop()) or (control is not None and control.stop_asked()):
+        if control is not None and control.stopped_at is None:
+            control.stopped_at = time.time()
+        raise Cancelled("Stopped before the end.")
+
+
+def stop_probe(should_stop: Callable[[], bool] | None = None) -> Callable[[], bool] | None:
+    """`should_stop` joined with the block's RunControl as one callable that another thread may ask (a watcher that
+    closes a server's stream: threads do not see the caller's RunControl); None when nothing can ask to stop."""
+    control = _CONTROL.get()
+    if control is None:
+        return should_stop
+    return lambda: (should_stop is not None and should_stop()) or control.stop_asked()
+
+
+def report_prefill(done: int, total: int) -> None:
+    """Tell the block's RunControl, if any, that `done` of `total` prompt tokens went through the model."""
+    control = _CONTROL.get()
+    if control is not None and control.on_prefill is not None:
+        control.on_prefill(done, total)
+
+
+def stopped_at() -> float | None:
+    """When the block's RunControl first saw a stop (unix seconds), or None."""
+    control = _CONTROL.get()
+    return control.stopped_at if control is not None else None
+
+
 def stop_if_asked(should_stop: Callable[[], bool] | None, gens: list[Generation], done: list[bool]) -> None:
     """Between decode steps: mark unfinished rows cancelled and raise Cancelled when the caller asked to stop."""
-    if should_stop and should_stop():
+    try:
+        check_stop(should_stop)
+    except Cancelled:
         for g, d in zip(gens, done):
             if not d:
                 g.finish_reason = "cancelled"
-        raise Cancelled("Generation cancelled.")
+        raise Cancelled("Generation cancelled.") from None
 
 
 def append_step(gens: list[Generation], done: list[bool], next_ids, chosen_logprobs, top, t0: float,

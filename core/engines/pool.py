@@ -7,7 +7,9 @@ same setup share one copy of the weights; each engine serializes its own generat
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from typing import Callable
 from dataclasses import dataclass
 
 from core.models import ModelSpec
@@ -26,6 +28,28 @@ def held_bytes(engine) -> int:
     except Exception:  # noqa: BLE001 - an unloaded or remote engine: nothing of ours to count
         return 0
     return mem.weights_bytes + getattr(mem, "runtime_bytes", 0)
+
+
+def _lock_of(engine) -> threading.Lock | None:
+    """The lock an in-process engine holds while it runs; the vLLM and remote engines have none (nothing in-process
+    to wait for: their server queues requests itself)."""
+    return getattr(engine, "lock", None)
+
+
+def wait_until_free(engine, on_wait: Callable[[float], None], poll_s: float = 0.5,
+                    check: Callable[[], None] | None = None) -> None:
+    """Return once no run holds `engine`, calling on_wait(seconds waited) every poll_s meanwhile, so a page can say
+    what it waits for instead of a bar at 0; `check` may raise to give up (a stop). A stopped run on the torch
+    engine lets go within about a second (prefill in chunks: core/engines/torch/engine.py)."""
+    lock = _lock_of(engine)
+    if lock is None:
+        return
+    t0 = time.monotonic()
+    while not lock.acquire(timeout=poll_s):
+        on_wait(time.monotonic() - t0)
+        if check is not None:
+            check()
+    lock.release()
 
 
 @dataclass(frozen=True)
@@ -104,7 +128,7 @@ class EnginePool:
     def _unload_if_idle(self, setup: Setup) -> bool:
         """Unload `setup`'s engine unless it is generating now (its lock held); True when it was unloaded."""
         engine = self._engines[setup]
-        lock = getattr(engine, "lock", None)  # the vLLM and remote engines have none: nothing in-process to wait
+        lock = _lock_of(engine)
         if lock is not None and not lock.acquire(blocking=False):
             return False
         try:
@@ -118,3 +142,7 @@ class EnginePool:
     def get(self, setup: Setup):
         """The loaded engine for `setup`, or None (never loads)."""
         return self._engines.get(setup)
+
+    def loaded(self) -> list[tuple[Setup, object]]:
+        """Every loaded (setup, engine), the most recently used last."""
+        return list(self._engines.items())

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import requests
 
-from core.engines.base import Generation, GenerationParams, MemoryReport, Score, StreamEvent, short_ran
+from core.engines.base import Generation, GenerationParams, MemoryReport, Score, StreamEvent, short_ran, stop_probe
 from core.errors import InputError, RemoteError
 from core.http import DEFAULT_TIMEOUT_S, api_error, describe, json_body, new_session, normalize_base_url, request
 from core.precision import KVDtype, Precision
@@ -31,6 +31,28 @@ class ServerInfo:
     is_vllm: bool  # vLLM marks its models owned_by "vllm" and answers /version
     version: str | None = None
     raw_models: list[dict] = field(default_factory=list)
+
+
+class StreamStopper:
+    """Closes a streaming response from a watcher thread as soon as should_stop() turns true, so a read blocked on a
+    server that is still prefilling returns at once; `closed` tells the reader it was a stop."""
+
+    POLL_S = 0.2
+
+    def __init__(self, resp, should_stop: Callable[[], bool] | None):
+        self.closed, self._done = threading.Event(), threading.Event()
+        if should_stop is not None:
+            threading.Thread(target=self._watch, args=(resp, should_stop), daemon=True).start()
+
+    def _watch(self, resp, should_stop) -> None:
+        while not self._done.wait(self.POLL_S):
+            if should_stop():
+                self.closed.set()
+                resp.close()
+                return
+
+    def done(self) -> None:
+        self._done.set()
 
 
 def _float_or_nan(value) -> float:
@@ -178,6 +200,9 @@ class RemoteEngine:
         t0 = time.perf_counter()
         resp = request("POST", url, self.timeout_s, self.api_key, self._session, json=body, stream=True)
         gen = Generation(prompt_ids=list(prompt) if isinstance(prompt, list) else [])
+        # A stop closes the connection at once, even mid-prefill with no chunk arriving: the server then aborts the
+        # request (vLLM frees its slot and KV blocks on a client disconnect).
+        watch = StreamStopper(resp, should_stop)
         try:
             if resp.status_code != 200:
                 json_body(resp, url)  # raises on HTML
@@ -221,18 +246,26 @@ class RemoteEngine:
                 if should_stop and should_stop():
                     gen.finish_reason = "cancelled"
                     break
-        except requests.RequestException as exc:
+        except (requests.RequestException, AttributeError, ValueError) as exc:
+            if watch.closed.is_set():  # the stream was closed under the read: a stop, not a failure
+                gen.finish_reason = "cancelled"
+                return gen
+            if isinstance(exc, json.JSONDecodeError):
+                raise RemoteError(f"{url} sent a malformed event-stream chunk ({exc}); not a vLLM server?") from exc
+            if not isinstance(exc, requests.RequestException):
+                raise
             raise RemoteError(describe(exc, url, self.timeout_s)) from exc
-        except json.JSONDecodeError as exc:
-            raise RemoteError(f"{url} sent a malformed event-stream chunk ({exc}); not a vLLM server?") from exc
         finally:
+            watch.done()
             resp.close()
+        if watch.closed.is_set():
+            gen.finish_reason = "cancelled"
         return gen
 
     def stream_completion(self, prompt: str | list[int], params: GenerationParams,
                           should_stop: Callable[[], bool] | None = None) -> Generation:
         """One streamed completion, timed from sending the request; RemoteError when it fails."""
-        return self._stream_one(prompt, params, should_stop=should_stop)
+        return self._stream_one(prompt, params, should_stop=stop_probe(should_stop))
 
     def generate(self, prompts: list[str], params: GenerationParams,
                  on_step: Callable[[StreamEvent], None] | None = None,
@@ -242,6 +275,7 @@ class RemoteEngine:
         on_step gets one event per arriving chunk: the sequence that advanced has its new token, the others None.
         """
         params.validated()
+        should_stop = stop_probe(should_stop)  # here: the worker threads below do not see the caller's RunControl
         lock = threading.Lock()
         step = [0]
         texts = [""] * len(prompts)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from core import store
-from core.engines.base import Cancelled, EngineError
+from core.engines.base import Cancelled, EngineError, stopped_at
 
 KIND = "longdoc"
 TESTS = {"single": "Single run", "ramp": "Length ramp", "needle": "Needle", "batch": "Batch sweep"}
@@ -80,6 +80,14 @@ class Recorder(store.RunRecorder):
         self.checkpoint()
 
 
+def keep_speeds(setup: str | None, result: dict) -> None:
+    """A one-sequence run's prefill and decode speeds, kept for the hints before later runs on the same setup."""
+    if setup and result.get("batch") == 1 and result.get("prefill_tok_s"):
+        store.add_speed("prefill", setup, result["prefill_tok_s"])
+        if result.get("decode_tok_s"):
+            store.add_speed("decode", setup, result["decode_tok_s"])
+
+
 @dataclass
 class Outcome:
     status: str  # "finished", "cancelled" or "failed"
@@ -99,11 +107,12 @@ def run_recorded(test: str, model: str, params: dict,
         d = as_dict(result)
         on_result(d)
         rec.add(d)
+        keep_speeds(params.get("setup"), d)
 
     try:
         fn(keep)
     except Cancelled:
-        rec.finish(f"Cancelled; {len(rec.results)} result(s) kept.", cancelled=True)
+        rec.finish(f"Cancelled; {len(rec.results)} result(s) kept.", cancelled=True, at=stopped_at())
         return Outcome("cancelled", "Cancelled.", rec.warning)
     except (ValueError, EngineError) as exc:  # refused input or an engine limit: the message says what to do
         rec.finish(str(exc))
@@ -114,7 +123,7 @@ def run_recorded(test: str, model: str, params: dict,
         return Outcome("failed", msg, rec.warning)
     except BaseException:
         rec.finish(f"Stopped before the end (Cancel, a widget change or a server stop); "
-                   f"{len(rec.results)} result(s) kept.", cancelled=True)
+                   f"{len(rec.results)} result(s) kept.", cancelled=True, at=stopped_at())
         raise
     rec.finish()
     return Outcome("finished", None, rec.warning)

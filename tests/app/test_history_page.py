@@ -299,3 +299,62 @@ def test_a_saved_fleet_refresh_reopens_with_its_table(db):
     assert any(s.value == "Replicas, worst first" for s in at.subheader)
     at = pick(at, old)
     assert any("holds no snapshot" in i.value for i in at.info) and not at.exception
+
+
+def saved_kinds() -> set[str]:
+    """Every kind the console saves: store.record("kind", ...) calls and the long-run recorders' KIND."""
+    import re
+
+    kinds: set[str] = set()
+    for path in [*ROOT.glob("core/**/*.py"), *ROOT.glob("diagnostics/**/*.py"), *ROOT.glob("views/**/*.py")]:
+        text = path.read_text()
+        kinds |= set(re.findall(r'store\.record\(\s*"(\w+)"', text)) | set(re.findall(r'^KIND = "(\w+)"', text, re.M))
+    return kinds
+
+
+def test_every_kind_the_console_saves_reopens_in_its_view():
+    import re
+
+    views = set(re.findall(r'"(\w+)": \w+(?:_view)?\.show', (ROOT / "views" / "history.py").read_text()))
+    kinds = saved_kinds()
+    assert {"generate", "longdoc", "probe", "compare", "quality", "checklist"} <= kinds
+    assert kinds <= views, f"saved but reopened as raw JSON: {sorted(kinds - views)}"
+
+
+def generation_payload(text: str = " Paris, the city of light.") -> dict:
+    timing = {"prompt_tokens": 6, "new_tokens": 5, "ttft_s": 0.08, "itl_median_s": 0.03, "itl_p90_s": 0.04,
+              "itl_max_s": 0.05, "decode_tok_s": 31.0}
+    return {"setup": "Gemma 3 270M at BF16 (torch eager on CPU)", "setup_short": "Gemma 3 270M · BF16 · torch eager · CPU",
+            "engine": "torch eager on CPU", "engine_short": "torch eager · CPU", "prompt": "The capital of France is",
+            "max_new_tokens": 5, "temperature": 0.0, "text": text, "finish_reason": "length",
+            "token_ids": [1, 2, 3, 4, 5], "token_times_s": [0.08, 0.11, 0.14, 0.17, 0.2], "timing": timing}
+
+
+def test_a_generation_reopens_in_the_model_pages_view(db):
+    rid = db.save_run("generate", "Gemma 3 270M · BF16: The capital of France is", generation_payload(), {})
+    at = pick(page(), rid)
+    assert at.code[0].value == " Paris, the city of light."
+    assert {m.label: m.value for m in at.metric}["Tokens"] == "6 in / 5 out"
+    assert at.text_area[0].value == "The capital of France is"
+    assert not any(e.label.startswith("Raw JSON") and e.proto.expanded for e in at.expander)
+
+
+def test_long_context_runs_reopen_in_the_long_context_view(db):
+    from core.long_context import history as hist
+    from core.long_context.runs import NeedleResult, RunResult
+
+    single = RunResult(2048, 4, 1.9, [0.05, 0.06, 0.05], 18.0, 2**30, "sampled RSS", 2**22, 1, 2.1).to_dict()
+    params = {"new_tokens": 4, "document_tokens": 2048, "device": "CPU", "engine": "torch eager on CPU",
+              "prompt_tokens": 2048}
+    a = db.save_run("longdoc", hist.title("single", "BF16", params),
+                    {"test": "single", "model": "Gemma 3 270M · BF16", "params": params, "results": [single]}, {})
+    needle = [NeedleResult(d, p, 1024, lp, 5, h).to_dict()
+              for d, p, lp, h in (("none", -1, -20.0, 0), ("start", 1, -3.0, 4), ("middle", 500, -4.0, 3))]
+    b = db.save_run("longdoc", hist.title("needle", "BF16", params),
+                    {"test": "needle", "model": "Gemma 3 270M · BF16", "params": params, "results": needle,
+                     "cancelled": True}, {})
+    at = pick(page(), a)
+    assert {m.label for m in at.metric} >= {"TTFT", "ITL p50", "Decode"} and len(at.get("plotly_chart")) == 1
+    at = pick(at, b)
+    assert list(at.table[0].value["needle"]) == ["none (control)", "start", "middle"]
+    assert any("Stopped before the end; 3 result(s)" in w.value for w in at.warning)

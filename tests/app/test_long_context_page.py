@@ -129,8 +129,8 @@ def test_the_needle_test_shows_its_table_and_is_saved(embedded_dir, tmp_path, mo
     monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
     at = page()
     at.text_area(key="lc_text").set_value(SHORT_DOC).run()
-    needle_len = next(n for n in at.number_input if n.label == "Prompt length (tokens)")
-    assert needle_len.max == 32758  # the model's positions less the scored answer
+    needle_len = at.number_input(key="lc_needle_tokens")
+    assert needle_len.label == "Prompt length (tokens) (128 to 32,758)"  # the model's positions less the answer
     needle_len.set_value(128).run()
     at.button(key="lc_go_needle").click().run()
     assert not at.exception, at.exception

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.engines import base
 from core.engines.torch import fp8
 from core.engines.base import Cancelled, GenerationParams, length_groups
 from core.engines.torch.engine import PREFILL_PAD_TOKENS, TorchEngine
@@ -310,3 +311,41 @@ def test_run_peak_counts_what_the_run_allocates():
         del during
     assert 80 * 2**20 <= peak.bytes < 128 * 2**20 + 96 * 2**20
     del before
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypatch):
+    """A 2,700-token prompt (past the 512-token sliding window) prefilled in chunks of about 300 tokens gives the
+    last positions' logits of one pass over it, to float32 rounding (an E4M3 cache: to a rare other E4M3 value, as
+    in the kept-pass test above)."""
+    from core.engines.torch import engine as torch_engine
+    from core.engines.torch.kv import make_cache
+
+    e = engine_cache("fp32", kv)
+    ids = torch.tensor([e.encode(LONG_PROMPT * 3)])
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        whole = e._forward(ids, mask, make_cache(e.config, e.kv_dtype), 0, 4)
+        monkeypatch.setattr(torch_engine, "next_chunk", lambda size, seconds: 300)
+        seen = []
+        with base.controlled(base.RunControl(on_prefill=lambda done, total: seen.append((done, total)))):
+            chunked = e._prefill(ids, mask, make_cache(e.config, e.kv_dtype), 0, 4)
+    assert len(seen) > 5 and seen[-1] == (ids.shape[1], ids.shape[1])
+    lw, lc = torch.log_softmax(whole.float(), -1), torch.log_softmax(chunked.float(), -1)
+    assert torch.equal(lw.argmax(-1), lc.argmax(-1))
+    assert (lw - lc).abs().max() < (1e-2 if kv == "fp8" else 1e-3)
+
+
+def test_a_stop_lands_between_prefill_chunks_and_frees_the_engine(engine_cache):
+    """A stop asked after the first prefill chunk raises Cancelled before the prompt is through, dated to the stop,
+    and the engine's lock is free at once for the next run."""
+    e = engine_cache("fp32")
+    seen = []
+    control = base.RunControl(should_stop=lambda: bool(seen), on_prefill=lambda done, total: seen.append(done))
+    with base.controlled(control), pytest.raises(Cancelled):
+        e.generate([LONG_PROMPT * 3], GenerationParams(max_new_tokens=4))
+    assert len(seen) == 1 and seen[0] < len(e.encode(LONG_PROMPT * 3))
+    assert control.stopped_at is not None and not e.lock.locked()
+    with base.controlled(control), pytest.raises(Cancelled):  # scoring (the needle test) stops the same way
+        e.score(e.encode(LONG_PROMPT * 3), [5, 6])
+    assert e.generate([PROMPTS[0]], GenerationParams(max_new_tokens=2))[0].token_ids

@@ -336,3 +336,22 @@ def test_a_version_1_file_keeps_its_runs_and_learns_cancelled(tmp_path):
     rid = s.begin_run("longdoc", "cancelled one", {})
     s.finish_run(rid, {"cancelled": True}, status="cancelled", error="Cancelled; 0 result(s) kept.")
     assert s.get_run(rid).status == "cancelled" and rid > old.id
+
+
+def test_speeds_give_the_median_of_the_last_five_and_keep_fifty(db):
+    assert db.recent_speed("prefill", "BF16") is None
+    for v in (900.0, 100.0, 200.0, 300.0, 400.0, 500.0):
+        db.add_speed("prefill", "BF16", v)
+    db.add_speed("prefill", "BF16", float("nan"))  # a run that measured nothing leaves no speed
+    assert db.recent_speed("prefill", "BF16") == 300.0 and db.recent_speed("prefill", "FP32") is None
+    for _ in range(60):
+        db.add_speed("decode", "BF16", 10.0)
+    assert len(db._read("SELECT * FROM speeds WHERE what = 'decode'")) == 50
+
+
+def test_a_cancelled_run_is_dated_to_its_stop(db):
+    rid = db.begin_run("longdoc", "stopped")
+    stop = time.time() - 5
+    db.finish_run(rid, status="cancelled", at=stop)
+    run = db.get_run(rid)
+    assert run.status == "cancelled" and run.finished_at == stop

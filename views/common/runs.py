@@ -1,25 +1,128 @@
-"""Streamlit glue for the Long context page's timed runs: a progress bar with a Cancel button, results kept in
-session state (ss["lc_<test>"]) as they arrive, every run saved to the history (core.long_context.history), and the notes
-a stopped run leaves behind.
+"""Streamlit glue for timed runs: progress that tells time, a stop that reaches the engine, and the Long context
+page's runs kept in session state (ss["lc_<test>"]) and saved to the history (core.long_context.history).
 
-Cancel works through Streamlit itself: the click reruns the page script, which stops the running one at its next
-progress update (a few times a second: core/throttle.py). "lc_running" is set while a run is in progress and
-cleared at its end, so finding it set at the start of a script run means the previous run was stopped.
+- RunProgress: a bar with the time since the start, work done of its total in its unit (prompt tokens, tokens,
+  prompts, windows, steps) and the time left, estimated from the speed measured so far in this run.
+- stoppable(): engine calls in the block stop at a Cancel, a widget change, a page switch or a closed tab. Streamlit
+  asks a running script to stop by flagging its script thread, which it only reads at the next page update; the
+  block hands that flag to the engine (core.engines.base.RunControl), which reads it between prefill chunks and
+  decode steps, so the CPU is free within about a second of the stop.
+- wait_for_engine(): a run that must wait for another run on the same model says so and counts the seconds.
+- speed_hint(): the time a run should take, from this machine's recent speed (core.store speeds), before it starts.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import streamlit as st
 
-
+from core import store
+from core.engines import base, pool
 from core.long_context import history as hist
 from core.throttle import throttled
 
 NOBAR = {"displayModeBar": False}
 STOPPED = ("The last run was stopped (Cancel, or a widget changed while it ran); results finished before it are "
            "shown and saved in the history.")
+
+
+def _elapsed(seconds: float) -> str:
+    """Seconds for reading at a glance: "4.2 s", "38 s", "8 min 02 s"."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+
+
+class RunProgress:
+    """A run's progress on the page. step(done, total, unit, what) for work counted in units; fraction(f, msg) for
+    callers that only know a share (a model load, a feature's own progress(fraction, message)); waiting(seconds)
+    while another run holds the engine. Page updates are throttled (core/throttle.py): they cost the run time."""
+
+    def __init__(self, hint: str | None = None):
+        self._bar = st.progress(0.0, hint or "Starting")
+        self._t0 = time.monotonic()
+        self._first: dict[tuple, tuple[float, float]] = {}  # per kind of work: when it was first seen, done then
+        self._show = throttled(self._draw, is_last=lambda f, text: f >= 1.0)
+
+    def text(self, done: float, total: float, unit: str, what: str = "") -> str:
+        """"Prefill: 4,096 of 22,241 prompt tokens · 12 s elapsed · about 50 s left at 340 prompt tokens/s measured
+        now": the estimate is this kind of work's own speed so far in the run, shown once it has run a second."""
+        now = time.monotonic()
+        key = (unit, total) if unit == "%" else (what, unit, total)
+        t_first, done_first = self._first.setdefault(key, (now, done))
+        head = (f"{what}: {done:.0f}%" if unit == "%"
+                else f"{what + ': ' if what else ''}{done:,.0f} of {total:,.0f} {unit}")
+        parts = [head, f"{_elapsed(now - self._t0)} elapsed"]
+        ran, did = now - t_first, done - done_first
+        if ran >= 1.0 and did > 0 and done < total:
+            rate = "" if unit == "%" else f" at {did / ran:,.0f} {unit}/s measured now"
+            parts.append(f"about {_elapsed((total - done) * ran / did)} left{rate}")
+        return " · ".join(parts)
+
+    def step(self, done: float, total: float, unit: str, what: str = "") -> None:
+        self._show(min(max(done / total if total else 1.0, 0.0), 1.0), self.text(done, total, unit, what))
+
+    def fraction(self, f: float, msg: str) -> None:
+        self.step(round(100 * min(max(f, 0.0), 1.0)), 100, "%", msg)
+
+    def waiting(self, seconds: float) -> None:
+        self._bar.progress(0.0, f"Waiting for the run before this one to release the engine: {_elapsed(seconds)} "
+                                "(a stopped run lets go within about a second)")
+
+    def clear(self) -> None:
+        self._bar.empty()
+
+    def _draw(self, f: float, text: str) -> None:
+        self._bar.progress(f, text)
+
+
+def _script_stop_probe() -> Callable[[], bool]:
+    """True once Streamlit asked this script run to stop or to rerun (a click, a widget change, a page switch, a
+    closed tab). Streamlit keeps the request in the script thread's ScriptRequests and acts on it at the next page
+    update; reading it here lets an engine stop between two chunks instead. A fragment's own rerun does not stop
+    the script, as in Streamlit itself. The attributes are Streamlit's private state: tests/e2e cover them."""
+    from streamlit.runtime.scriptrunner_utils import script_requests as sr
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    requests = getattr(get_script_run_ctx(), "script_requests", None)
+    if requests is None:  # not in a script run (a bare import in a test)
+        return lambda: False
+
+    def asked() -> bool:
+        state = requests._state
+        if state is sr.ScriptRequestType.RERUN:
+            data = requests._rerun_data
+            return not sr._fragment_run_should_not_preempt_script(data.fragment_id_queue,
+                                                                  data.is_fragment_scoped_rerun)
+        return state is sr.ScriptRequestType.STOP
+
+    return asked
+
+
+@contextlib.contextmanager
+def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt tokens") -> Iterator[base.RunControl]:
+    """Engine calls in the block stop when the user stops the script (Cancelled within about a second on the torch
+    engine, a closed stream on a server); the prefill's chunks count on `progress`."""
+    on_prefill = (lambda done, total: progress.step(done, total, prefill_unit, "Prefill")) if progress else None
+    with base.controlled(base.RunControl(should_stop=_script_stop_probe(), on_prefill=on_prefill)) as control:
+        yield control
+
+
+def wait_for_engine(engine, progress: RunProgress) -> None:
+    """Wait, saying so on `progress`, while another run (another tab's, or one stopped a moment ago) holds `engine`."""
+    pool.wait_until_free(engine, progress.waiting, check=base.check_stop)
+
+
+def speed_hint(what: str, setup_key: str, amount: float, unit: str) -> str | None:
+    """"about 40 s at this machine's recent 550 prompt tokens/s on this setup", or None before any run measured it."""
+    per_s = store.recent_speed(what, setup_key)
+    if not per_s:
+        return None
+    return f"about {_elapsed(amount / per_s)} at this machine's recent {per_s:,.0f} {unit}/s on this setup"
 
 
 def metrics(rows: list[tuple[str, str, str]], per_row: int = 5) -> None:
@@ -37,18 +140,26 @@ def stopped_test() -> str | None:
     return st.session_state.pop("lc_running", None)
 
 
-def run(test: str, model: str, params: dict, fn: Callable) -> None:
-    """fn(progress, keep): each result goes through keep() into the session state and the history at once."""
+def run(test: str, model: str, params: dict, engine, fn: Callable, hint: str | None = None) -> None:
+    """fn(progress, keep): each result goes through keep() into the session state and the history at once; `hint`
+    says before the start how long it should take."""
     ss = st.session_state
     ss[f"lc_{test}"], ss.lc_running = [], test
-    bar, cancel = st.progress(0.0, "Starting"), st.empty()
+    if hint:
+        st.caption(f"Expected: {hint}.")
+    progress, cancel = RunProgress(), st.empty()
     cancel.button("Cancel", key=f"cancel_{test}")
-    progress = throttled(lambda f, msg: bar.progress(min(max(f, 0.0), 1.0), msg), is_last=lambda f, msg: f >= 1.0)
-    out = hist.run_recorded(test, model, params, lambda keep: fn(progress, keep), ss[f"lc_{test}"].append)
+
+    def go(keep):
+        wait_for_engine(engine, progress)
+        return fn(progress.fraction, keep)
+
+    with stoppable(progress):
+        out = hist.run_recorded(test, model, params, go, ss[f"lc_{test}"].append)
     if out.message:
         (st.warning if out.status == "cancelled" else st.error)(out.message)
     ss[f"lc_{test}_warning"] = out.warning
-    bar.empty()
+    progress.clear()
     cancel.empty()
     ss.lc_running = None
 
@@ -66,26 +177,3 @@ def results(test: str, stopped: str | None, chart: Callable | None = None, row: 
         st.plotly_chart(chart(got), key=f"lc_{test}_chart", config=NOBAR)
         st.table([row(r) for r in got])
     return got
-
-
-def time_left(elapsed_s: float, fraction: float) -> str:
-    """"12 s elapsed, about 40 s left": the estimate is the speed measured so far in this run applied to what is
-    left (a busy host is slower than an idle one, and its own speed says so); none until a measurable share is done."""
-    text = f"{_seconds(elapsed_s)} elapsed"
-    if 0.02 <= fraction < 1.0 and elapsed_s >= 2.0:
-        text += f", about {_seconds(elapsed_s * (1.0 - fraction) / fraction)} left"
-    return text
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{int(s // 60)} min {s % 60:02.0f} s"
-
-
-def timed_progress(bar, clock: Callable[[], float] = time.monotonic) -> Callable[[float, str], None]:
-    """progress(fraction, message) for `bar` (an st.progress), throttled, each message followed by time_left."""
-    t0 = clock()
-
-    def show(f: float, msg: str) -> None:
-        f = min(max(f, 0.0), 1.0)
-        bar.progress(f, f"{msg} · {time_left(clock() - t0, f)}")
-    return throttled(show, is_last=lambda f, msg: f >= 1.0)

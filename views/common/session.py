@@ -47,6 +47,28 @@ def load(setup: Setup, progress=None):
     return engine
 
 
+def load_with_progress(setup: Setup):
+    """load() with progress that tells time: elapsed, the load's own steps, and before it starts the time recent
+    loads of this setup took on this machine (core.store speeds, kept here after each load)."""
+    import time
+
+    from core import store
+    from views.common import runs
+
+    fresh = _pool().get(setup) is None
+    per_s = store.recent_speed("load", setup.label) if fresh else None
+    progress = runs.RunProgress(f"Loading; recent loads of this setup here took about {1 / per_s:.0f} s"
+                                if per_s else "Loading")
+    t0 = time.monotonic()
+    try:
+        engine = load(setup, progress.fraction)
+    finally:
+        progress.clear()
+    if fresh:
+        store.add_speed("load", setup.label, 1 / max(time.monotonic() - t0, 1e-3))
+    return engine
+
+
 def current():
     """(setup, engine) of this session, or (None, None) when nothing is loaded yet."""
     setup = st.session_state.get("setup")
@@ -82,9 +104,14 @@ def sidebar_status(box) -> None:
     engine = _pool().get(setup) if setup else None
     if engine is not None:
         box.caption(f"Loaded: {headline(setup, engine)}", help=details(setup, engine))
-    else:
+    elif setup:
         box.caption(f"Chosen: {setup.model_short} · {setup.precision.label} (unloaded to free memory; reloads when "
-                    "used)" if setup else "No model loaded yet: open the Model page.")
+                    "used)")
+    elif others := _pool().loaded():  # loaded by a comparison or another tab, none chosen in this one
+        box.caption("Loaded: " + ", ".join(f"{s.model_short} · {s.precision.label}" for s, _ in others)
+                    + " (by a comparison or another tab; the Model page picks the one prompts run on)")
+    else:
+        box.caption("No model loaded yet: open the Model page.")
 
 
 @st.cache_resource(show_spinner=False)
@@ -100,9 +127,9 @@ def device():
 PROMPT_MAX_CHARS = 200_000
 
 
-def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text):
+def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float, on_text, on_token=None):
     """Generate for one prompt, calling on_text with the text so far a few times a second and with the whole text at
-    the end."""
+    the end, and on_token(tokens so far) as often (a progress bar)."""
     from core.engines.base import GenerationParams
 
     if len(prompt) > PROMPT_MAX_CHARS:
@@ -110,8 +137,14 @@ def stream_generate(engine, prompt: str, max_new_tokens: int, temperature: float
                          "For a long document use the Long context page: it counts the tokens and truncates to fit.")
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=temperature)
     show = throttled(on_text)  # a page update per token would slow the decode it times
+
+    def on_step(ev) -> None:
+        show(ev.texts[0])
+        if on_token is not None:
+            on_token(ev.step + 1)
+
     try:
-        gen = engine.generate([prompt], params, on_step=lambda ev: show(ev.texts[0]))[0]
+        gen = engine.generate([prompt], params, on_step=on_step)[0]
     except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError; other ones are bugs
         if not isinstance(exc, MemoryError) and "out of memory" not in str(exc).lower():
             raise
@@ -153,4 +186,6 @@ def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, te
     # the title leads with the short setup, so History's list tells runs of one prompt at two precisions apart
     # token times count from the request's start, so the last one is the generation's duration
     started = time.time() - (gen.token_times[-1] if gen.token_times else 0.0)
+    if timing.get("decode_tok_s"):  # for the next run's hint
+        store.add_speed("decode", setup.label, timing["decode_tok_s"])
     return store.record("generate", f"{headline(setup, engine)}: {prompt}", payload, summary, started_at=started)

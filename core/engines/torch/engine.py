@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from torch.nn import functional as F
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicCache
 
 from core.engines.torch import fp8, fp8_cpu, int_cpu, quant
 from core.engines.torch import cpu_fast
+from core.engines.torch.kv import JOINABLE, cache_bytes, join_caches, make_cache
 from core.engines.base import (
     ByteTokenizer,
     EngineError,
@@ -30,7 +30,9 @@ from core.engines.base import (
     StreamEvent,
     UnsupportedCombination,
     append_step,
+    check_stop,
     length_groups,
+    report_prefill,
     stop_if_asked,
 )
 from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
@@ -103,55 +105,22 @@ def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, f
             f"{free / GIB:.1f} GiB is free on {device.name}. Pick a smaller model or a lower precision.")
 
 
-def _store_fp8(layer, key_states, value_states) -> None:
-    """Quantize the new K and V to E4M3 and keep them (both FP8 cache layers)."""
-    if not layer.is_initialized:
-        layer.is_initialized, layer.device = True, key_states.device
-        layer.k, layer.v = fp8.FP8KV(key_states), fp8.FP8KV(value_states)
-    else:
-        layer.k.append(key_states)
-        layer.v.append(value_states)
-
-
-class _FP8Layer(DynamicLayer):
-    """Full-attention KV stored in E4M3; what attention reads has been through FP8, as in vLLM's FP8 KV cache."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        _store_fp8(self, key_states, value_states)
-        self.keys = self.k.q  # only its shape is read (sequence length)
-        return self.k.read(), self.v.read()
-
-    def get_seq_length(self) -> int:
-        return self.k.q.shape[-2] if self.is_initialized else 0
-
-
-class _FP8SlidingLayer(DynamicSlidingWindowLayer):
-    def update(self, key_states, value_states, *args, **kwargs):
-        _store_fp8(self, key_states, value_states)
-        self.cumulative_length += key_states.shape[-2]
-        keys, values = self.k.read(), self.v.read()
-        # Keep window-1 tokens for the next step, return everything this step may attend to (as the parent does).
-        self.k.keep_last(self.sliding_window - 1)
-        self.v.keep_last(self.sliding_window - 1)
-        self.keys = self.k.q
-        return keys, values
-
-
-def make_cache(config, kv_dtype: KVDtype) -> DynamicCache:
-    cache = DynamicCache(config=config)
-    if kv_dtype is KVDtype.FP8:
-        cache.layers = [
-            _FP8SlidingLayer(sliding_window=layer.sliding_window) if isinstance(layer, DynamicSlidingWindowLayer)
-            else _FP8Layer()
-            for layer in cache.layers
-        ]
-    return cache
-
-
 # Prompts share a prefill pass when left padding adds at most this many tokens to it; the passes then decode as one
 # batch (on a CPU a decode step costs ~0.1 s, most of it reading the weights, the same for one row or eight).
 PREFILL_PAD_TOKENS = 256
-JOINABLE = (DynamicLayer, DynamicSlidingWindowLayer, _FP8Layer, _FP8SlidingLayer)
+# A prompt goes through the model in chunks so that a stop lands between two of them. Each chunk is sized from the
+# last one's measured time to take about PREFILL_CHUNK_S: attention grows with the tokens already cached, so a fixed
+# size would take longer and longer on a long prompt (the embedded model prefills ~1,000 tokens/s at the start of a
+# prompt and a few hundred at 20K on 2 CPU cores).
+PREFILL_CHUNK_S = 0.5
+PREFILL_CHUNK_FIRST, PREFILL_CHUNK_MIN, PREFILL_CHUNK_MAX = 256, 16, 4096
+
+
+def next_chunk(size: int, seconds: float) -> int:
+    """The next prefill chunk's tokens from the last one's size and time: aimed at PREFILL_CHUNK_S, at most doubling."""
+    if seconds <= 0:
+        return min(2 * size, PREFILL_CHUNK_MAX)
+    return max(PREFILL_CHUNK_MIN, min(int(size * PREFILL_CHUNK_S / seconds), 2 * size, PREFILL_CHUNK_MAX))
 
 
 def left_padded(rows: list[list[int]], pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,36 +132,6 @@ def left_padded(rows: list[list[int]], pad: int, device: str) -> tuple[torch.Ten
     return ids, mask
 
 
-def _left_pad_join(parts: list[torch.Tensor], where: torch.Tensor) -> torch.Tensor:
-    """[batch, heads, tokens, dim] tensors, each left-padded with zeros to the longest, as one batch in `where`'s
-    row order. Every row's last token stays in the last column, as left padding of the whole batch would put it."""
-    n = max(t.shape[-2] for t in parts)
-    return torch.cat([F.pad(t, (0, 0, n - t.shape[-2], 0)) for t in parts]).index_select(0, where)
-
-
-def join_caches(parts: list[DynamicCache], where: torch.Tensor, config, kv_dtype: KVDtype) -> DynamicCache:
-    """One cache for a batch from the caches of its prefill groups (rows concatenated in group order, then reordered
-    by `where`). Padded slots hold zeros (E4M3 zeros with a zero scale in an FP8 cache); the attention mask hides
-    them, as it hides a padded prompt's."""
-    joined = make_cache(config, kv_dtype)
-    for li, layer in enumerate(joined.layers):
-        srcs = [c.layers[li] for c in parts]
-        if hasattr(srcs[0], "k"):  # an FP8 layer: E4M3 values and their per-token scales
-            layer.is_initialized, layer.device = True, srcs[0].device
-            for name in ("k", "v"):
-                kvs = [getattr(s, name) for s in srcs]
-                setattr(layer, name, fp8.FP8KV.stored(_left_pad_join([kv.q for kv in kvs], where),
-                                                      _left_pad_join([kv.scale for kv in kvs], where), kvs[0].dtype))
-            layer.keys = layer.k.q
-        else:
-            layer.lazy_initialization(srcs[0].keys, srcs[0].values)
-            layer.keys = _left_pad_join([s.keys for s in srcs], where)
-            layer.values = _left_pad_join([s.values for s in srcs], where)
-        if hasattr(layer, "cumulative_length"):  # sliding-window layers: tokens seen, the longest row's
-            layer.cumulative_length = max(s.cumulative_length for s in srcs)
-    return joined
-
-
 @dataclass
 class PromptPass:
     """What a generation's prompt pass computed, kept for scoring continuations of the same prompts afterwards: a
@@ -202,18 +141,6 @@ class PromptPass:
     cache: DynamicCache
     mask: torch.Tensor
     first_logprobs: torch.Tensor
-
-
-def cache_bytes(cache: DynamicCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", False):
-            continue
-        if hasattr(layer, "k"):
-            total += layer.k.nbytes + layer.v.nbytes
-        else:
-            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-    return total
 
 
 class TorchEngine(HFSide):
@@ -368,11 +295,12 @@ class TorchEngine(HFSide):
             for step in range(params.max_new_tokens):
                 stop_if_asked(should_stop, gens, done)
                 if step == 0 and len(groups) > 1:
-                    logits, cache = self._prefill_groups(ids, groups, pad)
-                    past = input_ids.shape[1]
+                    logits, cache = self._prefill_groups(ids, groups, pad, should_stop)
+                elif step == 0:
+                    logits = self._prefill(input_ids, mask, cache, 0, 1, should_stop)[:, -1, :]
                 else:
                     logits = self._last_logits(input_ids, mask, cache, past)
-                    past += input_ids.shape[1]
+                past += input_ids.shape[1]
                 logprobs = torch.log_softmax(logits.float(), dim=-1)
                 if step == 0 and kept is not None and self._can_keep(cache):
                     rows = torch.arange(batch, device=dev)  # a copy: the decode steps append to `cache`
@@ -410,16 +338,39 @@ class TorchEngine(HFSide):
     def _last_logits(self, input_ids, mask, cache: DynamicCache, past: int) -> torch.Tensor:
         return self._forward(input_ids, mask, cache, past, 1)[:, -1, :]
 
-    def _prefill_groups(self, ids: list[list[int]], groups: list[list[int]], pad: int):
+    def _prefill(self, input_ids, mask, cache: DynamicCache, past: int, keep: int, should_stop=None,
+                 done_before: int = 0, total: int | None = None) -> torch.Tensor:
+        """`_forward` of a prompt in chunks (next_chunk), checking for a stop before each: the same logits of the last
+        `keep` positions as one pass (tests/engines/test_torch_engine.py), but a stop lands within a chunk's time.
+        Reports prompt tokens done (after `done_before` of `total`) to the caller's RunControl."""
+        n = input_ids.shape[1]
+        total = total or n
+        done, size = 0, PREFILL_CHUNK_FIRST
+        while n - done > max(size, keep):
+            check_stop(should_stop)
+            t0 = time.perf_counter()
+            self._forward(input_ids[:, done:done + size], mask[:, :past + done + size], cache, past + done, 1)
+            done += size
+            report_prefill(done_before + done, total)
+            size = next_chunk(size, time.perf_counter() - t0)
+        check_stop(should_stop)
+        logits = self._forward(input_ids[:, done:], mask, cache, past + done, keep)
+        report_prefill(done_before + n, total)
+        return logits
+
+    def _prefill_groups(self, ids: list[list[int]], groups: list[list[int]], pad: int, should_stop=None):
         """The first step of a batch whose prompts differ in length: each group of similar lengths is prefilled in
         its own pass (a long prompt would pad every short one to its length), then the caches join into one for the
         batch's decode steps, which read the weights once for every row. Returns the last position's logits in the
         batch's row order and the joined cache."""
         dev = self.device.kind
         logits, parts = [], []
-        for group in groups:
+        widths = [max(len(ids[i]) for i in g) for g in groups]
+        for j, group in enumerate(groups):
             cache = make_cache(self.config, self.kv_dtype)
-            logits.append(self._last_logits(*left_padded([ids[i] for i in group], pad, dev), cache, 0))
+            g_ids, g_mask = left_padded([ids[i] for i in group], pad, dev)
+            logits.append(self._prefill(g_ids, g_mask, cache, 0, 1, should_stop, sum(widths[:j]),
+                                        sum(widths))[:, -1, :])
             parts.append(cache)
         order = [i for g in groups for i in g]  # row of the concatenated groups -> row of the batch
         where = torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=dev)
@@ -438,7 +389,7 @@ class TorchEngine(HFSide):
             n = len(continuation_ids)
             # Only the n positions that predict the continuation (plus the last, dropped): full-vocabulary logits
             # at every prompt position would cost ~4 GiB at 8K tokens for a 262K vocabulary.
-            logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n + 1).logits[0]
+            logits = self._prefill(ids, torch.ones_like(ids), cache, 0, n + 1)[0]
             lp = torch.log_softmax(logits[:n].float(), dim=-1)
             return score_from_logprobs(lp, continuation_ids, top_k, full)
 
@@ -489,6 +440,7 @@ class TorchEngine(HFSide):
         keep = max(len(c) for _, c in items) + 1  # the last column predicts past the sequence; kept for simple slicing
         with self.lock, self._run_peak():
             self._ensure_loaded()
+            check_stop()
             ids, mask = left_padded(seqs, pad, dev)
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
@@ -504,6 +456,7 @@ class TorchEngine(HFSide):
         pass over `ids` (position i predicts ids[i + 1]), and the seconds the forward pass took (synchronized)."""
         with self.lock:
             self._ensure_loaded()
+            check_stop()
             t0 = time.perf_counter()
             logits = self.model(input_ids=torch.tensor([ids], device=self.device.kind), use_cache=False,
                                 logits_to_keep=keep).logits[0, :-1]
