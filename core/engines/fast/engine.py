@@ -22,6 +22,8 @@ from core.engines.base import (
     StreamEvent,
     UnsupportedCombination,
     append_step,
+    check_stop,
+    report_prefill,
     stop_if_asked,
 )
 from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
@@ -214,11 +216,19 @@ class FastLlamaEngine(HFSide):
             k = params.top_logprobs
             done = [False] * B
             t0 = time.perf_counter()
+            # A stop is checked before each prompt pass; one pass runs whole (on a GPU, well under a second at the
+            # context lengths this engine serves).
+            check_stop(should_stop)
             if len(set(lens)) == 1:
                 logits = self.model.prefill(torch.tensor(ids, device="cuda"), cache, rows=slice(0, B))
             else:
-                logits = torch.cat([self.model.prefill(torch.tensor([row], device="cuda"), cache, rows=slice(b, b + 1))
-                                    for b, row in enumerate(ids)])
+                parts = []
+                for b, row in enumerate(ids):
+                    check_stop(should_stop)
+                    parts.append(self.model.prefill(torch.tensor([row], device="cuda"), cache, rows=slice(b, b + 1)))
+                    report_prefill(sum(lens[:b + 1]), sum(lens))
+                logits = torch.cat(parts)
+            report_prefill(sum(lens), sum(lens))
             lp = torch.log_softmax(logits.float(), dim=-1)
             pos = torch.tensor(lens, device="cuda")
             for step in range(params.max_new_tokens):
