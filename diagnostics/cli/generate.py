@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from core.engines.base import GenerationParams, precision_short, short_label
+    from core.engines.base import GenerationParams, RunControl, controlled, precision_short, short_label
+    from diagnostics.cli.progress import prefill_progress
     from core.engines.factory import EngineChoice, open_engine
     from core.precision import parse_kv_dtype, parse_precision
 
@@ -41,7 +42,9 @@ def run(args) -> int:
         sys.stdout.flush()
         shown[0] = len(text)
 
-    gen = engine.generate([args.prompt], params, on_step=on_step if stream else None)[0]
+    # a long prompt's prefill shows its chunks (core/engines/torch/engine.py) on stderr; Ctrl-C stops between them
+    with controlled(RunControl(on_prefill=prefill_progress(args.json))):
+        gen = engine.generate([args.prompt], params, on_step=on_step if stream else None)[0]
     if args.json:
         out = {"model": engine.spec.label, "precision": engine.precision.value, "kv_dtype": engine.kv_dtype.value,
                "device": engine.device.name, "engine": engine.ran, "engine_short": engine.ran_short,

@@ -83,3 +83,15 @@ def test_fp16_overflow_gets_a_warning_not_a_silent_empty_answer(embedded_dir):
     assert not at.exception, at.exception
     warning = " ".join(w.value for w in at.warning)
     assert "NaN log-probabilities" in warning and "Use BF16 or FP32" in warning, warning
+
+
+def test_an_out_of_range_number_shows_its_range_and_says_what_is_wrong(embedded_dir):
+    at = run_page()
+    new_tokens = at.number_input(key="model_new_tokens")
+    assert new_tokens.label == "New tokens (1 to 1,024)"
+    new_tokens.set_value(1_000_000_000)
+    at.button[1].click().run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == ["New tokens must be between 1 and 1,024; it is 1,000,000,000. Change it "
+                                           "and press again."]
+    assert not at.code  # nothing ran

@@ -80,6 +80,9 @@ def test_a_generation_on_the_model_page_appears_in_history(app_server, page, his
     goto(page, app_server, history_page)
     choose(page, f"#{run.id} ·")
     page.get_by_test_id("stText").get_by_text(": " + prompt).first.wait_for()  # the title: short setup, then prompt
+    page.locator('[data-testid="stMetric"]', has_text="TTFT").wait_for()  # reopened in the Model page's view
+    assert page.locator('[data-testid="stCode"]').first.inner_text().strip() == run.payload["text"].strip()
+    screenshot(page, "flow-history-reopen-generate")
     assert not errors_on(page)
 
 

@@ -85,3 +85,81 @@ def test_a_built_sample_runs_and_shows_ttft_and_itl(app_server, page, history_db
     new = [r for r in history_db.list_runs("longdoc") if r.id not in before]
     assert len(new) == 1 and new[0].status == "finished" and "single run" in new[0].title
     assert new[0].summary["new_tokens"] == 3 and new[0].summary["ttft_s"] > 0
+
+    goto(page, app_server, "history")  # reopened in the Long context page's view
+    page.locator('[data-testid="stMultiSelect"] input').first.click()
+    page.get_by_role("option").filter(has_text=f"#{new[0].id} ·").first.click()
+    page.keyboard.press("Escape")
+    page.locator('[data-testid="stMetric"]', has_text="ITL p50").wait_for(timeout=60_000)
+    page.locator(".js-plotly-plot").first.wait_for()  # the gap histogram
+    screenshot(page, "flow-history-reopen-long-context")
+    assert not errors_on(page)
+
+
+def test_a_bin_upload_and_an_out_of_range_number_are_refused_with_words(app_server, page):
+    open_page(app_server, page)
+    upload(page, "weights.bin", bytes(range(256)) * 4, "application/octet-stream")
+    error = page.locator('[data-testid="stAlertContentError"]').first
+    error.wait_for(timeout=30_000)
+    assert "weights.bin has extension .bin" in error.inner_text() and ".txt" in error.inner_text()
+    upload(page, "incident.md", MD.encode(), "text/markdown")
+    wait_for_document(page, MD[:40])
+    set_number(page, "New tokens per run", 1_000_000_000)
+    assert page.get_by_label("New tokens per run (2 to 1,024)").count() == 1  # the range is in the label
+    message = page.locator('[data-testid="stAlertContentError"]').first.inner_text()
+    assert "New tokens per run must be between 2 and 1,024; it is 1,000,000,000" in message, message
+    screenshot(page, "long-context-out-of-range")
+    set_number(page, "New tokens per run", 16)
+    assert not errors_on(page)
+
+
+def idle_after(pid: int, threshold_pct: float = 10.0, window_s: float = 0.25, timeout_s: float = 60.0) -> float:
+    """Seconds until the process's CPU use over one window falls under threshold_pct of one core (the window's end)."""
+    import time
+
+    import psutil
+
+    proc, t0 = psutil.Process(pid), time.monotonic()
+    proc.cpu_percent(None)
+    while time.monotonic() - t0 < timeout_s:
+        if proc.cpu_percent(interval=window_s) < threshold_pct:
+            return time.monotonic() - t0
+    raise AssertionError(f"the app process still used CPU {timeout_s:.0f} s after the stop")
+
+
+def test_a_stopped_long_prefill_frees_the_cpu_and_the_next_run_starts_at_once(app_server, page, history_db):
+    """A 16,000-token prefill on the embedded model, stopped 5 s in: the server process's CPU falls to idle within
+    2 s of the stop (the engine checks for it between prefill chunks of about half a second), History has the run
+    cancelled by then, and a new run's prefill starts without waiting for the engine."""
+    import time
+
+    open_page(app_server, page)
+    set_number(page, "Sample size (tokens)", 16000)
+    page.get_by_role("button", name="Build a sample document").click()
+    wait_for_document(page, "# Sample long document")
+    set_number(page, "New tokens per run", 2)
+    before = {r.id for r in history_db.list_runs("longdoc")}
+    run = page.get_by_role("button", name=re.compile(r"^Run: prefill [\d,]+ tokens \+ 2 new"))
+    run.click()
+    prefill = page.get_by_text(re.compile(r"Prefill: [\d,]+ of [\d,]+ prompt tokens"))
+    prefill.first.wait_for(timeout=60_000)
+    page.wait_for_timeout(5_000)
+    screenshot(page, "long-context-prefill-progress")
+    stop_wall = time.time()
+    page.get_by_role("button", name="Cancel").click()
+    to_idle = idle_after(app_server.proc.pid)
+    idle_wall = time.time()
+    print(f"\nstop to idle CPU: {to_idle:.2f} s")
+    new = [r for r in history_db.list_runs("longdoc") if r.id not in before]
+    assert len(new) == 1 and new[0].status == "cancelled", [(r.id, r.status) for r in new]
+    assert stop_wall - 1 <= new[0].finished_at <= idle_wall  # dated to the stop, written before the CPU fell idle
+    assert to_idle <= 2.0, f"the CPU fell to idle {to_idle:.1f} s after the stop"
+    wait_idle(page, 60)
+    assert page.get_by_text("The last run was stopped").count() and not errors_on(page)
+    screenshot(page, "long-context-stopped")
+
+    run.click()  # the engine is free: the new run's prefill starts at once, with no wait for it
+    prefill.first.wait_for(timeout=30_000)
+    assert not page.get_by_text("Waiting for the run before this one").count()
+    page.get_by_role("button", name="Cancel").click()
+    wait_idle(page, 60)
