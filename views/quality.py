@@ -7,13 +7,14 @@ import streamlit as st
 
 from core import textfile
 from core.errors import TriageError
+from core.fmt import markdown_literal
 from core.models import ModelSpec
 from core.precision import Precision
 from core.quality import charts, history, layers
 from core.quality import run as quality
-from core.speedup import display_row, measured_speedups, recorded_on, source_line
-from core.throttle import throttled
-from views.common import quality_view, session
+from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
+from core.compare.result import last_run_hint
+from views.common import quality_view, runs, session
 
 ss = st.session_state
 STATIC = [f"fp8-static:{n}" for n in (32, 512, 4096)]
@@ -59,8 +60,12 @@ if ss.get("q_error"):
 c = st.columns([1, 3, 1, 1])
 reference = c[0].selectbox("Reference", [p.value for p in Precision], index=1, key="q_ref")
 candidates = c[1].multiselect("Candidates", CHOICES, default=["fp8", "int8", "int4", "int4-awq"], key="q_cands")
-window = int(c[2].number_input("Window (tokens)", 16, 32000, quality.DEFAULT_WINDOW, 16, key="q_window"))
-stride = int(c[3].number_input("Stride (tokens)", 1, 32000, quality.DEFAULT_STRIDE, 16, key="q_stride",
+# Unbounded boxes with the range in the label: a bounded box turns red on 1000000000 and the button then does nothing;
+# here the press says what is wrong (core.quality.run.check_windows).
+lo, hi = quality.WINDOW_RANGE
+window = int(c[2].number_input(f"Window (tokens, {lo:,}-{hi:,})", value=quality.DEFAULT_WINDOW, step=16,
+                               key="q_window"))
+stride = int(c[3].number_input("Stride (tokens, 1-window)", value=quality.DEFAULT_STRIDE, step=16, key="q_stride",
                                help="Tokens between window starts; every token is scored once, with at least "
                                     "window - stride tokens of context"))
 with st.expander("Calibration text (INT4 AWQ scales, FP8 static scales)"):
@@ -77,8 +82,9 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
     cancel.button("Cancel", key="q_cancel")
     note = top.empty()
     note.caption("The table appears below when the run ends.")
-    progress = throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m), is_last=lambda f, m: f >= 1.0)
+    progress = runs.timed_progress(bar)
     try:
+        quality.check_windows(window, stride)
         textfile.check_text(text)
         ref = quality.parse_variant(reference)
         cands = [quality.parse_variant(x) for x in candidates]
@@ -114,14 +120,17 @@ table_tab, layer_tab = st.tabs(["Quality table", "Which layer broke it"])
 with table_tab:
     result = ss.get("q_result")
     if not result:
-        # Measured on a shared 2-core CPU: python -m diagnostics quality --candidates fp8,int4 took 63 s.
-        st.info(f"Choose a document and the precisions, then Run quality. The shipped sample (~1,170 tokens) with the "
-                f"default window of {quality.DEFAULT_WINDOW} takes about 20 s per precision on 2 CPU cores.")
+        last = last_run_hint("quality")
+        st.info(f"Choose a document and the precisions, then Run quality (default window of {quality.DEFAULT_WINDOW} "
+                "tokens). Each precision gets a verdict: fine, degraded or broken. The progress bar counts windows "
+                "and says how long is left from the speed measured as it goes"
+                + (f"; {markdown_literal(last)}." if last else "."))
     else:
         quality_view.show(result, "q")
     if speeds := measured_speedups():
         where, when = recorded_on()
-        with st.expander(f"Decode speed by precision, recorded on an {where} ({when}): not this machine"):
+        here = "this machine's kind of GPU" if recorded_here() else "not this machine"
+        with st.expander(f"Decode speed by precision, recorded on an {where} ({when}): {here}"):
             st.caption(source_line())
             st.dataframe([display_row(r) for r in speeds], hide_index=True, key="q_h200")
 

@@ -2,7 +2,10 @@
 visible with core.fmt.visible_token, and the page shows it in dataframes (never as Markdown or HTML)."""
 from __future__ import annotations
 
+import math
+
 from core.fmt import MIB, fmt_bytes, short_path, visible_token
+from core.quality.verdict import THRESHOLDS_TEXT, verdicts
 
 
 def _num(v, fmt: str) -> str:
@@ -10,14 +13,18 @@ def _num(v, fmt: str) -> str:
 
 
 def table_rows(result: dict) -> list[dict]:
-    """One row per precision, the reference first: the issue's table."""
+    """One row per precision, the reference first: every quality column and what ran (host timings apart:
+    timing_rows)."""
     out = []
+    judged = verdicts(result)
     for r in result.get("rows") or []:
         k, s = r.get("kld") or {}, r.get("same_top")
         label = r.get("label") or r["name"]
         kernels = [x for x in r.get("kernels") or [] if x not in label]  # only what the label does not say
+        v = judged.get(r["name"])
         out.append({
             "precision": r["name"] + (" (reference)" if r.get("role") == "reference" else ""),
+            "verdict": v.name if v and r.get("role") != "reference" else "",
             "perplexity": _num(r.get("perplexity"), ".4f"),
             "mean KLD": _num(k.get("mean"), ".5f"),
             "median KLD": _num(k.get("median"), ".5f"),
@@ -28,9 +35,6 @@ def table_rows(result: dict) -> list[dict]:
             f"{100 * s['share']:.2f} ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})",
             "RMS Δp %": "n/a" if r.get("rms_dp") is None else f"{100 * r['rms_dp']:.3f}",
             "weights": fmt_bytes(r.get("weights_bytes")),
-            "peak memory": _peak(r),
-            "prefill tok/s": _num(r.get("prefill_tok_s"), ",.0f"),
-            "decode tok/s": _num(r.get("decode_tok_s"), ",.1f"),
             "runs as": label + (f" [{', '.join(kernels)}]" if kernels else ""),
         })
     return out
@@ -55,20 +59,45 @@ def worst_rows(result: dict) -> list[dict]:
     return out
 
 
+def timing_rows(result: dict) -> list[dict]:
+    """Host timings and peak memory per precision. They are one pass each, taken while whatever else ran on the
+    host ran, the peak a process-wide high-water mark: shown apart from the quality numbers, never beside them."""
+    return [{"precision": r["name"], "peak memory": _peak(r), "prefill tok/s": r.get("prefill_tok_s"),
+             "decode tok/s": r.get("decode_tok_s"), "forward (s)": r.get("forward_s")}
+            for r in result.get("rows") or []]
+
+
+TIMINGS_CAPTION = ("One pass per precision on this host, in turn, while whatever else ran here ran: not comparable "
+                   "across rows. Peak memory is the CUDA allocator's peak on a GPU; on the CPU what the process's "
+                   "resident memory grew by during that precision, which an earlier precision's freed memory hides. "
+                   "For speed, use the Model page's repeated runs or the recorded H200 table.")
+
+
+def verdict_rows(result: dict) -> list[dict]:
+    """One row per candidate: its verdict and the numbers and thresholds it rests on."""
+    return [{"precision": name, "verdict": v.name, "why": v.reason} for name, v in verdicts(result).items()]
+
+
+VERDICT_HELP = "Against the reference: " + THRESHOLDS_TEXT + "."
+
+
 def compact_rows(result: dict) -> list[dict]:
-    """The page's table: one row per precision with the numbers that decide (numbers, not text, so the page can
-    format and sort them), under short headers that fit a laptop's width. table_rows has every column."""
+    """The page's table: one row per precision with its verdict and the numbers that decide (numbers, not text, so
+    the page can format and sort them), under short headers that fit a laptop's width. table_rows has every
+    column; timing_rows the host's timings."""
     out = []
+    judged = verdicts(result)
     for r in result.get("rows") or []:
         k, s = r.get("kld") or {}, r.get("same_top")
+        v = judged.get(r["name"]) if r.get("role") != "reference" else None
         out.append({
             "precision": r["name"] + (" (ref)" if r.get("role") == "reference" else ""),
+            "verdict": v.name if v else "reference",
             "PPL": r.get("perplexity"),
             "KLD mean": k.get("mean"), "KLD p99": k.get("p99"), "KLD max": k.get("max"),
             "same top %": None if not s else 100 * s["share"],
             "RMS Δp %": None if r.get("rms_dp") is None else 100 * r["rms_dp"],
-            "weights": fmt_bytes(r.get("weights_bytes")), "peak mem": _peak(r),
-            "prefill tok/s": r.get("prefill_tok_s"), "decode tok/s": r.get("decode_tok_s"),
+            "weights": fmt_bytes(r.get("weights_bytes")),
         })
     return out
 
@@ -93,6 +122,10 @@ def notes(result: dict) -> list[str]:
         ref = ("reused the kept reference pass" if c.get("reused") else "ran the reference and kept its pass") + \
             (f" ({c.get('kept')}; {short_path(c['path'])})" if c.get("path") else f" ({c.get('kept')}, not kept)")
         out.append(f"reference {reference}: {ref}")
+    ref_row = next((r for r in result.get("rows") or [] if r.get("role") == "reference"), {})
+    if ref_row.get("log_loss_noise") is not None:
+        out.append(f"reference noise floor: its perplexity is known to within x{math.exp(ref_row['log_loss_noise']):.3f}"
+                   " (95% interval over these positions)")
     if result.get("calibration"):
         out.append(f"AWQ calibration: {result['calibration']}")
     out.append("KLD in nats, KL(reference || candidate) per position; same top % with its Wilson 95% interval; "

@@ -20,6 +20,7 @@ from core.engines.base import Cancelled, GenerationParams
 from core.errors import InputError
 from core.precision import Precision, parse_precision
 from core.quality import metrics, refcache
+from core.quality.verdict import log_loss_noise
 from core.textfile import DocumentError
 
 Progress = Callable[[float, str], None]
@@ -221,6 +222,115 @@ def default_loader(spec, device: str | None = None, calibration: str | None = No
     return load
 
 
+# Sizes a quality run accepts, shown beside the page's boxes and the CLI's flags: a window of fewer tokens leaves
+# too little context to say anything about a model; above the largest, one window's log-probs outgrow memory.
+WINDOW_RANGE = (16, 32_000)
+
+
+def check_windows(window: int, stride: int) -> None:
+    """Refuse a window or stride outside their ranges before anything loads, saying the range."""
+    lo, hi = WINDOW_RANGE
+    if not lo <= window <= hi:
+        raise InputError(f"The window must be between {lo:,} and {hi:,} tokens; got {window:,}.")
+    if not 1 <= stride <= window:
+        raise InputError(f"The stride must be between 1 and the window ({window:,}); got {stride:,}.")
+
+
+class _Engines:
+    """Each variant's engine when its turn comes. Engines this run loaded itself are unloaded when done with (a
+    caller's loader keeps its own); the reference's stays only while a candidate is the same variant."""
+
+    def __init__(self, load: Callable | None, spec, device, calibration, reference: Variant, candidates, step):
+        self.owned = load is None
+        self.load = load or default_loader(spec, device, calibration)
+        self.reference, self.step = reference, step
+        self.keep_reference = any(c == reference for c in candidates)
+        self.ref_engine = None
+
+    def get(self, variant: Variant, k: int):
+        if variant == self.reference and self.ref_engine is not None:
+            return self.ref_engine
+        self.step(k)(0.0, f"Loading {variant.label}")
+        eng = self.load(variant, lambda f, m: self.step(k)(0.3 * f, m))
+        if variant == self.reference and k == 0:
+            self.ref_engine = eng
+        return eng
+
+    def done_with(self, eng) -> None:
+        if eng is self.ref_engine:
+            if self.keep_reference:
+                return
+            self.ref_engine = None
+        if self.owned:
+            eng.unload()
+
+    def close(self) -> None:
+        if self.ref_engine is not None:
+            self.keep_reference = False
+            self.done_with(self.ref_engine)
+
+
+@dataclass
+class _Plan:
+    """The document as the run scores it: its ids, its windows and the scored positions, and the key of the
+    reference's kept pass."""
+    doc: list[int]
+    windows: list[Window]
+    positions: list[int]
+    full: bool  # the reference keeps the full vocabulary (else its top-k and a tail)
+    meta: dict
+
+
+def plan(spec, engine, doc_text: str, reference: Variant, window: int, stride: int, top_k: int,
+         device: str | None) -> _Plan:
+    """Tokenize with the reference's tokenizer (every variant of one model shares it) and cut the windows."""
+    from core.engines.torch.engine import current_device
+
+    doc = engine.encode_plain(doc_text)
+    windows = plan_windows(len(doc), window, stride, engine.max_positions, len(engine.bos_ids))
+    positions = _scored_positions(windows)
+    full = len(positions) * engine.vocab_size * 4 <= refcache.FULL_LIMIT_BYTES
+    meta = refcache.key_meta(f"{spec.kind}:{spec.path}:{spec.label}:{current_device(device).kind}", reference.name,
+                             "auto", refcache.document_hash(doc), window, stride, 0 if full else top_k)
+    return _Plan(doc, windows, positions, full, meta)
+
+
+def reference_row(engine, p: _Plan, reference: Variant, top_k: int, decode_tokens: int, use_cache: bool,
+                  progress: Progress, should_stop) -> tuple[dict, dict, str | None]:
+    """(the reference's kept arrays, its table row, its cache file): read back from the kept pass when one
+    matches, else computed and kept. The row carries the reference's own noise floor (log_loss_noise)."""
+    cached = refcache.load(p.meta) if use_cache else None
+    if cached is not None:
+        progress(1.0, "Reference read from its kept pass")
+        ref = {k: v for k, v in cached.items() if k not in ("row", "path")}
+        row = dict(cached["row"], reused=True)
+        row.setdefault("log_loss_noise", log_loss_noise(ref["target_lp"].tolist()))
+        return ref, row, cached["path"]
+    ref, timing = _reference_pass(engine, p.doc, p.windows, top_k, p.full, lambda f, m: progress(0.3 + 0.6 * f, m),
+                                  should_stop)
+    target = ref["target_lp"].tolist()
+    row = {"name": reference.name, "label": reference.label, "role": "reference",
+           "perplexity": metrics.perplexity(target), "log_loss_noise": log_loss_noise(target), "kld": None,
+           "same_top": None, "rms_dp": None, **timing, **_engine_numbers(engine, p.doc, decode_tokens)}
+    path = str(refcache.save(p.meta, ref, row)) if use_cache else None
+    row["reused"] = False
+    return ref, row, path
+
+
+def candidate_row(engine, p: _Plan, ref: dict, cand: Variant, decode_tokens: int, progress: Progress,
+                  should_stop) -> dict:
+    """One candidate's table row: its pass over the windows against the reference's kept one."""
+    got, timing = _candidate_pass(engine, p.doc, p.windows, ref, lambda f, m: progress(0.3 + 0.6 * f, m),
+                                  should_stop, cand.name)
+    ref_top1 = ref["top1"].tolist()
+    return {"name": cand.name, "label": cand.label, "role": "candidate",
+            "perplexity": metrics.perplexity(got["target_lp"]),
+            "kld": metrics.kld_summary(got["kl"]), "same_top": metrics.same_top(ref_top1, got["top1"]),
+            "rms_dp": metrics.rms_delta_p(ref["target_lp"].tolist(), got["target_lp"]), **timing,
+            **_engine_numbers(engine, p.doc, decode_tokens), "kld_values": got["kl"],
+            "worst": _worst(engine, p.doc, p.positions, got["kl"], ref_top1, got["top1"])}
+
+
 def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, window: int = DEFAULT_WINDOW,
         stride: int = DEFAULT_STRIDE, top_k: int = refcache.DEFAULT_TOP_K, device: str | None = None,
         decode_tokens: int = DECODE_TOKENS,
@@ -228,94 +338,45 @@ def run(spec, doc_text: str, reference: Variant, candidates: list[Variant], *, w
         load: Callable | None = None, progress: Progress = _noop, should_stop=None,
         on_result: Callable[[dict], None] = _noop) -> dict:
     """The quality table of `candidates` against `reference` over the document. `load(variant, progress)` gives an
-    engine (default: a fresh TorchEngine, unloaded after its pass; a caller's loader keeps its engines)."""
-    from core.engines.torch.engine import current_device
+    engine (default: a fresh TorchEngine, unloaded after its pass; a caller's loader keeps its engines).
+    Progress counts windows: the reference's, then each candidate's."""
     from core.textfile import check_text
 
     check_text(doc_text, document_name)
+    check_windows(window, stride)
     if not candidates:
         raise InputError("Name at least one candidate precision.")
-    owned = load is None
-    load = load or default_loader(spec, device, calibration)
     steps = 1 + len(candidates)
     t_start = time.perf_counter()
 
-    def sub(k: int):
-        return lambda f, m: progress((k + min(max(f, 0.0), 1.0)) / steps, m)
+    def step(k: int):
+        return lambda f, m: progress((k + min(max(f, 0.0), 1.0)) / steps, f"{m} (precision {k + 1} of {steps})")
 
-    ref_engine = None
-    engines_seen: list = []
-
-    def get(variant: Variant, k: int):
-        nonlocal ref_engine
-        if variant == reference and ref_engine is not None:
-            return ref_engine
-        sub(k)(0.0, f"Loading {variant.label}")
-        eng = load(variant, lambda f, m: sub(k)(0.3 * f, m))
-        engines_seen.append(eng)
-        return eng
-
-    def done_with(eng):
-        if owned and eng is not ref_engine:
-            eng.unload()
-
-    # Tokenize with the reference's tokenizer (every variant of one model shares it): the engine if loaded now,
-    # else the first loaded below. The cache key needs the ids, so the reference engine is loaded only on a miss.
-    tok_engine = get(reference, 0)
-    ref_engine = tok_engine
-    doc = tok_engine.encode_plain(doc_text)
-    windows = plan_windows(len(doc), window, stride, tok_engine.max_positions, len(tok_engine.bos_ids))
-    positions = _scored_positions(windows)
-    vocab = tok_engine.vocab_size
-    full = len(positions) * vocab * 4 <= refcache.FULL_LIMIT_BYTES
-    meta = refcache.key_meta(f"{spec.kind}:{spec.path}:{spec.label}:{current_device(device).kind}", reference.name,
-                             "auto", refcache.document_hash(doc), window, stride, 0 if full else top_k)
-    cached = refcache.load(meta) if use_cache else None
-    if cached is not None:
-        ref_row = dict(cached["row"], reused=True)
-        ref = {k: v for k, v in cached.items() if k not in ("row", "path")}
-        cache_path = cached["path"]
-        sub(0)(1.0, "Reference read from its kept pass")
-    else:
-        ref, timing = _reference_pass(ref_engine, doc, windows, top_k, full, lambda f, m: sub(0)(0.3 + 0.6 * f, m),
-                                      should_stop)
-        ref_row = {"name": reference.name, "label": reference.label, "role": "reference",
-                   "perplexity": metrics.perplexity(ref["target_lp"].tolist()), "kld": None, "same_top": None,
-                   "rms_dp": None, **timing, **_engine_numbers(ref_engine, doc, decode_tokens)}
-        cache_path = str(refcache.save(meta, ref, ref_row)) if use_cache else None
-        ref_row["reused"] = False
-    on_result(ref_row)
-    rows = [ref_row]
-    ref_target = ref["target_lp"].tolist()
-    ref_top1 = ref["top1"].tolist()
-    if not any(c == reference for c in candidates):
-        done_with_ref = ref_engine
-        ref_engine = None
-        if owned:
-            done_with_ref.unload()
-    for k, cand in enumerate(candidates, start=1):
-        eng = get(cand, k)
-        try:
-            got, timing = _candidate_pass(eng, doc, windows, ref, lambda f, m: sub(k)(0.3 + 0.6 * f, m), should_stop,
-                                          cand.name)
-            row = {"name": cand.name, "label": cand.label, "role": "candidate",
-                   "perplexity": metrics.perplexity(got["target_lp"]),
-                   "kld": metrics.kld_summary(got["kl"]), "same_top": metrics.same_top(ref_top1, got["top1"]),
-                   "rms_dp": metrics.rms_delta_p(ref_target, got["target_lp"]), **timing,
-                   **_engine_numbers(eng, doc, decode_tokens), "kld_values": got["kl"],
-                   "worst": _worst(eng, doc, positions, got["kl"], ref_top1, got["top1"])}
-        finally:
-            done_with(eng)
-        on_result(row)
-        rows.append(row)
-    if owned and ref_engine is not None:
-        ref_engine.unload()
+    engines = _Engines(load, spec, device, calibration, reference, candidates, step)
+    try:
+        ref_engine = engines.get(reference, 0)
+        p = plan(spec, ref_engine, doc_text, reference, window, stride, top_k, device)
+        ref, ref_row, cache_path = reference_row(ref_engine, p, reference, top_k, decode_tokens, use_cache, step(0),
+                                                 should_stop)
+        engines.done_with(ref_engine)
+        on_result(ref_row)
+        rows = [ref_row]
+        for k, cand in enumerate(candidates, start=1):
+            eng = engines.get(cand, k)
+            try:
+                row = candidate_row(eng, p, ref, cand, decode_tokens, step(k), should_stop)
+            finally:
+                engines.done_with(eng)
+            on_result(row)
+            rows.append(row)
+    finally:
+        engines.close()
     progress(1.0, "done")
     return {"model": spec.label, "reference": reference.name, "candidates": [c.name for c in candidates],
-            "document": {"name": document_name, "sha256": meta["document_sha256"], "tokens": len(doc),
+            "document": {"name": document_name, "sha256": p.meta["document_sha256"], "tokens": len(p.doc),
                          "chars": len(doc_text)},
-            "window": window, "stride": stride, "windows": len(windows), "positions": len(positions),
-            "reference_cache": {"path": cache_path, "reused": cached is not None,
-                                "kept": "full vocabulary" if full else f"top-{top_k} log-probs + tail"},
+            "window": window, "stride": stride, "windows": len(p.windows), "positions": len(p.positions),
+            "reference_cache": {"path": cache_path, "reused": ref_row["reused"],
+                                "kept": "full vocabulary" if p.full else f"top-{top_k} log-probs + tail"},
             "calibration": "shipped sample prose" if calibration is None else f"user text ({len(calibration):,} chars)",
             "rows": rows, "total_s": time.perf_counter() - t_start}

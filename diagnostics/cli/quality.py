@@ -2,7 +2,8 @@
 [--window N] [--stride N] [--top-k K] [--calibration FILE] [--layers] [--no-cache] [--json] [--no-history]
 
 Perplexity of each precision over the document, and against the reference: KLD (mean, median, p99, p99.9, max),
-same top token % with its 95% interval, RMS delta-p; weights and peak memory, prefill and decode tokens/s. The
+same top token % with its 95% interval, RMS delta-p, weights, and a verdict per precision (fine / degraded / broken,
+core/quality/verdict.py); host timings and peak memory follow apart, one pass each, not comparable across rows. The
 reference pass is kept in a cache file and reused by later runs on the same model, document and windows (the output
 says which). --layers adds which layer broke it: each linear's relative output error per quantizer on the
 calibration text, ranked, with its activation statistics. --document sample uses the shipped sample prose. Saved to the history as a "quality" run unless
@@ -20,7 +21,7 @@ from diagnostics.cli.progress import stderr_progress
 
 
 def add_parser(sub) -> None:
-    from core.quality.run import DEFAULT_STRIDE, DEFAULT_WINDOW
+    from core.quality.run import DEFAULT_STRIDE, DEFAULT_WINDOW, WINDOW_RANGE
     from core.quality.refcache import DEFAULT_TOP_K
 
     p = sub.add_parser(
@@ -33,9 +34,11 @@ def add_parser(sub) -> None:
     p.add_argument("--reference", default="bf16", help="the reference precision (default bf16)")
     p.add_argument("--candidates", default="fp8,int8,int4,int4-awq",
                    help="comma-separated: fp32, bf16, fp16, fp8, fp8-wo, fp8-static:N, int8, int8-wo, int4, int4-awq")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, help=f"tokens per window (default {DEFAULT_WINDOW})")
+    lo, hi = WINDOW_RANGE
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                   help=f"tokens per window, {lo:,}-{hi:,} (default {DEFAULT_WINDOW})")
     p.add_argument("--stride", type=int, default=DEFAULT_STRIDE,
-                   help=f"tokens between window starts (default {DEFAULT_STRIDE}; = window for no overlap)")
+                   help=f"tokens between window starts, 1-window (default {DEFAULT_STRIDE}; = window for no overlap)")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
                    help="reference log-probs kept per position when the full vocabulary does not fit the cache")
     p.add_argument("--calibration", help="calibration text file for int4-awq and fp8-static (default: the shipped "
@@ -70,6 +73,7 @@ def run(args) -> int:
     from core.quality import history, render
     from core.quality import run as quality
 
+    quality.check_windows(args.window, args.stride)
     text, name = read_document(args.document)
     calibration = read_document(args.calibration)[0] if args.calibration else None
     reference = quality.parse_variant(args.reference)
@@ -106,10 +110,17 @@ def run(args) -> int:
     rows = render.table_rows(result)
     print(render.text_table([{k: v for k, v in r.items() if k != "runs as"} for r in rows]))
     print()
+    for r in render.verdict_rows(result):
+        print(f"{r['precision']}: {r['verdict']} ({r['why']})")
+    print(f"verdicts: {render.VERDICT_HELP}")
+    print()
     for r in rows:
         print(f"{r['precision']}: {r['runs as']}")
     print()
     print("\n".join(render.notes(result)))
+    print("\nhost timings, not comparable across rows (" + render.TIMINGS_CAPTION + ")")
+    print(render.text_table([{k: "n/a" if v is None else v if isinstance(v, str) else f"{v:,.1f}"
+                              for k, v in r.items()} for r in render.timing_rows(result)]))
     if args.layers:
         from core.quality import layers
 

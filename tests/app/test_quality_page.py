@@ -38,11 +38,18 @@ def test_stored_result_renders_table_chart_and_escaped_tokens():
     at.session_state["q_result"] = RESULT
     at.run()
     assert not at.exception, at.exception
-    table, full, worst, h200 = at.dataframe
+    table, timings, full, worst, h200 = at.dataframe
     assert list(table.value["precision"]) == ["bf16 (ref)", "int4"]
     assert list(table.value["KLD mean"].fillna(-1)) == [-1, 0.4]  # numbers: the page formats and sorts them
-    # every column of the compact table fits a laptop: the speeds are in it, the long text in the full one
-    assert {"prefill tok/s", "decode tok/s", "same top %"} <= set(table.value.columns)
+    # A verdict per precision: INT4 at 0.4 nats and perplexity x1.5 is broken, the thresholds in the help.
+    assert list(table.value["verdict"]) == ["reference", "broken"]
+    verdict = next(m for m in at.markdown if "Verdict" in m.value)
+    assert "broken" in verdict.value and "perplexity >= x1.500" in verdict.value.replace("\\", "")
+    assert "0.05 nats" in verdict.proto.help
+    # Host timings and peak memory are one pass each: apart from the quality numbers, captioned as not comparable
+    assert not {"prefill tok/s", "decode tok/s", "peak mem"} & set(table.value.columns)
+    assert {"prefill tok/s", "decode tok/s", "peak memory"} <= set(timings.value.columns)
+    assert any(e.label.startswith("Host timings") and "not comparable across rows" in e.label for e in at.expander)
     assert "runs as" not in table.value.columns and "runs as" in full.value.columns
     assert list(full.value["same top %"]) == ["n/a", "60.00 (50.0-70.0)"]
     assert list(worst.value["context"]) == ["<b>bold</b>\\n"] and list(worst.value["token"]) == ["<i>"]
@@ -58,6 +65,7 @@ def test_the_help_names_the_real_default_window_and_paths_are_short():
 
     at = page()
     assert any(f"default window of {DEFAULT_WINDOW}" in i.value for i in at.info)
+    assert not any("about 20 s" in i.value for i in at.info)  # no idle-machine constant
     home = os.path.expanduser("~")
     stored = dict(RESULT, reference_cache={"path": f"{home}/.cache/triage-console/refs/abc.npz", "reused": False,
                                            "kept": "full vocabulary"})
@@ -76,6 +84,17 @@ def test_empty_and_binary_documents_get_messages():
     at.text_area(key="q_text").set_value("\x01\x02\x03\x04" * 50).run()
     at.button(key="q_go").click().run()
     assert any("looks binary" in e.value for e in at.error)
+
+
+def test_an_out_of_range_window_says_its_range():
+    at = page()
+    assert at.number_input(key="q_window").label == "Window (tokens, 16-32,000)"
+    at.text_area(key="q_text").set_value("The capital of France is Paris. " * 40).run()
+    at.number_input(key="q_window").set_value(1_000_000_000).run()
+    at.button(key="q_go").click().run()
+    assert not at.exception
+    assert any("The window must be between 16 and 32,000 tokens; got 1,000,000,000" in e.value for e in at.error), \
+        [e.value for e in at.error]
 
 
 def test_stored_layer_analysis_renders_ranked_table_and_heatmap():

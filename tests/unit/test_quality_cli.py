@@ -23,3 +23,10 @@ def test_empty_binary_and_missing_documents(tmp_path, capsys):
 def test_unknown_candidate_is_refused(capsys):
     code, err = run(["--candidates", "fp8,int3"], capsys)
     assert code == 2 and "Unknown precision 'int3'" in err and "int4-awq" in err
+
+
+def test_a_window_out_of_range_is_refused_with_its_range(capsys):
+    code, err = run(["--window", "1000000000"], capsys)
+    assert code == 2 and "between 16 and 32,000 tokens; got 1,000,000,000" in err
+    code, err = run(["--window", "64", "--stride", "65"], capsys)
+    assert code == 2 and "stride must be between 1 and the window (64)" in err
