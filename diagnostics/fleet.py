@@ -38,6 +38,8 @@ def run(prom: Prometheus, selector: str = "", replica_label: str = "instance", w
     findings = evaluate(snap, CHECKS)
     inputs = {"prometheus_url": snap.prometheus_url, "selector": snap.selector, "replica_label": snap.replica_label,
               "window": snap.window, "auth": prom.auth_description}
+    if snap.at is not None:  # a post-incident review: History keeps the instant it looked at
+        inputs["at"] = _iso(snap.at)
     notes = (f"Prometheus {snap.prometheus_version}; {snap.cost.requests} requests, Prometheus query time "
              f"{snap.cost.prom_eval_s * 1000:.0f} ms; GPU series: {snap.gpu_source or 'none'}", *snap.notes)
     result = RunResult(started, float(snap.window_s), float(snap.window_s), False, socket.gethostname(), inputs,
@@ -50,7 +52,12 @@ def run(prom: Prometheus, selector: str = "", replica_label: str = "instance", w
 
 def history_title(snap: FleetSnapshot) -> str:
     sel = f" {snap.selector}" if snap.selector else ""
-    return f"Fleet, {len(snap.replicas)} replicas{sel} at {snap.prometheus_url} ({snap.window})"
+    when = f", as at {_iso(snap.at)}" if snap.at is not None else ""
+    return f"Fleet, {len(snap.replicas)} replicas{sel} at {snap.prometheus_url} ({snap.window}{when})"
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
 def history_summary(run: FleetRun) -> dict:
@@ -60,4 +67,5 @@ def history_summary(run: FleetRun) -> dict:
             "outliers": sum(bool(r.outliers) for r in snap.replicas),
             "fleet_median_ttft_p99_s": snap.fleet_median.get("ttft_p99_s"),
             "fleet_median_itl_p99_s": snap.fleet_median.get("itl_p99_s"),
-            "queries": snap.cost.queries, "summary": summary_line(run.result)}
+            "queries": snap.cost.queries, "summary": summary_line(run.result),
+            **({"at": _iso(snap.at)} if snap.at is not None else {})}

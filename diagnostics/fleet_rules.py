@@ -49,14 +49,15 @@ def native_names() -> Names:
 
 
 def alert_rules(names: Names, selector: str = "", replica_label: str = "instance", window: str = "2m",
-                for_: str | None = None) -> list[Rule]:
+                for_: str | None = None, scrape_interval_s: float | None = None) -> list[Rule]:
     """The rules for one fleet (the selector's series, replicas by `replica_label`). Rates and quantiles are over
-    `window`; the stall rules over the stall window it gives (promql.stall_window). `for_` defaults to half the stall
+    `window`; the stall rules over the stall window (promql.stall_window: three scrape intervals where known, else
+    the window clamped). `for_` defaults to half the stall
     window: one odd evaluation pages no one, and a stall is named within 1.5 stall windows."""
     matchers = parse_selector(selector)
     L = check_label_name(replica_label, "replica label")
     window = parse_window(window)[0]
-    b = Builder(matchers, L, window, names)
+    b = Builder(matchers, L, window, names, scrape_interval_s)
     q = b.replica_columns()
     sw, sw_s = b.stall_window
     for_ = _duration(for_) if for_ is not None else f"{max(1, sw_s // 2)}s"
@@ -139,14 +140,14 @@ def rules_yaml(rules: list[Rule], source: str) -> str:
 def for_snapshot(snap: FleetSnapshot, for_: str | None = None) -> str:
     """The rule file for the fleet a refresh looked at: its names, selector, replica label and window."""
     names = Names(dict(snap.names))
-    rules = alert_rules(names, snap.selector, snap.replica_label, snap.window, for_)
+    rules = alert_rules(names, snap.selector, snap.replica_label, snap.window, for_, snap.scrape_interval_s)
     return rules_yaml(rules, _source(snap.selector, snap.replica_label, snap.window, f"names found at "
                                      f"{snap.prometheus_url}"))
 
 
 def export(path: str, names: Names | None, selector: str, replica_label: str, window: str,
-           for_: str | None = None, where: str = "") -> list[Rule]:
-    rules = alert_rules(names or native_names(), selector, replica_label, window, for_)
+           for_: str | None = None, where: str = "", scrape_interval_s: float | None = None) -> list[Rule]:
+    rules = alert_rules(names or native_names(), selector, replica_label, window, for_, scrape_interval_s)
     found = f"names found at {where}" if names else "native vllm: names assumed (no --prometheus-url to ask)"
     text = rules_yaml(rules, _source(selector, replica_label, window, found))
     try:

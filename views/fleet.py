@@ -7,6 +7,7 @@ other server text are escaped before Streamlit renders them as Markdown.
 """
 import datetime as dt
 import os
+import time
 
 import pandas as pd
 import streamlit as st
@@ -15,7 +16,7 @@ from core.errors import TriageError
 from core.fleet import series as fs
 from core.fleet import table
 from core.fleet.prom import Prometheus
-from core.fleet.promql import REPLICA_LABELS
+from core.fleet.promql import REPLICA_LABELS, parse_instant
 from core.fmt import markdown_literal
 from diagnostics import fleet
 from diagnostics.charts import figure
@@ -44,11 +45,18 @@ with st.form("fleet_connect"):
     label = c[2].selectbox("Replica label", REPLICA_LABELS, help="The label that tells replicas apart.")
     window = c[3].selectbox("Window", WINDOWS, index=1, help="Rates and latency quantiles are over this window.")
     go = c[4].form_submit_button("Connect", type="primary")
+    p = st.columns([1.6, 1.4, 1.4, 5.6], vertical_alignment="bottom")
+    past = p[0].checkbox("At a past instant", key="fleet_past", help="A post-incident review: the table and the "
+                         "checklist as they stood then, the window ending at that instant; History records it. Same "
+                         "as `python -m diagnostics fleet --at TIME`.")
+    day = p[1].date_input("Date", key="fleet_at_day")
+    clock = p[2].time_input("Time (this console's zone)", key="fleet_at_time", step=60)
 if go:
     try:
         prom = Prometheus(url)
+        at = parse_instant(dt.datetime.combine(day, clock).isoformat(), time.time()) if past else None
         with st.spinner("Querying Prometheus..."):
-            ss.fleet_run = fleet.run(prom, selector, label, window)
+            ss.fleet_run = fleet.run(prom, selector, label, window, at=at)
         ss.update(fleet_url=prom.base_url, fleet_sel=selector, fleet_auth=prom.auth_description)
     except TriageError as exc:
         ss.fleet_run = None

