@@ -35,7 +35,7 @@ def test_remote_servers_compare_through_the_loader(vllm_engine, vllm_second):
     assert all(len(p.ref_tf_topk[i]) >= 8 for p in res.prompts for i in range(len(p.ref_ids)))
     assert s.mean_kld is not None and math.isfinite(s.mean_kld) and s.mean_kld >= 0.0
     assert s.same_top >= 0.8 and s.mean_topk_overlap >= 0.6
-    assert s.vllm_total == len(PROMPTS) and s.status in ("identical", "fine", "watch", "calibration failed")
+    assert s.vllm_total == len(PROMPTS) and s.status in ("identical", "fine", "watch", "inconclusive", "low agreement")
     assert f"vLLM {vllm_engine.remote.connect().version} server · 127.0.0.1:" in s.verdict  # what ran, short
     json.dumps(res.to_dict())
 
