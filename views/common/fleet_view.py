@@ -20,9 +20,10 @@ from diagnostics.report import group_skips, SkipGroup, summary_line
 from views.common.findings import card, skip_group_card
 
 TABLE_NOTE = ("▲ marks a value far above the fleet median (median and MAD, robust to a few bad replicas), with its ratio "
-              "to the median. N/A: no series for that column in this Prometheus (never read as 0). TTFT p99 shows the "
-              "histogram bucket it was interpolated in; queue, prefill and decode are exact means (_sum / _count) with "
-              "their share of the end-to-end latency; queue/TTFT is the share of the time to first token spent waiting.")
+              "to the median. N/A: no series for that column in this Prometheus (never read as 0). A p50 or p99 is shown as "
+              "the histogram bucket it fell in (an interpolated point can stand above every request in it); the TTFT, "
+              "e2e, queue, prefill and decode means are exact (_sum / _count), the phases with their share of the "
+              "end-to-end latency; queue/TTFT is the share of the time to first token spent waiting.")
 
 
 def column_help() -> dict:
