@@ -19,6 +19,7 @@ from core.errors import InputError, TriageError
 from core.fleet.fleet import NoVllmSeries, collect
 from core.fleet.prom import PromError, Prometheus
 from core.telemetry.vllm_metrics import Histogram, scrape
+from core.fleet.table import bucket_text as table_bucket
 from core.fleet.table import rows
 from diagnostics import fleet
 from tests.e2e.helpers import free_port
@@ -292,7 +293,9 @@ def test_anatomy_columns_agree_with_hand_written_promql_and_flag_the_queued_repl
     assert "waiting for capacity" in found.verdict and "--max-num-seqs" in found.remedy
     row = next(x for x in rows(snap) if x["instance"] == prom_stack.instances["queued"])
     assert row["queue/TTFT"] == f"{100 * q['queue_share_ttft']:.0f}%" and row["queue"].startswith("2.00 s (")
-    assert " s)" in row["TTFT p99"] and row["waiting (capacity)"] == str(QUEUED_WAITING)
+    lo, hi = snap.replica(prom_stack.instances["queued"]).buckets["ttft_p99_s"]
+    assert row["TTFT p99"] == table_bucket([lo, hi]) and row["waiting (capacity)"] == str(QUEUED_WAITING)
+    assert str(round(q["ttft_p99_s"], 2)) not in row["TTFT p99"]  # the bucket, never the interpolated point
 
 
 def test_every_target_of_the_vllm_jobs_is_a_replica_also_one_that_never_answered(prom_stack):
