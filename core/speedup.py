@@ -1,13 +1,18 @@
-"""The FP8/BF16 speedups measured on the H200, for pages to show beside a setup: decode (bench/fast/fp8_speed.py) and
-the prompt pass, i.e. time to first token (bench/fast/prefill_speed.py)."""
+"""The speedups over BF16 recorded on GPUs, for pages to show beside a setup: decode (bench/fast/fp8_speed.py, and
+for the integer precisions' library kernels bench/fast/int_library_bench.py) and the prompt pass, i.e. time to first
+token (bench/fast/prefill_speed.py).
+
+One decode table per GPU kind, core/data/fp8_speed_<kind>.json (h200, h100): pages show the table of the kind of GPU
+present when one was recorded (`recorded_here`), else the H200 one, under a banner saying where it was measured."""
 from __future__ import annotations
 
 import json
 from functools import lru_cache
 from pathlib import Path
 
-RESULTS = Path(__file__).with_name("data") / "fp8_speed_h200.json"  # written by python -m bench.fast.fp8_speed --json
-PREFILL = Path(__file__).with_name("data") / "prefill_h200.json"  # python -m bench.fast.prefill_speed --json
+DATA = Path(__file__).with_name("data")
+RESULTS = DATA / "fp8_speed_h200.json"  # written by python -m bench.fast.fp8_speed --json; the default table
+PREFILL = DATA / "prefill_h200.json"  # python -m bench.fast.prefill_speed --json
 
 
 @lru_cache(maxsize=None)
@@ -18,8 +23,35 @@ def _read(path: Path) -> dict:
         return {}
 
 
+@lru_cache(maxsize=1)
+def present_gpu() -> str | None:
+    """The name of this machine's first CUDA GPU, or None (no torch build with CUDA, or no GPU)."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # a broken driver reads as no GPU here; the pages then show the default table
+        return None
+
+
+def table_path(gpu: str | None = None) -> Path:
+    """The recorded decode table for a GPU name ('NVIDIA H100 80GB HBM3' -> fp8_speed_h100.json), else RESULTS."""
+    name = (gpu or "").lower().replace(" ", "")
+    for path in sorted(DATA.glob("fp8_speed_*.json")):
+        kind = path.stem.removeprefix("fp8_speed_")
+        if kind and kind in name:
+            return path
+    return RESULTS
+
+
+def recorded_here() -> bool:
+    """Whether the table the pages show was recorded on the kind of GPU this machine has."""
+    gpu = present_gpu()
+    return gpu is not None and table_path(gpu).stem.removeprefix("fp8_speed_") in gpu.lower().replace(" ", "")
+
+
 def _results() -> dict:
-    return _read(RESULTS)
+    return _read(table_path(present_gpu()))
 
 
 def measured_speedups(kv_dtype: str = "auto", prompt: int = 512) -> list[dict]:
@@ -30,7 +62,8 @@ def measured_speedups(kv_dtype: str = "auto", prompt: int = 512) -> list[dict]:
     kernels = d.get("kernels", {})
     return [
         {**{k: r[k] for k in ("precision", "batch", "tok_s", "speedup_vs_bf16", "floor_frac")},
-         "engine": "torch fast path (CUDA graphs)", "kernel": kernels.get(r["precision"], "")}
+         "engine": r.get("engine", "torch fast path (CUDA graphs)"),
+         "kernel": r.get("kernel", kernels.get(r["precision"], ""))}
         for r in rows
         if r.get("status") == "ok" and r["kv"] == kv_dtype and r["prompt"] == prompt
     ]
@@ -55,10 +88,15 @@ def display_row(r: dict) -> dict:
     return out
 
 
-def source_line() -> str:
-    d = _results()
+def source_line(context: bool = False) -> str:
+    """Where the shown decode table was measured; context: the long-context one (`by_context`, the H200 table)."""
+    d = _read(RESULTS) if context else _results()
     if not d:
         return ""
+    if d.get("command"):
+        return (f"Measured by {d['command']} on {d.get('device')} ({d.get('date')}, torch {d.get('torch')}, "
+                f"triton {d.get('triton')}, gemlite {d.get('gemlite')}), {d.get('model')}, prompt 512, fast "
+                "CUDA-graph decode path; tok/s at decode; the kernel column names the linears that ran.")
     pdl = d.get("programmatic_dependent_launch")
     launch = f", programmatic dependent launch at {pdl}" if pdl and pdl != "off" else ""
     if any(d.get("batch1_folds", {}).values()):
@@ -71,7 +109,7 @@ def by_context(kv_dtype: str = "auto") -> tuple[int, int, list[dict], list[str]]
     """Decode speed after the shortest and after the longest prompt measured: (short, long, one display row per
     (precision, batch) measured at both, one note per batch that did not fit at the long prompt). None when fewer
     than two prompt lengths were measured."""
-    rows = [r for r in _results().get("rows", []) if r.get("kv") == kv_dtype]
+    rows = [r for r in _read(RESULTS).get("rows", []) if r.get("kv") == kv_dtype]
     prompts = sorted({r["prompt"] for r in rows})
     if len(prompts) < 2:
         return None

@@ -204,7 +204,7 @@ if (ctx := speedup.by_context(setup.kv_dtype.value)) is not None:
     with st.expander(f"FP8 vs BF16 decode at {short:,} and {long:,} tokens of context: H200 measurements, "
                      "not this machine's", expanded=False):
         st.dataframe(rows, hide_index=True)
-        st.caption(" ".join([speedup.source_line(), *(n[0].upper() + n[1:] + "." for n in notes),
+        st.caption(" ".join([speedup.source_line(context=True), *(n[0].upper() + n[1:] + "." for n in notes),
                              "At long context the KV cache is read every step, so FP8 weights save a smaller share "
                              f"of the bytes. This page's own runs are measured on {engine.device.name}."]))
 if ttft := speedup.prefill_rows():

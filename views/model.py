@@ -7,7 +7,7 @@ from core.engines.base import Cancelled
 from core.fmt import fmt_bytes
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
-from core.speedup import display_row, measured_speedups, recorded_on, source_line
+from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
 from views.common import generate_view, inputs, runs, session
 
 st.title("Model")
@@ -90,8 +90,9 @@ def show_memory() -> None:
 speedups = measured_speedups(setup.kv_dtype.value)
 if speedups:
     where, when = recorded_on()
-    with st.expander(f"Decode speed by precision, recorded on an {where}: not this machine", expanded=False):
-        st.caption(f"Measured on an {where} ({when}), not on this machine ({engine.device.name}).")
+    here = "this machine's kind of GPU" if recorded_here() else "not this machine"
+    with st.expander(f"Decode speed by precision, recorded on an {where}: {here}", expanded=False):
+        st.caption(f"Measured on an {where} ({when}), {here} ({engine.device.name}).")
         mine = [r for r in speedups if r.get("precision") == setup.precision.value]
         if mine:
             st.markdown("This setup's precision there: " + ", ".join(

@@ -1,0 +1,216 @@
+"""The whole decode step per precision with the integer linears on each library candidate in turn, and the tables
+bench/fast/int_library_bench.py prints (see its docstring)."""
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = "python -m bench.fast.int_library_bench"
+LINS = ("qkv", "o", "gu", "down")
+
+
+def run_meta() -> dict:
+    import triton
+
+    try:
+        import gemlite
+        gl = gemlite.__version__
+    except Exception as exc:  # reported, not fatal: the library rows are then missing
+        gl = f"not available ({type(exc).__name__})"
+    props = torch.cuda.get_device_properties(0)
+    return {"device": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "triton": triton.__version__,
+            "gemlite": gl, "model": "llama-3-8b shape, random weights", "command": BENCH}
+
+
+def load_project_tables() -> None:
+    """The project's shipped launch tables (tuned on the H200), as the engine loads them on Hopper."""
+    from core.engines.fast import kernels as K
+    from core.engines.fast.kernels import tune_int
+    from core.engines.fast.tuned_table import read_tuned_table
+
+    K.TUNED.update(read_tuned_table(ROOT / "core/engines/fast/tuned_h200.json"))
+    tune_int.load_int_tuned()
+
+
+def _routed_fast(kern, x, x_scale, out, silu_x: bool = False, x16=None):
+    from core.engines.fast.kernels import library
+
+    return library.linear_into(kern, x, out, silu_x)
+
+
+SHAPE_OF = {"qkv": "qkv", "o": "o", "gu": "gate_up", "down": "down"}
+
+
+def route(model, choose) -> list:
+    """Put a library candidate in place of each integer Lin.fast of `model`: choose(shape) names it, or None for the
+    project's own kernels (choose None: all back to the project's). Returns the kernels built."""
+    from core.engines.fast.kernels import library
+
+    built = []
+    for L in model.layers:
+        for n in LINS:
+            lin = L[n]
+            lin.__dict__.pop("fast", None)
+            name = choose(SHAPE_OF[n]) if choose and lin.iw is not None else None
+            if name is None or name == "project":
+                continue
+            kern = library.candidates(lin.iw)[name](lin.iw)
+            lin.fast = functools.partial(_routed_fast, kern)
+            built.append(kern)
+    torch.cuda.empty_cache()
+    return built
+
+
+def _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, describe) -> list[dict]:
+    from bench.fast.fp8_speed import floor_ms, time_decode
+
+    rows = []
+    for b in batches:
+        label, exact = describe(b)
+        r = time_decode(model, cache, b, prompt, steps)
+        fl = floor_ms(model, cache, b, prompt, steps, bw)
+        rows.append(dict(precision=p, kv="auto", prompt=prompt, batch=b, candidate=name,
+                         status="ok" if r["finite"] else "non-finite", ms_per_step=r["ms_per_step"],
+                         tok_s=1000 * b / r["ms_per_step"], floor_ms=fl, floor_frac=fl / r["ms_per_step"],
+                         engine=ENGINE_OF(None if name == "project" else name), kernel=label, exact=bool(exact)))
+        log(f"decode {p:8s} {name:14s} b={b}: {r['ms_per_step']:.3f} ms/step ({100 * fl / r['ms_per_step']:.0f}% "
+            f"of floor)")
+    return rows
+
+
+def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log, winners: dict,
+                measured_exact: set) -> list[dict]:
+    """Every candidate of precision p in the whole step; for integer precisions last 'tuned': each shape on its
+    winner (the fastest exact candidate at that batch in the linear table)."""
+    from bench.fast.fp8_speed import kernel_of
+    from core.engines.fast.kernels import library
+
+    cache = model.new_cache(max(batches), prompt + steps + 16, False)
+    ids = torch.randint(0, model.dims.vocab, (1, prompt), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(prompt))
+    model.prefill(ids, cache, rows=slice(0, 1))
+    cache.replicate_row0()
+    iw = model.layers[0]["qkv"].iw
+    names = ["project"] + ([n for n in library.candidates(iw) if n != "project"] if iw is not None else [])
+    rows = []
+    for name in names:
+        try:
+            built = route(model, lambda shape: name)
+            k = built[0] if built else None
+            desc = (k.label, k.exact or (p, name) in measured_exact) if k else (kernel_of(p), p != "int8")
+            rows += _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, lambda b: desc)
+        except Exception as exc:
+            log(f"decode {p} {name}: failed: {exc!r}"[:300])
+    for b in (batches if iw is not None else []):
+        pick = {s: winners.get(f"{p}|{b}|{s}", {}).get("exact", {}).get("kernel") for s in SHAPE_OF.values()}
+        try:
+            route(model, pick.get)
+            label = "per shape: " + ", ".join(f"{s} {k}" for s, k in pick.items())
+            rows += _time_rows(model, cache, p, "tuned", [b], prompt, steps, bw, log,
+                               lambda _b: (label, all(k is not None for k in pick.values())))
+        except Exception as exc:
+            log(f"decode {p} tuned b={b}: failed: {exc!r}"[:300])
+    route(model, None)
+    del cache
+    return rows
+
+
+def ENGINE_OF(name) -> str:
+    return "torch fast path (CUDA graphs)" + ("" if name is None else f", integer linears on {name}")
+
+
+def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, measured_exact: set, log) -> dict:
+    from bench.fast.fp8_speed import copy_bandwidth, random_awq_scales
+    from core.engines.fast.model import Dims, FastLlama
+    from core.models import synthetic_config
+
+    bw = copy_bandwidth()
+    config = synthetic_config("llama-3-8b")
+    dims = Dims.from_config(config)
+    master = FastLlama.random_weights(dims, "cuda", seed=0)
+    awq = random_awq_scales(dims) if "int4-awq" in precisions else {}
+    rows = []
+    for p in precisions:
+        t0 = time.perf_counter()
+        model = FastLlama(dims, master | awq if p == "int4-awq" else master, p, rotary=config)
+        rows += _decode_one(model, p, batches, prompt, steps, bw, log, winners, measured_exact)
+        del model
+        torch.cuda.empty_cache()
+        log(f"decode {p}: {time.perf_counter() - t0:.0f} s")
+    bf = {r["batch"]: r["tok_s"] for r in rows if r["precision"] == "bf16" and r["status"] == "ok"}
+    for r in rows:
+        if r.get("tok_s") and r["batch"] in bf:
+            r["speedup_vs_bf16"] = r["tok_s"] / bf[r["batch"]]
+    return {"copy_bandwidth_GBps": bw / 1e9, "steps": steps, "decode_candidates": rows}
+
+
+ENGINE_NOW = "torch fast path (CUDA graphs): the engine's own integer kernels"
+BENCH_ROUTED = ("torch fast path (CUDA graphs), integer linears routed to {} by python -m bench.fast.int_library_bench "
+                "(not yet the engine's own routing)")
+W8A8_NOTE = ("; the app runs INT8 W8A8 on the eager torch engine (its fast-path kernel is not yet torch._int_mm's "
+             "bit for bit)")
+
+
+def recorded_rows(rows: list[dict]) -> list[dict]:
+    """The rows the pages show, per (precision, batch): what the engine runs now (its own kernels; BF16 and FP8
+    always), and, where faster, the fastest library route whose weights are the torch engine's ('tuned': each shape
+    on its winner), named as a bench route. Kernels that are not the torch engine's numbers stay under
+    decode_candidates only. INT8 W8A8: the torch engine's own ops in a CUDA graph, labelled."""
+    out = []
+    for key in sorted({(r["precision"], r["batch"]) for r in rows}):
+        mine = [r for r in rows if (r["precision"], r["batch"]) == key and r["status"] == "ok"]
+        now = next((r for r in mine if r["candidate"] == "project" and r["exact"]), None)
+        routes = [r for r in mine if r["candidate"] != "project" and r["exact"]]
+        lib = max(routes, key=lambda r: r["tok_s"], default=None)
+        if lib is not None and lib["candidate"] == "tuned":  # one kernel within 1% of the per-shape mix: name it
+            lib = next((r for r in routes if r["candidate"] != "tuned" and r["tok_s"] > 0.99 * lib["tok_s"]), lib)
+        if now is not None:
+            out.append({**now, "engine": ENGINE_NOW if key[0] in ("int4", "int4-awq", "int8-wo") else now["engine"]})
+        if lib is not None and (now is None or lib["tok_s"] > now["tok_s"]):
+            route = "torch._int_mm" if lib["candidate"] == "torch._int_mm" else "library kernels"
+            out.append({**lib, "engine": BENCH_ROUTED.format(route),
+                        "kernel": lib["kernel"] + (W8A8_NOTE if key[0] == "int8" else "")})
+    return sorted(out, key=lambda r: (r["batch"], r["precision"] != "bf16", r["precision"], -r["tok_s"]))
+
+
+def table_from(result: dict) -> dict:
+    """The recorded table (core/data/fp8_speed_<kind>.json) from a run's result: its rows recomputed."""
+    from bench.fast.fp8_speed import kernel_of
+
+    out = {k: v for k, v in result.items() if k not in ("rows",)}
+    out["rows"] = recorded_rows(result.get("decode_candidates", []))
+    out["kernels"] = {p: kernel_of(p) for p in {r["precision"] for r in out["rows"]}}
+    return out
+
+
+def print_tables(result: dict, log) -> None:
+    log(f"\n{result['device']} (cc {result['capability']}), {result['date']}, torch {result['torch']}, triton "
+        f"{result['triton']}, gemlite {result['gemlite']}; {result['model']}; command: {result['command']}")
+    log("\nLinears (32 layers of distinct weights, one CUDA graph per shape; us per call):")
+    log("| precision | kernel | shape | batch | us | x BF16 | rel err vs torch engine | equal outputs | exact |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for r in result["linears"]:
+        log(f"| {r['precision']} | {r['kernel']} | {r['shape']} | {r['batch']} | {r['us']:.1f} | "
+            f"{r['speedup_vs_bf16']:.2f} | {r.get('rel_err', 0):.1e} | {100 * r.get('equal_share', 1):.0f}% | "
+            f"{'yes' if r['exact'] else 'no'} |")
+    log("\nOne layer's four linears summed:")
+    log("| precision | kernel | batch | us | x BF16 | exact |")
+    log("|---|---|---|---|---|---|")
+    for r in sorted(result["linear_step_sums"], key=lambda r: (r["batch"], r["precision"], r["us"])):
+        log(f"| {r['precision']} | {r['kernel']} | {r['batch']} | {r['us']:.1f} | {r['speedup_vs_bf16']:.2f} | "
+            f"{'yes' if r['exact'] else 'no'} |")
+    if "decode_candidates" in result:
+        log(f"\nWhole decode step, prompt 512, KV bf16, {result['steps']} CUDA-graph replays:")
+        log("| precision | candidate | batch | ms/step | tok/s | x BF16 | % of floor | exact |")
+        log("|---|---|---|---|---|---|---|---|")
+        for r in sorted(result["decode_candidates"], key=lambda r: (r["batch"], r["precision"])):
+            if r["status"] != "ok":
+                continue
+            log(f"| {r['precision']} | {r['candidate']} | {r['batch']} | {r['ms_per_step']:.3f} | {r['tok_s']:.1f} | "
+                f"{r.get('speedup_vs_bf16', float('nan')):.2f} | {100 * r['floor_frac']:.0f}% | "
+                f"{'yes' if r['exact'] else 'no'} |")

@@ -1,0 +1,305 @@
+"""Integer linears through kernels that torch and its ecosystem ship, built FROM the torch engine's own integer storage
+(core/engines/torch/quant.py, held by the fast engine as intlinears.IntWeight), so that the Quality table and the
+speed table describe the same weights:
+
+- `TinyGemmInt4`: torch's `_weight_int4pack_mm` (tinygemm, the kernel torchao and gpt-fast use). Its weight is
+  `(q - 8) * scale + zero` with a bf16 scale and a bf16 zero, one rounding (an FMA); ours is `(q - zp) * s16` (s16
+  float16) rounded once to bf16. The conversion takes scale = bf16(s16) and zero = bf16((8 - zp) * s16): exact only
+  where s16 has at most 8 significant bits and (8 - zp) * s16 fits bf16, which is rare (`tinygemm_weight_error`
+  measures it). NOT the torch engine's weights bit for bit: a candidate that is timed and reported, not routed.
+- `GemliteInt4`: gemlite's A16Wn kernel (pure Python + Triton) with float32 metadata: `(q - zp) * s16` computed in
+  float32 (exact: a 5-bit integer times an 11-bit scale), rounded to bf16 where it enters a tensor-core dot, which is
+  the torch engine's weight bit for bit. gemlite's one-row GEMVs multiply that float32 weight unrounded (they
+  accumulate in float32 from the float32 weight), so at one row the weight is the exact value the bf16 weight rounds.
+- `GemliteInt8`: gemlite's A16W8 (per output channel) with the float32 scale applied to the weight before the dot
+  ("pre-scale"), as Int8Linear.dequantized does: q * s in float32, then bf16.
+- `GemliteW8A8`: gemlite's A8W8 INT8 dynamic (activations quantized per token by gemlite, int8 dots, scales after).
+- INT4 AWQ (`AwqFold`): the codes are plain INT4 codes of W * diag(s); the activations are divided by s once per
+  projection (one elementwise op) instead of a division per weight, then any INT4 kernel above runs. The weights are
+  the torch engine's codes bit for bit; the product differs from its `x @ (W_q / s)^T` only in rounding order.
+
+`candidates(iw)` lists what can run a weight. Every candidate takes bf16 x [M, K]: `raw(x)` returns its own output
+([M, N], float32 for gemlite, whose split-K adds partial sums with atomics: in float32, not its default bf16, so the
+sums round once), `__call__(x)` that as bf16, `into(x, out)` writes it into the decode step's buffer.
+Importing this module needs CUDA torch; gemlite is optional (requirements-gpu.txt) and its candidates are left out
+where it is not installed.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from core.engines.fast.kernels import intlinears as IL
+
+GROUP = IL.GROUP
+TINYGEMM_INNER_K_TILES = 8  # the packing torchao and gpt-fast use for g128 (K a multiple of 1024)
+
+
+def unpack_codes(iw: IL.IntWeight) -> torch.Tensor:
+    """INT4 codes uint8 [N, K] (0..15) from the packed storage (input 2j in the low nibble, 2j + 1 in the high)."""
+    p = iw.w
+    return torch.stack([p & 0xF, p >> 4], dim=-1).reshape(iw.n, -1)[:, :iw.k].contiguous()
+
+
+class _Kernel:
+    """raw / __call__ / into for a kernel whose raw(x) returns [M, N]."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.raw(x).to(torch.bfloat16)
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.copy_(self.raw(x))
+
+
+def tinygemm_params(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """tinygemm's scales_and_zeros [groups, N, 2] bf16 for codes q with zero point zp: the weight (q - 8) * scale +
+    zero nearest to (q - zp) * s16 that bf16 parameters give (each rounded once from its exact float32 value)."""
+    s = scale.float()
+    z = (8.0 - zero.float()) * s  # exact in float32: a 5-bit integer times an 11-bit scale
+    return torch.stack([s.t().to(torch.bfloat16), z.t().to(torch.bfloat16)], dim=-1).contiguous()
+
+
+def tinygemm_cuda_pack(codes: torch.Tensor) -> torch.Tensor:
+    """torch's CUDA int4 packing from codes uint8 [N, K]: two codes a byte, the even input in the HIGH nibble."""
+    u8 = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+    return torch.ops.aten._convert_weight_to_int4pack(u8, TINYGEMM_INNER_K_TILES)
+
+
+def tinygemm_cpu_weights(codes: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """The weights [N, K] torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, the same format and arithmetic as
+    the CUDA one) multiplies with, read back through one-hot rows: lets the CPU check the format conversion."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int().cpu(), 1)
+    eye = torch.eye(codes.shape[1], dtype=torch.bfloat16)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP, params.cpu()).t().contiguous()
+
+
+def tinygemm_weight_error(iw: IL.IntWeight) -> dict:
+    """How far tinygemm's weights (`tinygemm_params`, computed here as its FMA rounds them) are from the torch
+    engine's bf16 weights: share of weights equal, largest difference in quantization steps (scale units)."""
+    codes = unpack_codes(iw).float()
+    params = tinygemm_params(iw.scale, iw.zero).float()  # [G, N, 2]
+    g = torch.arange(iw.k, device=codes.device) // GROUP
+    s, z = params[..., 0].t()[:, g], params[..., 1].t()[:, g]
+    theirs = ((codes.double() - 8) * s.double() + z.double()).float().to(torch.bfloat16)  # fp32 sum exact here
+    ours = ((codes - iw.zero.float()[:, g]) * iw.scale.float()[:, g]).to(torch.bfloat16)
+    diff = (theirs.float() - ours.float()).abs() / iw.scale.float()[:, g]
+    return {"equal_share": float((theirs == ours).float().mean()), "max_diff_steps": float(diff.max())}
+
+
+class TinyGemmInt4(_Kernel):
+    """torch's tinygemm INT4 g128 (`_weight_int4pack_mm`) on a converted copy of an INT4 storage."""
+
+    name = "tinygemm"
+    label = "torch._weight_int4pack_mm (tinygemm INT4 g128; bf16 scale and zero converted from ours)"
+    exact = False  # see the module docstring and tinygemm_weight_error
+
+    def __init__(self, iw: IL.IntWeight):
+        self.n, self.k = iw.n, iw.k
+        self.packed = tinygemm_cuda_pack(unpack_codes(iw))
+        self.params = tinygemm_params(iw.scale, iw.zero)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm(x, self.packed, GROUP, self.params)
+
+
+def gemlite_available() -> bool:
+    try:
+        import gemlite  # noqa: F401
+    except Exception:  # not installed, or no GPU it knows
+        return False
+    return True
+
+
+def _gemlite_layer(bits: int, n: int, k: int, group: int, input_dtype=None, scaled_activations=False):
+    """A gemlite layer with float32 output: its split-K kernels add partial sums with atomics in the output dtype
+    (bf16 on Hopper by default, which measured 1.9e-2 relative error at one row); in float32 they round once."""
+    from gemlite.core import DType, GemLiteLinearTriton
+
+    return GemLiteLinearTriton(bits, group_size=group, in_features=k, out_features=n,
+                               input_dtype=input_dtype or DType.BF16, output_dtype=DType.FP32,
+                               scaled_activations=scaled_activations)
+
+
+class GemliteInt4(_Kernel):
+    """gemlite A16W4 g128 asymmetric on our codes, float32 scale and zero point: `(q - zp) * s16` in float32."""
+
+    name = "gemlite"
+    label = "gemlite A16W4 g128 (Triton; float32 scale and zero point: the torch engine's weights)"
+    exact = True
+
+    def __init__(self, iw: IL.IntWeight):
+        self.n, self.k = iw.n, iw.k
+        self.layer = _gemlite_layer(4, iw.n, iw.k, GROUP)
+        # fma_mode=False: W = (q - zeros) * scales (W_group_mode 3); float32 metadata keeps that product exact
+        self.layer.pack(unpack_codes(iw), iw.scale.float().contiguous(), iw.zero.float().contiguous(),
+                        fma_mode=False)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+class GemliteInt8(_Kernel):
+    """gemlite A16W8 on our int8 codes and float32 per-row scales, the scale applied to each weight before the dot."""
+
+    name = "gemlite"
+    label = "gemlite A16W8 per channel (Triton; q * scale in float32, as Int8Linear.dequantized)"
+    exact = True
+
+    def __init__(self, iw: IL.IntWeight):
+        self.n, self.k = iw.n, iw.k
+        self.layer = _gemlite_layer(8, iw.n, iw.k, iw.k)
+        self.layer.pack(iw.w, iw.scale.reshape(-1, 1).float(), zeros=None)
+        self.layer.W_group_mode, self.layer.channel_scale_mode = 2, 0  # pre-scale (A16W8's default)
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+class GemliteW8A8(_Kernel):
+    """gemlite A8W8 INT8 dynamic: gemlite quantizes the activations per token, int8 dots, both scales after."""
+
+    name = "gemlite"
+    label = "gemlite A8W8 INT8 dynamic (Triton int8 dots; activations quantized per token by gemlite)"
+    exact = False  # its activation rounding is gemlite's own: tests/gpu/test_int_library_gpu.py measures it
+
+    def __init__(self, iw: IL.IntWeight):
+        from gemlite.core import DType
+
+        self.n, self.k = iw.n, iw.k
+        self.layer = _gemlite_layer(8, iw.n, iw.k, iw.k, input_dtype=DType.INT8, scaled_activations=True)
+        self.layer.pack(iw.w, iw.scale.reshape(-1, 1).float(), zeros=None)
+        self.layer.W_group_mode, self.layer.channel_scale_mode = 0, 3  # both scales after the int32 sums
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+@triton.jit
+def _awq_divide_kernel(x_ptr, s_ptr, out_ptr, M, K, stride_xm, BLOCK: tl.constexpr):
+    """out[seg * M + m] = bf16(x[m] / s[seg]), the division correctly rounded in float32 as torch's."""
+    row = tl.program_id(0)
+    seg, m = row // M, row % M
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + m * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + seg * K + offs, mask=mask, other=1.0)
+    tl.store(out_ptr + row * K + offs, tl.math.div_rn(x, s).to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _awq_gather_kernel(y_ptr, seg_ptr, out_ptr, M, N, stride_ym, stride_om, BLOCK: tl.constexpr):
+    """out[m, n] = y[seg[n] * M + m, n]: each output column from the rows its own projection's scales made."""
+    m = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    seg = tl.load(seg_ptr + offs, mask=mask, other=0)
+    v = tl.load(y_ptr + (seg * M + m) * stride_ym + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + m * stride_om + offs, v.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+class AwqFold(_Kernel):
+    """INT4 AWQ through a plain INT4 kernel: x / s once (s the float16 input scale the torch engine divides its
+    weights by; `_awq_divide_kernel`, one launch for every projection), then the codes. A fused weight (q|k|v,
+    gate|up) holds projections with their own s. split=False: the kernel runs once over all of it with one row of
+    x / s per projection (S x M rows, the weights still read once) and each output column is taken from its
+    projection's row (`_awq_gather_kernel`); split=True: one kernel per projection on its own rows, each written
+    into its slice of the output. Which is faster depends on the kernel and the batch (the tuner times both)."""
+
+    def __init__(self, iw: IL.IntWeight, kernel_cls, split: bool = False):
+        self.n, self.k, self.split = iw.n, iw.k, split
+        # exact: the weights multiplied are the torch engine's codes bit for bit (its division by s moved to x)
+        self.name, self.exact = kernel_cls.name + ("+split" if split else "+fold"), kernel_cls.exact
+        self.label = kernel_cls.label + "; AWQ input scales divided out of the activations once per projection"
+        self.divisors = iw.in_scale[:, :iw.k].float().contiguous()  # [S, K]
+        self.row_seg = iw.row_seg
+        sizes = IL._segment_sizes(iw.row_seg) if split else [iw.n]
+        self.parts, start = [], 0
+        for size in sizes:
+            rows = slice(start, start + size)
+            self.parts.append((rows, kernel_cls(IL.IntWeight(IL.MODE_INT4, size, iw.k, iw.w[rows].contiguous(),
+                                                             iw.scale[rows].contiguous(),
+                                                             iw.zero[rows].contiguous()))))
+            start += size
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        m, segs = x.shape[0], self.divisors.shape[0]
+        xs = torch.empty(segs * m, self.k, dtype=torch.bfloat16, device=x.device)
+        _awq_divide_kernel[(segs * m, triton.cdiv(self.k, 1024))](x, self.divisors, xs, m, self.k, x.stride(0),
+                                                                  BLOCK=1024, num_warps=4)
+        if self.split or segs == 1:
+            for i, (rows, kern) in enumerate(self.parts):
+                out[:, rows].copy_(kern.raw(xs[i * m:(i + 1) * m]))
+            return out
+        y = self.parts[0][1].raw(xs)
+        _awq_gather_kernel[(m, triton.cdiv(self.n, 1024))](y, self.row_seg, out, m, self.n, y.stride(0),
+                                                           out.stride(0), BLOCK=1024, num_warps=4)
+        return out
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return self.into(x, torch.empty(x.shape[0], self.n, dtype=torch.bfloat16, device=x.device))
+
+
+class ProjectKernel(_Kernel):
+    """The project's own Triton kernels (intlinears.int_linear: tile or few-row GEMV, as the tuning table picks)."""
+
+    name = "project"
+
+    def __init__(self, iw: IL.IntWeight):
+        self.iw, self.n, self.k = iw, iw.n, iw.k
+        self.exact = iw.mode != IL.MODE_INT8  # its W8A8 is not yet torch._int_mm's bit for bit (test_int_kernels_gpu)
+        self.label = IL.kernel_label({v: k for k, v in IL.INT_MODES.items()}[iw.mode])
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device)
+        return IL.int_linear(x, self.iw, out)
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return IL.int_linear(x, self.iw, out)
+
+
+class IntMmW8A8(_Kernel):
+    """INT8 W8A8 with the torch engine's own ops (quant.int8_rows, torch._int_mm with rows padded to 17, the float32
+    rescale), captured in the decode step's CUDA graph: the labelled eager path's numbers, by construction."""
+
+    name = "torch._int_mm"
+    label = "INT8 W8A8 through torch._int_mm (the torch engine's ops: per-token int8 rows, int32 sums, rescale)"
+    exact = True
+
+    def __init__(self, iw: IL.IntWeight):
+        self.iw, self.n, self.k = iw, iw.n, iw.k
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return IL.reference_linear(x, self.iw)
+
+
+def candidates(iw: IL.IntWeight) -> dict[str, type | object]:
+    """Name -> a builder (called with the weight) of every kernel that can run this integer weight here."""
+    have_gemlite = gemlite_available()
+    out: dict = {"project": ProjectKernel}
+    if iw.mode == IL.MODE_INT4:
+        out["tinygemm"] = TinyGemmInt4
+        if have_gemlite:
+            out["gemlite"] = GemliteInt4
+    elif iw.mode == IL.MODE_INT4_AWQ:
+        kinds = [TinyGemmInt4] + ([GemliteInt4] if have_gemlite else [])
+        for cls in kinds:
+            out[cls.name + "+fold"] = lambda w, cls=cls: AwqFold(w, cls)
+            out[cls.name + "+split"] = lambda w, cls=cls: AwqFold(w, cls, split=True)  # one projection: the same
+    elif iw.mode == IL.MODE_INT8_WO and have_gemlite:
+        out["gemlite"] = GemliteInt8
+    elif iw.mode == IL.MODE_INT8:
+        out["torch._int_mm"] = IntMmW8A8
+        if have_gemlite:
+            out["gemlite"] = GemliteW8A8
+    return out
+
+
+def linear_into(kernel, x: torch.Tensor, out: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
+    """The decode step's calling convention (model.Lin.fast): the product written into `out`; with silu_x, x is the
+    [M, 2K] gate|up output and the input is SiLU(gate) * up (kernels.silu_mul: HF's bf16 roundings)."""
+    if silu_x:
+        from core.engines.fast import kernels as K
+
+        x = K.silu_mul(x, torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device))
+    return kernel.into(x, out)
