@@ -99,7 +99,7 @@ class Attribution:
     """Whose resident memory grew over the window, split into the deployment (the server under test and the
     console) and the rest of the host."""
 
-    named: str = ""  # every process that grew, largest first, with its part: "server: ... | console: ... | other: ..."
+    named: str = ""  # who grew, largest first, by part: "server under test: ...; console: ...; other: ..."
     grew_note: str = ""  # a sentence naming them, for a verdict
     elsewhere: str = ""  # set when the fall is not the deployment's: why, naming who grew instead
     evidence: dict = field(default_factory=dict)
@@ -125,10 +125,10 @@ def attribute(ctx: CheckContext, span_s: float) -> Attribution:
     own_rate = own / MIB / max(span_s, 1e-9) * 60
     elsewhere = ""
     if ctx.vllm_url and own_rate < LEAK_MIB_PER_MIN:
-        where = ("its processes" if ctx.server_pids else "the server is not on this host, so only the console's "
-                 "processes")
-        elsewhere = (f"{where} and the console's grew {own / MIB:+.0f} MiB in all.{note} Another process starting "
-                     "up, installing or loading a model takes memory from the host, not from this deployment.")
+        who = ("the server under test's processes and the console's grew" if ctx.server_pids else
+               "the console's processes grew (the server under test is not on this host)")
+        elsewhere = (f"{who} {own / MIB:+.0f} MiB in all.{note} Another process starting up, installing or loading "
+                     "a model takes memory from the host, not from this deployment.")
     return Attribution(named, note, elsewhere, evidence)
 
 
