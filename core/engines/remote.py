@@ -8,7 +8,9 @@ Requests go only to the URL the user gave: redirects are refused and environment
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +50,11 @@ class StreamStopper:
         while not self._done.wait(self.POLL_S):
             if should_stop():
                 self.closed.set()
+                # close() alone does not wake a read blocked in another thread; shutting the socket down does
+                sock = getattr(getattr(resp.raw, "_connection", None), "sock", None)
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
                 resp.close()
                 return
 
