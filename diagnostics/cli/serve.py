@@ -93,7 +93,8 @@ def add_remedy_args(p: argparse.ArgumentParser) -> None:
                    help="after the sweep, start the server again with remedy N's flags (1 = the first; without N: "
                         "each in turn), run the same sweep and compare; for a server the console launched")
     p.add_argument("--try-flags", metavar="FLAGS",
-                   help="like --try-remedy with a flag change of your own, e.g. '--max-num-batched-tokens 2048'")
+                   help="like --try-remedy with a flag change of your own, e.g. '--max-num-batched-tokens 2048' "
+                        "(with --try-remedy too: tried after the verdict's remedies; the best wins)")
 
 
 def run_remedy(args: argparse.Namespace, res, started: float) -> int | None:
@@ -104,16 +105,17 @@ def run_remedy(args: argparse.Namespace, res, started: float) -> int | None:
 
     server = servers.find_server(res.base_url)
     before = res.to_dict()
-    if args.try_flags:
-        chosen = [remedy.Remedy(f"Flags chosen by hand: {args.try_flags}", remedy.parse_flag_change(args.try_flags),
-                                "by hand")]
-    else:
+    chosen = []
+    if args.try_remedy is not None:
         found = [r for r in remedy.remedies_for(before, server) if r.concrete]
         if args.try_remedy and not 1 <= args.try_remedy <= len(found):
             raise servers.ServerError(f"--try-remedy {args.try_remedy}: this sweep has {len(found)} remedy(ies) with "
                                       "a flag change" + (": " + "; ".join(f"{i + 1}: {r.flag_text()}" for i, r in
                                                                          enumerate(found)) if found else "."))
         chosen = [found[args.try_remedy - 1]] if args.try_remedy else found
+    if args.try_flags:  # tried after the verdict's, in the same turn: the best of all wins
+        chosen.append(remedy.Remedy(f"Flags chosen by hand: {args.try_flags}",
+                                    remedy.parse_flag_change(args.try_flags), "by hand"))
     if server is None:
         return _not_ours(args, res, chosen)
     say = (lambda m: None) if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
