@@ -8,13 +8,14 @@ import streamlit as st
 from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
 from core.compare.known import default_reference, known_failures, model_types
 from core.compare.result import Side, history_payload, last_run_hint, save_to_history
-from core.compare.run import LIMITS, check_request, load_engine, run
+from core.compare.run import LIMITS, load_engine, run
+from core import store
 from core.engines.pool import Setup
 from core.errors import InputError, TriageError
 from core.fmt import markdown_literal
 from core.models import parse_model
 from core.precision import KVDtype, Precision
-from views.common import compare_view, runs, session
+from views.common import compare_view, inputs, runs, session
 
 ss = st.session_state
 
@@ -37,11 +38,11 @@ def side_inputs(col, title: str, default: Precision, key: str, failures: dict[Pr
     return prec, kv, url.strip()
 
 
-def number(col, name: str, value: int, help: str | None = None) -> int:
-    """A number box that shows its allowed range and accepts anything typed: an out-of-range value is refused in
-    words when Compare is pressed (a bounded box turns red and the form then does nothing)."""
+def number(col, name: str, value: int, help: str | None = None) -> inputs.Bounded:
+    """A number box showing its allowed range (core.compare.run.LIMITS); an out-of-range value is refused in words
+    when Compare is pressed."""
     label, lo, hi = LIMITS[name]
-    return int(col.number_input(f"{label} ({lo:,}-{hi:,})", value=value, step=1, help=help, key=f"cmp_{name}"))
+    return inputs.number(label, lo, hi, value, where=col, help=help, key=f"cmp_{name}")
 
 
 st.title("Precision compare")
@@ -76,19 +77,31 @@ with st.form("cmp_form"):
     submitted = st.form_submit_button("Compare", type="primary")
 
 
+def speed_key(ref: Side, cand: Side) -> str:
+    """The setup whose recent speed (tokens compared a second, loads included) hints how long a run will take."""
+    return f"{ref.model}:{ref.precision.value}/{ref.kv_dtype.value} vs {cand.precision.value}/{cand.kv_dtype.value}"
+
+
 def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
-    """Run the comparison (and the noise floor) under a progress bar that tells time; keep and save the result."""
+    """Run the comparison (and the noise floor) under a progress bar that tells time and a stop that reaches the
+    engine; keep and save the result."""
     started = time.time()
-    step = runs.timed_progress(st.progress(0.0))
+    work = len(prompts) * max_new.value
+    hint = runs.speed_hint("compare", speed_key(ref, cand), work, "tokens")
+    progress = runs.RunProgress(f"Expected: {hint}" if hint else None)
     for side, role in ((ref, "reference"), (cand, "candidate")):
         if side.engine == "torch" and side.precision in failures:
             st.warning(f"The {side.precision.label} {role} is known to fail on this model; the run goes ahead and "
                        "its verdict names the side that broke.")
-    result = run(ref, cand, prompts, max_new_tokens=max_new, top_k=top_k, progress=step, loader=loader)
-    floor = None
-    if noise:
-        floor = run(ref, ref, prompts, max_new_tokens=max_new, top_k=top_k, loader=loader,
-                    progress=runs.timed_progress(st.progress(0.0)))
+    with runs.stoppable():  # no prefill counts: the bar counts decode steps and prompts
+        result = run(ref, cand, prompts, max_new_tokens=max_new.value, top_k=top_k.value, progress=progress.fraction,
+                     loader=loader)
+        floor = None
+        if noise:
+            floor = run(ref, ref, prompts, max_new_tokens=max_new.value, top_k=top_k.value, loader=loader,
+                        progress=lambda f, m: progress.fraction(f, f"Noise floor: {m}"))
+    progress.clear()
+    store.add_speed("compare", speed_key(ref, cand), work / max(time.time() - started, 1e-3))
     # Replaced together, so a failed run leaves the previous result and its history note as they were.
     ss.cmp_result, ss.cmp_payload = result, history_payload(result, floor)
     ss.cmp_saved = save_to_history(result, floor, started_at=started) or False
@@ -101,9 +114,8 @@ def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
     st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
 
 
-if submitted:
+if submitted and not inputs.refused(max_new, top_k, where=top):
     try:
-        check_request(max_new, top_k)
         prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)
         if upload is not None:
             prompts += prompts_from_bytes(upload.getvalue(), upload.name)

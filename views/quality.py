@@ -14,7 +14,7 @@ from core.quality import charts, history, layers
 from core.quality import run as quality
 from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
 from core.compare.result import last_run_hint
-from views.common import quality_view, runs, session
+from views.common import inputs, quality_view, runs, session
 
 ss = st.session_state
 STATIC = [f"fp8-static:{n}" for n in (32, 512, 4096)]
@@ -60,14 +60,14 @@ if ss.get("q_error"):
 c = st.columns([1, 3, 1, 1])
 reference = c[0].selectbox("Reference", [p.value for p in Precision], index=1, key="q_ref")
 candidates = c[1].multiselect("Candidates", CHOICES, default=["fp8", "int8", "int4", "int4-awq"], key="q_cands")
-# Unbounded boxes with the range in the label: a bounded box turns red on 1000000000 and the button then does nothing;
-# here the press says what is wrong (core.quality.run.check_windows).
-lo, hi = quality.WINDOW_RANGE
-window = int(c[2].number_input(f"Window (tokens, {lo:,}-{hi:,})", value=quality.DEFAULT_WINDOW, step=16,
-                               key="q_window"))
-stride = int(c[3].number_input("Stride (tokens, 1-window)", value=quality.DEFAULT_STRIDE, step=16, key="q_stride",
-                               help="Tokens between window starts; every token is scored once, with at least "
-                                    "window - stride tokens of context"))
+window_in = inputs.number("Window (tokens)", *quality.WINDOW_RANGE, quality.DEFAULT_WINDOW, where=c[2], step=16,
+                          key="q_window")
+window = int(window_in.value)
+# The stride's range is the window's: its label says so once, not a number that would change under the cursor.
+stride = int(c[3].number_input("Stride (tokens) (1 to the window)", value=quality.DEFAULT_STRIDE, step=16,
+                               key="q_stride", help="Tokens between window starts; every token is scored once, with "
+                                                    "at least window - stride tokens of context"))
+stride_in = inputs.Bounded("Stride (tokens)", 1, window, stride)
 with st.expander("Calibration text (INT4 AWQ scales, FP8 static scales)"):
     calibration = st.text_area("Calibration text", key="q_calib", height=120,
                                placeholder="Empty: the shipped sample prose") or None
@@ -76,15 +76,16 @@ stopped = ss.pop("q_running", None)
 if stopped:
     st.warning(STOPPED)
 
-if st.button("Run quality", type="primary", disabled=not candidates, key="q_go"):
+pressed = st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
+if pressed and not inputs.refused(window_in, stride_in, where=top):
     ss.q_result, ss.q_running, ss.q_warning = None, True, None
-    bar, cancel = top.progress(0.0, "Starting"), top.empty()
+    with top:
+        progress = runs.RunProgress("Starting: the bar counts each precision's windows")
+    cancel = top.empty()
     cancel.button("Cancel", key="q_cancel")
     note = top.empty()
     note.caption("The table appears below when the run ends.")
-    progress = runs.timed_progress(bar)
     try:
-        quality.check_windows(window, stride)
         textfile.check_text(text)
         ref = quality.parse_variant(reference)
         cands = [quality.parse_variant(x) for x in candidates]
@@ -97,12 +98,13 @@ if st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
         name = ss.get("q_doc_name") or "pasted document"
         params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": name,
                   "window": window, "stride": stride}
-        out = history.run_recorded(spec.label, params, lambda keep: quality.run(
-            spec, text, ref, cands, window=window, stride=stride, calibration=calibration,
-            document_name=name, progress=progress, on_result=keep))
+        with runs.stoppable():  # no prefill counts: the bar counts windows, each a prefill of its own
+            out = history.run_recorded(spec.label, params, lambda keep: quality.run(
+                spec, text, ref, cands, window=window, stride=stride, calibration=calibration,
+                document_name=name, progress=progress.fraction, on_result=keep))
     except TriageError as exc:
         out = history.Outcome("failed", None, str(exc), None, None)
-    bar.empty()
+    progress.clear()
     cancel.empty()
     note.empty()
     ss.q_running = None

@@ -53,13 +53,13 @@ def test_no_prompts_is_a_clear_error():
 
 def test_an_out_of_range_number_says_its_range_and_runs_nothing(db):
     at = _page()
-    assert at.number_input(key="cmp_max_new_tokens").label == "Max new tokens (1-512)"
-    assert at.number_input(key="cmp_top_k").label == "Top-k (1-20)"
+    assert at.number_input(key="cmp_max_new_tokens").label == "Max new tokens (1 to 512)"
+    assert at.number_input(key="cmp_top_k").label == "Top-k (1 to 20)"
     at.number_input(key="cmp_max_new_tokens").set_value(1_000_000_000)
     at.button[0].click()
     at.run()
     assert not at.exception
-    assert any("Max new tokens must be between 1 and 512; got 1,000,000,000" in e.value for e in at.error), \
+    assert any("Max new tokens must be between 1 and 512; it is 1,000,000,000" in e.value for e in at.error), \
         [e.value for e in at.error]
     assert db.list_runs("compare") == []
 

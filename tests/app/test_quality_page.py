@@ -88,12 +88,12 @@ def test_empty_and_binary_documents_get_messages():
 
 def test_an_out_of_range_window_says_its_range():
     at = page()
-    assert at.number_input(key="q_window").label == "Window (tokens, 16-32,000)"
+    assert at.number_input(key="q_window").label == "Window (tokens) (16 to 32,000)"
     at.text_area(key="q_text").set_value("The capital of France is Paris. " * 40).run()
     at.number_input(key="q_window").set_value(1_000_000_000).run()
     at.button(key="q_go").click().run()
     assert not at.exception
-    assert any("The window must be between 16 and 32,000 tokens; got 1,000,000,000" in e.value for e in at.error), \
+    assert any("Window (tokens) must be between 16 and 32,000; it is 1,000,000,000" in e.value for e in at.error), \
         [e.value for e in at.error]
 
 

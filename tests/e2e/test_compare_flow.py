@@ -1,13 +1,17 @@
 """The Precision compare page's main flow by clicking: FP32 against FP8 (W8A8) on the embedded model, one built-in
 prompt and one typed prompt carrying HTML, 6 tokens each (FP8 runs through torch._scaled_mm, slow on a CPU). The
-summary, the side-by-side outputs and the hover tooltips appear, and the run lands in the server's history. Also: a
-deep link opened first on a freshly started server goes through the router."""
+summary, the side-by-side outputs (opened on the prompt that diverged first) and the hover tooltips appear, and the run
+lands in the server's history. An FP16 reference on Gemma 3 is warned before and named as the broken side after; an
+out-of-range number is refused with its range. Also: a deep link opened first on a freshly started server goes
+through the router."""
 import re
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from core.compare import render
+from core.compare.result import CompareResult
 from tests.e2e.helpers import (APP, LOAD_TIMEOUT_S, SCREENSHOTS, AppServer, errors_on, goto, keep_only_chip,
                                metric_value, new_page, screenshot, wait_idle)
 
@@ -43,7 +47,7 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     assert prec.nth(0).input_value() == "FP32" and "W8A8" in prec.nth(1).input_value()
     keep_only_chip(page, "Built-in prompts", "france")
     page.get_by_label("Your prompts, one per line").fill(TYPED)
-    page.get_by_label("Max new tokens").fill("6")
+    page.get_by_label("Max new tokens (1 to 512)").fill("6")
     page.get_by_role("button", name="Compare").click()
 
     page.locator('[data-testid="stMetric"]', has_text="Mean KLD").wait_for(timeout=RUN_TIMEOUT_S * 1000)
@@ -52,8 +56,8 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     assert re.fullmatch(r"[0-9.e+-]+ nats", metric_value(page, "Mean KLD").strip())
     assert re.fullmatch(r"[0-9.]+ %", metric_value(page, "Same top token").strip())
     assert re.fullmatch(r"[0-2]/2 prompts", metric_value(page, "vLLM rule").strip())
-    verdict = page.locator('[data-testid="stAlert"]').first.inner_text()
-    assert "FP8" in verdict and "FP32" in verdict, verdict
+    verdict = page.locator('[data-testid="stAlert"]', has_text="same top token").first.inner_text()
+    assert "FP8" in verdict and "FP32" in verdict and "alibration" not in verdict, verdict
 
     # The side-by-side view of the first prompt: reference left, candidate right, 6 tokens each.
     # st.html content can arrive after the metrics above it on a loaded machine: wait for it by name.
@@ -73,23 +77,72 @@ def test_fp32_against_fp8_shows_summary_side_by_side_and_is_saved(app_server, pa
     page.mouse.move(0, 0)
     screenshot(page, "flow-compare-fp32-fp8")
 
+    # The token diff opens on the prompt that diverged first (lowest free-running top-1 agreement), picker for the
+    # rest: the page's choice is checked against the saved run's own numbers.
+    saved = page.get_by_text(re.compile(r"Saved to History as run #\d+")).inner_text()
+    run_id = int(re.search(r"#(\d+)", saved).group(1))
+    rebuilt = CompareResult.from_dict(history_db.get_run(run_id).payload)
+    opened = rebuilt.prompts[render.most_divergent(rebuilt)]
+    picker = page.get_by_role("combobox", name="Prompt", exact=True)
+    assert picker.input_value() == render.prompt_choice(opened)
+    assert page.locator(".cmp-legend b").first.inner_text() == opened.name
+    if any(p.free.first_divergence is not None for p in rebuilt.prompts):
+        assert opened.free.first_divergence is not None, "the diff opened on an identical prompt"
+    screenshot(page, "flow-compare-opens-on-divergent-prompt")
+
     # The typed prompt's HTML is shown as text, never rendered (the dialogs fixture also fails on any alert).
-    select(page, "Prompt", "user-1")
+    typed = next(p for p in rebuilt.prompts if p.name == "user-1")
+    select(page, "Prompt", render.prompt_choice(typed))
     assert TYPED in page.locator(".cmp-wrap .cmp-prompt").first.inner_text()
     assert page.locator(".cmp-wrap b").count() == 0
     screenshot(page, "flow-compare-typed-prompt")
 
-    saved = page.get_by_text(re.compile(r"Saved to History as run #\d+")).inner_text()
-    run_id = int(re.search(r"#(\d+)", saved).group(1))
     new = [r for r in history_db.list_runs("compare") if r.id not in before]
     assert [r.id for r in new] == [run_id] and new[0].status == "finished"
     assert "FP32" in new[0].title and "W8A8" in new[0].title
     s = new[0].summary
     assert s["reference_precision"] == "fp32" and s["candidate_precision"] == "fp8" and s["prompts"] == 2
-    assert s["mean_kld_nats"] > 0 and s["verdict_band"] in ("fine", "watch", "calibration failed")
+    assert s["mean_kld_nats"] > 0 and s["verdict_band"] in ("fine", "watch", "inconclusive", "low agreement")
     payload = history_db.get_run(run_id).payload
     assert [p["prompt"] for p in payload["prompts"]] == ["The capital of France is", TYPED]
     assert not errors_on(page)
+
+
+def test_an_fp16_reference_on_gemma_3_is_warned_then_named_as_the_broken_side(app_server, page):
+    """Gemma 3 overflows FP16: the page says so before the run (read from the model's config), keeps it out of the
+    default reference, refuses an out-of-range number in words with its range, and after the run blames the FP16
+    reference, not the candidate."""
+    goto(page, app_server, "compare")
+    warning = page.locator('[data-testid="stAlert"]').first.inner_text()
+    assert "Known to fail on this model" in warning and "gemma3_text" in warning and "FP16" in warning, warning
+    prec = page.get_by_role("combobox", name="Precision", exact=True)
+    assert prec.nth(0).input_value() == "FP32"
+    keep_only_chip(page, "Built-in prompts", "france")
+    page.get_by_label("Max new tokens (1 to 512)").fill("1000000000")
+    page.get_by_role("button", name="Compare").click()
+    refusal = page.get_by_text("Max new tokens must be between 1 and 512; it is 1,000,000,000")
+    refusal.wait_for(timeout=60_000)
+    screenshot(page, "flow-compare-out-of-range")
+
+    page.get_by_label("Max new tokens (1 to 512)").fill("4")
+    select_nth(page, "Precision", 0, "FP16 (fails on this model)")
+    select_nth(page, "Precision", 1, "FP32")
+    page.get_by_role("button", name="Compare").click()
+    verdict = page.locator('[data-testid="stAlert"]', has_text="Reference broken")
+    verdict.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    wait_idle(page, RUN_TIMEOUT_S)
+    assert not errors_on(page)
+    text = verdict.inner_text()
+    assert "the FP16 reference overflowed: its logits are not finite at 100% of positions" in text, text
+    assert "candidate was not judged" in text and "alibration" not in text
+    screenshot(page, "flow-compare-fp16-reference-broken")
+
+
+def select_nth(page, label: str, n: int, option: str) -> None:
+    """Pick `option` in the n-th selectbox labelled `label` (the reference's and the candidate's share a label)."""
+    page.get_by_role("combobox", name=label, exact=True).nth(n).click()
+    page.get_by_role("option", name=option, exact=True).click()
+    wait_idle(page)
 
 
 def test_a_deep_link_on_a_fresh_server_runs_the_router(browser, dialogs):
