@@ -6,6 +6,7 @@ import time
 import streamlit as st
 
 from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
+from core.compare.agreement import BROKEN
 from core.compare.known import default_reference, known_failures, model_types
 from core.compare.result import Side, history_payload, last_run_hint, save_to_history
 from core.compare.run import LIMITS, load_engine, run
@@ -107,7 +108,7 @@ def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
     ss.cmp_saved = save_to_history(result, floor, started_at=started) or False
     sm = result.summary
     head = sm.status.capitalize() + (
-        "" if sm.same_top is None else f": same top token {100 * sm.same_top:.1f} %"
+        "" if sm.same_top is None or sm.status in BROKEN else f": same top token {100 * sm.same_top:.1f} %"
         + ("" if sm.mean_kld is None else f", mean KLD {sm.mean_kld:.3g} nats"))
     status.update(label=f"Compared in {time.time() - started:.1f} s. {head}. The full result is below the form.",
                   state="complete", expanded=False)
