@@ -250,7 +250,7 @@ def test_a_saved_quality_run_reopens_with_its_table_and_kld_chart(db):
     rid = db.save_run("quality", "Quality int4 vs bf16", _quality_payload(cancelled=False), {"rows": 2})
     at = pick(page(), rid)
     table = at.dataframe[1].value  # [0] is the list of runs
-    assert list(table["precision"]) == ["bf16 (ref)", "int4"] and "decode tok/s" in table.columns
+    assert list(table["precision"]) == ["bf16 (ref)", "int4"] and list(table["verdict"]) == ["reference", "broken"]
     assert len(at.get("plotly_chart")) == 1
     assert any(s.value == "Where the candidates differ most" for s in at.subheader) and _raw_json_closed(at)
 
