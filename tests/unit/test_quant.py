@@ -219,7 +219,7 @@ def test_a_cpu_run_that_grew_no_memory_reads_under_1_mib_not_0_b():
     rows = [{"name": "int4", "peak_bytes": 0, "peak_source": SOURCE},
             {"name": "fp8", "peak_bytes": 15 * 2**20, "peak_source": SOURCE},
             {"name": "bf16", "peak_bytes": 0, "peak_source": "CUDA allocator (torch.cuda.max_memory_allocated)"}]
-    assert [r["peak mem"] for r in render.compact_rows({"rows": rows})] == ["< 1 MiB", "15.00 MiB", "0 B"]
+    assert [r["peak memory"] for r in render.timing_rows({"rows": rows})] == ["< 1 MiB", "15.00 MiB", "0 B"]
 
 
 def test_layer_errors_rank_quantizers_and_find_outlier_channels():
