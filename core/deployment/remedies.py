@@ -91,10 +91,7 @@ REPLICAS = remedy("Add replicas and spread the load.", "replicas")
 
 
 def _prefill(config: ServerConfig, facts: Facts) -> list[dict]:
-    top, prompt = config.step_tokens_top, facts.prompt_tokens
-    chunked = (f"chunked prefill already splits each {prompt}-token prompt (the engine's steps carried at most "
-               f"{top:.0f} tokens), and " if top and prompt and top < prompt else "")
-    out = [remedy(f"No server flag is a measured fix for long prefills: {chunked}a larger prefill budget "
+    out = [remedy("No server flag is a measured fix for long prefills: a larger prefill budget "
                   f"(--max-num-batched-tokens) is no known cure ({BUDGET_MEASURE}). The fixes are on the workload "
                   "and the hardware:", "no-flag")]
     alone = (f" ({facts.prompt_tokens} tokens take {facts.prefill_lone_s:.1f} s of prefill alone here)"

@@ -52,7 +52,6 @@ class ServerConfig:
     published: dict[str, str] = field(default_factory=dict)  # label -> value, e.g. "enable_prefix_caching": "True"
     sources: dict[str, str] = field(default_factory=dict)  # label -> the metric (or "/v1/models") it was read from
     launch: dict[str, str] = field(default_factory=dict)  # "--flag" -> value from the launch command ("" a switch)
-    step_tokens_top: float | None = None  # the most tokens one engine step carried in the sweep (bucket bound)
 
     def value(self, flag: str) -> str | None:
         if flag in self.launch:

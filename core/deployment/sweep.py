@@ -491,8 +491,6 @@ def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = 
     res.wall_s = time.monotonic() - r.t0
     res.goodput = _goodput(res.steps)
     config = _server_config(eng.base_url, api_key, info.max_model_len, launch_flags)
-    tops = [s.server["step_tokens_top"] for s in res.steps if (s.server or {}).get("step_tokens_top")]
-    config.step_tokens_top = max(tops) if tops else None  # this workload's steps, not the start-up's profile run
     res.server_config, res.kv_capacity_tokens = config.to_dict(), config.kv_capacity_tokens
     per_request = (prompt_tokens + max_new_tokens) if not texts else None
     res.verdict = verdict(res.steps, slo, res.knee, res.goodput, config, per_request,

@@ -64,7 +64,6 @@ class Anatomy:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # TTFT's part before the engine saw the request (API server: HTTP, tokenization): (ttft - queue - prefill) / ttft
     before_engine_share_ttft: float | None = None
-    step_tokens_top: float | None = None  # upper bound of the largest tokens-per-engine-step bucket in the window
 
     def mean(self, key: str) -> float | None:
         p = self.phases.get(key)
@@ -118,11 +117,8 @@ def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
     ttft, queue, prefill = mean("ttft"), mean("queue"), mean("prefill")
     before_engine = max(0.0, ttft - queue - prefill) / ttft if ttft and queue is not None and prefill is not None \
         else None
-    steps = after.histograms.get("step_tokens")
-    top = steps.minus(before.histograms.get("step_tokens")).top_bucket() if steps is not None else None
     return Anatomy(
-        before_engine_share_ttft=before_engine, step_tokens_top=top[1] if top else None,
-        window_s=dt, requests=phases["e2e"].count if "e2e" in phases else 0.0, phases=phases, missing=tuple(missing),
+        before_engine_share_ttft=before_engine, window_s=dt, requests=phases["e2e"].count if "e2e" in phases else 0.0, phases=phases, missing=tuple(missing),
         queue_share_ttft=share(mean("queue"), mean("ttft")), prefill_share_ttft=share(mean("prefill"), mean("ttft")),
         share_e2e={k: v for k in PHASES if (v := share(mean(k), e2e)) is not None},
         waiting_capacity=after.waiting_by_reason.get("capacity"), waiting=after.waiting, running=after.running,

@@ -45,8 +45,8 @@ HISTOGRAMS = {
     "prefill": ["vllm:request_prefill_time_seconds"],
     "decode": ["vllm:request_decode_time_seconds"],
     "inference": ["vllm:request_inference_time_seconds"],
-    # Not latencies: tokens per engine step (its top bucket shows the token budget a step used) and new KV tokens
-    # computed per request's prefill (prompt tokens less prefix-cache hits).
+    # Not latencies: tokens per engine step (vLLM counts a prompt's tokens in the step that finishes its prefill, so
+    # this is no measure of the prefill chunk) and new KV tokens computed per request's prefill.
     "step_tokens": ["vllm:iteration_tokens_total"],
     "prefill_tokens": ["vllm:request_prefill_kv_computed_tokens"],
 }
@@ -106,16 +106,6 @@ class Histogram:
                 return prev_le, le
             prev_le, prev_count = le, cum
         return prev_le, math.inf
-
-    def top_bucket(self) -> tuple[float, float] | None:
-        """(lower, upper) bounds of the highest bucket that holds an observation: the largest value lies in it."""
-        prev_le, prev_count = 0.0, 0.0
-        top = None
-        for le, cum in self.buckets:
-            if cum > prev_count:
-                top = (prev_le, le)
-            prev_le, prev_count = le, cum
-        return top
 
     @property
     def mean(self) -> float | None:

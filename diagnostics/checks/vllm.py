@@ -222,8 +222,7 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
         return out
     a, snaps = got
     canaries = _canaries(ctx, snaps[0].t, snaps[-1].t)
-    evidence = {**_anatomy_evidence(a, snaps, canaries), "in_prefill": _in_prefill(a),
-                "step_tokens_top": a.step_tokens_top}
+    evidence = {**_anatomy_evidence(a, snaps, canaries), "in_prefill": _in_prefill(a)}
     pj = prefill_judgement(a.mean("queue"), a.mean("prefill"), a.mean("ttft"),
                            a.requests / a.window_s if a.window_s > 0 else None)
     if pj is None:
@@ -232,7 +231,6 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
     if not pj.bound:
         return passed(f"Not prefill-bound over {a.requests:.0f} request(s){own}: {pj.reason}.", evidence=evidence)
     cfg = server_config(snaps[-1], None, flags_of(ctx.launch_cmd))
-    cfg.step_tokens_top = a.step_tokens_top
     rem = remedies("prefill-bound", Facts(prefill_lone_s=None), cfg)
     evidence["remedy_flags"] = [r["flags"] for r in rem if r["flags"]]
     text = " ".join(r["text"] for r in rem) + (" `python -m diagnostics sweep --url URL --prompt-tokens N` measures "

@@ -50,7 +50,6 @@ def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_fo
         assert not any(cfg.in_force(f, val) for f, val in r["flags"].items()), r
         assert "--max-num-batched-tokens" not in r["flags"] and "--max-num-seqs" not in r["flags"]
     assert res["server_config"]["published"].get("enable_prefix_caching") in ("True", "False")
-    assert res["server_config"]["step_tokens_top"] <= 256  # the budget, seen in the engine's own step sizes
     assert all(s["client"]["ttft"]["n"] == s["ok"] for s in res["steps"])
     assert "fewer than 20 requests" in v["headline"]  # 3 and 6 requests: the p99 is said to be their slowest
 
