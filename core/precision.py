@@ -18,7 +18,7 @@ class Precision(str, Enum):
     FP8 = "fp8"  # E4M3 W8A8: per-output-channel weight scales, dynamic per-token activation scales
     FP8_WEIGHT_ONLY = "fp8-wo"  # E4M3 weights, upcast to the base dtype for the matmul (W8A16)
     # Integer precisions (core/engines/torch/quant.py; on an NVIDIA GPU the weight-only ones also run on the fast
-    # engine, core/engines/fast/kernels/intlinears.py), never vLLM; lm_head and embeddings stay at the base dtype.
+    # engine, core/engines/fast/methods/integer.py), never vLLM; lm_head and embeddings stay at the base dtype.
     # W8A8: per-output-channel weight scales, dynamic per-token activation scales, int8 products (core/engines/torch/quant.py: int_mm)
     INT8 = "int8"
     INT8_WEIGHT_ONLY = "int8-wo"  # int8 weights, upcast to the base dtype for each matmul (W8A16)

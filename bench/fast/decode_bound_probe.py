@@ -23,6 +23,7 @@ from bench.fast.fp8_speed import time_decode
 from core.engines.fast import kernels as K
 from core.engines.fast.kernels import attention
 from core.engines.fast.model import Dims, FastLlama
+from core.engines.fast.methods import tuning
 from core.engines.fast.tuned_table import read_tuned_table
 from core.models import synthetic_config
 
@@ -49,11 +50,12 @@ def main() -> None:
     ap.add_argument("--precisions", default="bf16,fp8")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--tuned", default="core/engines/fast/tuned_h200.json")
+    ap.add_argument("--tuned", default="core/engines/fast/tuned_linears.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/fast/decode_bound_probe.py needs a CUDA GPU.")
-    K.TUNED.update(read_tuned_table(args.tuned))
+    tuning.TUNED.update(read_tuned_table(args.tuned, torch.cuda.get_device_name(),
+                                         torch.cuda.get_device_capability()))
     config = synthetic_config("llama-3-8b")
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)

@@ -2,7 +2,7 @@
 
     python -m bench.fast.fp8_speed                       # Llama-3-8B shape, random weights, on one CUDA GPU
     python -m bench.fast.fp8_speed --json core/data/fp8_speed_h200.json --out $OUT
-    python -m bench.fast.fp8_speed --tuned core/engines/fast/tuned_h200.json   # skip tuning: the shipped H200 table
+    python -m bench.fast.fp8_speed --tuned core/engines/fast/tuned_linears.json   # skip tuning: the shipped table
 
 For bf16, fp8 W8A8 and fp8 weight-only, each with the auto (bf16) and the FP8 KV cache, at batch 1, 8, 64 and
 prompt 512 and 32K: ms per decode step (CUDA-graph replays back to back, timed with events), tokens/s
@@ -28,10 +28,13 @@ from pathlib import Path
 import torch
 
 from core.engines.fast import kernels as K
-from core.engines.fast.kernels import linears, tune
-from core.engines.fast.model import DecodeGraph, Dims, FastLlama
+from core.engines.fast.graph import DecodeGraph
+from core.engines.fast.kernels import linears
+from core.engines.fast.methods import method_for, tuner, tuning
+from core.engines.fast.model import Dims, FastLlama
 from core.engines.fast.options import overridden
-from core.engines.fast.tuned_table import read_tuned_table
+from core.engines.fast.tuned_table import read_tuned_table, rows as table_rows
+from core.precision import Precision
 from core.models import synthetic_config
 
 PREC_LABEL = {"bf16": "BF16", "fp8": "FP8 W8A8", "fp8-wo": "FP8 weight-only", "int4": "INT4 g128",
@@ -42,24 +45,25 @@ INT_PRECISIONS = ("int4", "int4-awq", "int8-wo", "int8")
 def random_awq_scales(dims: Dims, seed: int = 1) -> dict:
     """AWQ-shaped input scales for every projection (speed only: the search's values do not change the kernels' work;
     the engine searches them on a calibration text)."""
-    from core.engines.fast.model import _projection_rows
-
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = {}
     for i in range(dims.layers):
-        for name, rows in _projection_rows(dims).items():
-            k = dims.hidden if name in ("qkv", "gu") else dims.heads * dims.head_dim if name == "o" else dims.inter
-            out[f"{i}.{name}.awq"] = ([torch.exp(0.3 * torch.randn(k, device="cuda", generator=g)) for _ in rows],
-                                      rows)
+        for name, _, k, rows in tuner.model_shapes(dims):
+            name = {"gate_up": "gu"}.get(name, name)
+            out[f"{i}.{name}.calibration"] = (
+                [torch.exp(0.3 * torch.randn(k, device="cuda", generator=g)) for _ in rows], rows)
     return out
+
+
+def dense_copies(p: str, n: int, k: int, copies: int) -> list[tuple]:
+    """(weight, scale) pairs of `copies` random [n, k] weights at a BF16 or FP8 precision, to rotate through."""
+    return [(w.w, w.scale) for w in method_for(Precision(p)).timing_weights(n, k, [n], copies)]
 
 
 def kernel_of(p: str) -> str:
     """Which kernels ran for a precision's linears, for the pages' "which kernel" column."""
     if p in INT_PRECISIONS:
-        from core.engines.fast.kernels import intlinears
-
-        return intlinears.kernel_label(p)
+        return method_for(Precision(p)).label()
     return {"bf16": "Triton GEMV/GEMM (bf16), cuBLAS where tuned faster",
             "fp8": "Triton FP8 W8A8 dots (E4M3 tensor cores), torch._scaled_mm where tuned faster",
             "fp8-wo": "Triton FP8 weight-only (E4M3 -> f16 dots)"}[p]
@@ -172,7 +176,7 @@ def sweep_prologue_launches(row: dict, candidates, calls_for) -> tuple[int, int]
     (a failed compile is kept as its message); the fastest (BLOCK_N, warps), or None if none ran."""
     for bn, warps in candidates:
         try:
-            row[f"fold {bn}x{warps}"] = tune.graph_time_us(calls_for(bn, warps))
+            row[f"fold {bn}x{warps}"] = tuner.graph_time_us(calls_for(bn, warps))
         except Exception as exc:
             row[f"fold {bn}x{warps}"] = f"{type(exc).__name__}: {str(exc)[:120]}"
     folds = {kk: v for kk, v in row.items() if kk.startswith("fold") and isinstance(v, float)}
@@ -205,9 +209,9 @@ def silu_sweep(dims: Dims, precisions) -> dict:
         mode = K.MODES[p]
         if mode == K.MODE_W8A8:
             continue
-        copies = tune.rotated_copies(3 * inter * hid * (2 if mode == 0 else 1), most=16)
-        wg = tune.rotated_weights(mode, 2 * inter, hid, copies, "cuda")
-        wd = tune.rotated_weights(mode, hid, inter, copies, "cuda")
+        copies = tuner.rotated_copies(3 * inter * hid * (2 if mode == 0 else 1), most=16)
+        wg = dense_copies(p, 2 * inter, hid, copies)
+        wd = dense_copies(p, hid, inter, copies)
         row = {}
         with K.pdl_scope(True):
             def separate(c):
@@ -217,7 +221,7 @@ def silu_sweep(dims: Dims, precisions) -> dict:
             def folded(c, bn, warps):
                 K.gemv_prologue(x, *wg[c], act, mode, delta, xo, lnw, 1e-5, cfg=(bn, warps), silu_out=True)
                 K.linear(act, *wd[c], None, out, mode)
-            row["separate kernels"] = tune.graph_time_us([lambda c=c: separate(c) for c in range(copies)])
+            row["separate kernels"] = tuner.graph_time_us([lambda c=c: separate(c) for c in range(copies)])
             best = sweep_prologue_launches(
                 row, [(bn, w) for bn, w in PROLOGUE_CANDIDATES if bn % 2 == 0],
                 lambda bn, warps: [lambda c=c: folded(c, bn, warps) for c in range(copies)])
@@ -247,8 +251,8 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
             mode = K.MODE_BF16 if name == "lm_head" else K.MODES[p]  # lm_head stays BF16 in every mode
             if name == "lm_head" and p != precisions[0]:
                 continue
-            copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-            ws = tune.rotated_weights(mode, n, k, copies, "cuda")
+            copies = tuner.rotated_copies(n * k * (2 if mode == 0 else 1))
+            ws = dense_copies("bf16" if name == "lm_head" else p, n, k, copies)
             out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             xo, h = torch.empty_like(x), torch.empty_like(x)
             xs = torch.empty(1, device="cuda", dtype=torch.float32)
@@ -262,7 +266,7 @@ def prologue_sweep(dims: Dims, precisions) -> dict:
                     elif mode == 2:
                         K.row_quant(x, xs, xq)
                     K.linear(xq if mode == 2 else (h if norm else x), w, s, xs, out, mode)
-                row["separate kernels"] = tune.graph_time_us([lambda w=w, s=s: before(w, s) for w, s in ws])
+                row["separate kernels"] = tuner.graph_time_us([lambda w=w, s=s: before(w, s) for w, s in ws])
                 best = sweep_prologue_launches(row, PROLOGUE_CANDIDATES, lambda bn, warps: [
                     lambda w=w, s=s: K.gemv_prologue(x, w, s, out, mode, delta if norm else None,
                                                      xo if norm else None, lnw if norm else None, 1e-5,
@@ -325,6 +329,32 @@ def floor_ms(model: FastLlama, cache, batch: int, prompt: int, steps: int, bw: f
     return 1000 * (model.step_weight_bytes(batch) + kv) / bw
 
 
+def tune_linears(args, dims: Dims, precisions: list[str], batches: list[int], device: tuple, meta: dict) -> list:
+    """The tuning table for this run: --tuned's (this GPU's section, or one of the same SM), then --retune's and
+    --int-gemv's precisions timed again, or every precision timed (one tuner for every family); the table and every
+    timing go to --out."""
+    methods = lambda names: [method_for(Precision(p)) for p in names]  # noqa: E731
+    timed = []
+    if args.tuned:
+        tuning.TUNED.update(read_tuned_table(args.tuned, *device))
+        if args.retune:
+            timed += tuner.tune_model(dims, methods(args.retune.split(",")), batches, log=log, lm_head=False)
+        if args.int_gemv:  # the GEMV is integer weight-only and takes up to 8 rows
+            weight_only = [p for p in precisions if p in INT_PRECISIONS and p != "int8"]
+            timed += tuner.tune_model(dims, methods(weight_only), [b for b in batches if b <= 8], log=log,
+                                      kernels={"gemv"}, lm_head=False)
+    elif not args.no_tune:
+        t0 = time.perf_counter()
+        timed = tuner.tune_model(dims, methods(precisions), batches, log=log)
+        log(f"tuning took {time.perf_counter() - t0:.0f} s")
+    if args.out and timed:
+        tuning.save(Path(args.out, "tuned_linears.json"), device[0], {
+            "capability": list(device[1]), **{k: meta[k] for k in ("date", "torch", "triton")},
+            "sources": [f"python -m bench.fast.fp8_speed {' '.join(sys.argv[1:])}"]})
+        Path(args.out, "tuning_all.json").write_text(json.dumps(timed, indent=1))
+    return timed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="llama-3-8b")
@@ -337,21 +367,21 @@ def main() -> None:
                     help="cuda,triton: time the E4M3 cache's decode attention through attn_e4m3's CUDA kernel (as "
                     "the engine runs it where it serves) and through the Triton kernel")
     ap.add_argument("--no-tune", action="store_true", help="use kernels.default_config instead of timing candidates")
-    ap.add_argument("--tuned", help="a tuning table (skips tuning): the shipped "
-                    "core/engines/fast/tuned_h200.json, or tuned_linears.json / the result JSON of an earlier run")
+    ap.add_argument("--tuned", help="a tuning table (skips tuning; this GPU's section, or one of the same SM): the "
+                    "shipped core/engines/fast/tuned_linears.json, or tuned_linears.json / the result JSON of an "
+                    "earlier run")
     ap.add_argument("--json", help="write the results here (core/data/fp8_speed_h200.json)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for the tuning table and logs")
     ap.add_argument("--retune", help="with --tuned: tune these precisions again (e.g. fp8-wo) for --batches")
-    ap.add_argument("--int-tuned", help="the integer linears' tuning table (skips their tuning): the shipped "
-                    "core/engines/fast/tuned_int_h200.json")
-    ap.add_argument("--int-gemv", action="store_true", help="with --int-tuned: time the few-row GEMV's candidates "
-                    "against the table's winners for batches of 1-8 and keep the faster (the table goes to --out)")
+    ap.add_argument("--int-gemv", action="store_true", help="with --tuned: time the integer weight-only GEMV's "
+                    "candidates against the table's winners for batches of 1-8 and keep the faster (the table goes "
+                    "to --out)")
     ap.add_argument("--prefill", default="", help="prompt lengths whose prompt pass is timed per precision (8192)")
     ap.add_argument("--fold-ab", action="store_true", help="only: sweep gemv_prologue's launch configurations, "
                     "then time the batch-1 step with each set of folds (DecodeGraph folds) and stop")
     args = ap.parse_args()
-    if args.int_gemv and not args.int_tuned:
-        ap.error("--int-gemv times the GEMV against a table's winners: give the table with --int-tuned")
+    if args.int_gemv and not args.tuned:
+        ap.error("--int-gemv times the GEMV against a table's winners: give the table with --tuned")
     if not torch.cuda.is_available():
         sys.exit("bench/fast/fp8_speed.py needs a CUDA GPU.")
 
@@ -374,45 +404,10 @@ def main() -> None:
     config = synthetic_config(args.model)
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)
-    tuned_rows = []
-    if args.tuned:
-        K.TUNED.update(read_tuned_table(args.tuned))
-        if args.retune:
-            tuned_rows = tune.tune_model(dims, args.retune.split(","), batches, log=log, lm_head=False)
-            if args.out:
-                Path(args.out, "tuned_linears.json").write_text(json.dumps(
-                    [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
-                Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
-    elif not args.no_tune:
-        t0 = time.perf_counter()
-        tuned_rows = tune.tune_model(dims, precisions, batches, log=log)
-        log(f"tuning took {time.perf_counter() - t0:.0f} s")
-        if args.out:
-            Path(args.out, "tuned_linears.json").write_text(json.dumps(
-                [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()], indent=1))
-            Path(args.out, "tuning_all.json").write_text(json.dumps(tuned_rows, indent=1))
-
-    int_precisions = [p for p in precisions if p in INT_PRECISIONS]
-    int_tuning = []
-    if int_precisions:
-        from core.engines.fast.kernels import tune_int
-
-        if args.int_tuned:
-            tune_int.load_int_tuned(args.int_tuned)
-        if args.int_gemv or (not args.int_tuned and not args.no_tune):
-            t0 = time.perf_counter()
-            modes, tune_batches = int_precisions, batches
-            if args.int_gemv:  # the GEMV is weight-only and takes up to GEMV_MAX_ROWS rows
-                modes = [p for p in int_precisions if p != "int8"]
-                tune_batches = [b for b in batches if b <= tune_int.IL.GEMV_MAX_ROWS]
-            int_tuning = tune_int.tune_model(dims, modes, tune_batches, log=log, gemv_only=args.int_gemv)
-            log(f"integer tuning took {time.perf_counter() - t0:.0f} s")
-            if args.out:
-                tune_int.save(Path(args.out, "tuned_int.json"), {k: meta[k] for k in ("device", "date", "torch",
-                                                                                      "triton")})
-                Path(args.out, "tuning_int_all.json").write_text(json.dumps(int_tuning, indent=1))
-    awq = random_awq_scales(dims) if "int4-awq" in precisions else {}
-    models = {p: FastLlama(dims, master | awq if p == "int4-awq" else master, p, rotary=config) for p in precisions}
+    tuned_rows = tune_linears(args, dims, precisions, batches, (props.name, (props.major, props.minor)), meta)
+    calibrated = [p for p in precisions if method_for(Precision(p)).needs_calibration]
+    awq = random_awq_scales(dims) if calibrated else {}
+    models = {p: FastLlama(dims, master | awq if p in calibrated else master, p, rotary=config) for p in precisions}
     meta["kernels"] = {p: kernel_of(p) for p in precisions}
     meta["batch1_folds"] = {p: sorted(DecodeGraph.default_folds(m, 1)) for p, m in models.items()}
     meta["gemv_prefetch"] = linears.GEMV_PREFETCH
@@ -557,7 +552,7 @@ def main() -> None:
             "of its HBM floor")
     meta["wall_s"] = time.perf_counter() - t_start
     result = {**meta, "headline": headline, "rows": rows, "profile_batch1": profiles, "prefill": prefill,
-              "tuned_linears": [{"key": list(k), "cfg": v} for k, v in K.TUNED.items()]}
+              "tuned_linears": table_rows(tuning.TUNED)}
     for path in filter(None, [args.json, args.out and str(Path(args.out, "fp8_speed.json"))]):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=1))

@@ -14,20 +14,21 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
-from core.engines.fast.kernels import intlinears as IL
+from core.engines.fast import int_weight as IW
+from core.engines.fast.kernels import int_gemv
 
 K = 4096  # Llama-3-8B's hidden size
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def compile_variant(mode: int, decode: int, silu: bool, even: bool, block_n=64, split=4, warps=4, rows=1):
-    fn = IL._int_gemv_kernel
+    fn = int_gemv._int_gemv_kernel
     sig = {a: "constexpr" for a in fn.arg_names}
-    sig.update(x_ptr="*bf16", w_ptr="*i32", ws_ptr="*fp32" if mode == IL.MODE_INT8_WO else "*fp16", wz_ptr="*u8",
+    sig.update(x_ptr="*bf16", w_ptr="*i32", ws_ptr="*fp32" if mode == IW.MODE_INT8_WO else "*fp16", wz_ptr="*u8",
                isc_ptr="*fp32", irc_ptr="*fp32", seg_ptr="*i32", out_ptr="*bf16", part_ptr="*fp32",
                count_ptr="*i32", M="i32", N="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32",
                stride_isc="i32", stride_om="i32")
-    bk = IL.GROUP  # the GEMV reads one INT4 group, or 128 INT8 codes, a step
+    bk = IW.GROUP  # the GEMV reads one INT4 group, or 128 INT8 codes, a step
     const = dict(K=K, K_PER=triton.cdiv(triton.cdiv(K, bk), split) * bk, MODE=mode, SILU_X=silu, BLOCK_N=block_n,
                  BLOCK_M=rows, BLOCK_K=bk, SPLIT_K=split, EVEN=even, DECODE=decode, PDL=False)
     # what a launch on the GPU specializes: 16-byte aligned pointers and strides (N is not specialized)
@@ -68,9 +69,9 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--rows", type=int, default=1, help="activation rows (BLOCK_M: 1, 2, 4 or 8)")
     args = ap.parse_args()
-    per_thread = args.block_n * IL.GROUP // (32 * args.warps)  # weights a thread dequantizes each step
-    for name, mode in (("int4", IL.MODE_INT4), ("int4-awq", IL.MODE_INT4_AWQ), ("int8-wo", IL.MODE_INT8_WO)):
-        for decode in (0, 1, 2) if mode != IL.MODE_INT8_WO else (0, 2):
+    per_thread = args.block_n * IW.GROUP // (32 * args.warps)  # weights a thread dequantizes each step
+    for name, mode in (("int4", IW.MODE_INT4), ("int4-awq", IW.MODE_INT4_AWQ), ("int8-wo", IW.MODE_INT8_WO)):
+        for decode in (0, 1, 2) if mode != IW.MODE_INT8_WO else (0, 2):
             for silu, even in ((False, True), (True, True), (False, False)):
                 k = compile_variant(mode, decode, silu, even, args.block_n, args.split, args.warps, args.rows)
                 print(f"{name:8s} DECODE {decode} silu_x {silu!s:5s} even {even!s:5s}: {loop_profile(k, per_thread)}")

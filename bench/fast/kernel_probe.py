@@ -25,9 +25,14 @@ import torch
 import triton
 
 from core.engines.fast import kernels as K
-from core.engines.fast.kernels import tune
+from core.engines.fast.methods import method_for, tuner, tuning
+from core.precision import Precision
 
 RESULTS: dict = {}
+
+# the kernels' modes as the fast engine's methods launch them
+METHOD_OF = {K.MODE_BF16: method_for(Precision.BF16), K.MODE_WO: method_for(Precision.FP8_WEIGHT_ONLY),
+             K.MODE_W8A8: method_for(Precision.FP8)}
 
 
 def save(path):
@@ -200,7 +205,7 @@ def part_cuda():
 
 @torch.inference_mode()
 def part_wo():
-    K.load_tuned()
+    tuning.load(device=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability())
     res = []
     for m in (8, 64):
         for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
@@ -208,13 +213,13 @@ def part_wo():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             for mode in (K.MODE_BF16, K.MODE_WO):
-                copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-                ws = tune.rotated_weights(mode, n, k, copies, "cuda")
-                cfg = K.config_for(mode, m, n, k)
+                copies = tuner.rotated_copies(n * k * (2 if mode == 0 else 1))
+                ws = [(w.w, w.scale) for w in METHOD_OF[mode].timing_weights(n, k, [n], copies)]
+                cfg = METHOD_OF[mode].config(m, n, k)
                 x16 = x.to(torch.float16) if mode == K.MODE_WO else None  # as DecodeGraph gives it at several rows
                 calls = [functools.partial(K.linear, x, w, s, None, out, mode, False, cfg, x16) for w, s in ws]
                 calls[0]()
-                row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tune.graph_time_us(calls))
+                row["bf16 tuned" if mode == 0 else "wo tuned"] = dict(cfg=cfg, us=tuner.graph_time_us(calls))
                 del ws
                 torch.cuda.empty_cache()
             log(f"  WO m={m} {n}x{k}: bf16 {row['bf16 tuned']['us']:.1f} us, wo tuned {row['wo tuned']['us']:.1f} us")
@@ -226,7 +231,7 @@ def part_wo():
 def part_gemv():
     """Batch-1 W8A8 linears of the Llama-3-8B shape through the kernels in use, against BF16's; graphs of rotated
     weight copies, programmatic dependent launch on, as in the decode step."""
-    K.load_tuned()
+    tuning.load(device=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability())
     res = []
     with K.pdl_scope(True):
         for name, n, k in (("qkv", 6144, 4096), ("o", 4096, 4096), ("gu", 28672, 4096), ("down", 4096, 14336)):
@@ -237,8 +242,8 @@ def part_gemv():
             out = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
             prologue = k <= K.PROLOGUE_MAX_K
             for mode in (K.MODE_BF16, K.MODE_W8A8):
-                copies = tune.rotated_copies(n * k * (2 if mode == 0 else 1))
-                ws = tune.rotated_weights(mode, n, k, copies, "cuda")
+                copies = tuner.rotated_copies(n * k * (2 if mode == 0 else 1))
+                ws = [(w.w, w.scale) for w in METHOD_OF[mode].timing_weights(n, k, [n], copies)]
                 gb = n * k * (2 if mode == 0 else 1) / 1e9
                 label = "bf16" if mode == 0 else "w8a8"
                 if prologue:
@@ -246,7 +251,7 @@ def part_gemv():
                 else:
                     calls = [functools.partial(K.linear, xq if mode else x, w, s, xs, out, mode) for w, s in ws]
                 calls[0]()
-                us = tune.graph_time_us(calls)
+                us = tuner.graph_time_us(calls)
                 row[f"{label} in use"] = dict(us=us, TBps=gb / us * 1e3)
                 if mode == K.MODE_BF16:
                     del ws
@@ -254,9 +259,9 @@ def part_gemv():
                     continue
                 if prologue:
                     dot = [functools.partial(K.linear, xq, w, s, xs, out, mode) for w, s in ws]
-                    us = tune.graph_time_us(dot)
+                    us = tuner.graph_time_us(dot)
                     row["w8a8 tuned linear on E4M3 x"] = dict(us=us, TBps=gb / us * 1e3,
-                                                              cfg=K.config_for(mode, 1, n, k))
+                                                              cfg=METHOD_OF[mode].config(1, n, k))
                 del ws
                 torch.cuda.empty_cache()
             log(f"  {name} {n}x{k}: " + ", ".join(

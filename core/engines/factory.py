@@ -47,7 +47,7 @@ def open_engine(choice: EngineChoice, progress: Progress | None = None):
             from core.models import load_config
 
             if not fast_decode_unavailable_reasons(device, choice.precision, choice.kv_dtype, load_config(spec)):
-                from core.engines.fast import FastLlamaEngine
+                from core.engines.fast.engine import FastLlamaEngine
 
                 return FastLlamaEngine(spec, choice.precision, choice.kv_dtype, device=choice.device,
                                        progress=progress, calibration=choice.calibration)

@@ -1,4 +1,5 @@
-"""The fast engine's integer kernels (core/engines/fast/kernels/intlinears.py) under Triton's interpreter on the CPU,
+"""The fast engine's integer kernels (core/engines/fast/kernels/int_tile.py, int_gemv.py, int_prompt.py, launched
+through methods/integer.py) under Triton's interpreter on the CPU,
 against the torch engine's own ops (core/engines/torch/quant.py): the dequantized weights bit for bit, the int8
 activation quantization bit for bit, W8A8's result bit for bit, weight-only products to float32-accumulation
 rounding. Small shapes (the interpreter runs every program in numpy); the real kernels run in tests/gpu."""
@@ -12,12 +13,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: ker
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from core.engines.fast.kernels import intlinears as IL  # noqa: E402
+from core.engines.fast import int_weight as IW  # noqa: E402
+from core.engines.fast.kernels import int_prompt, int_tile  # noqa: E402
+from core.engines.fast.methods import method_for, tuning  # noqa: E402
 from core.engines.torch import quant  # noqa: E402
+from core.precision import Precision  # noqa: E402
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-INTERPRETED = isinstance(IL._int_linear_kernel, InterpretedFunction)
+INTERPRETED = isinstance(int_tile._int_linear_kernel, InterpretedFunction)
 if not INTERPRETED and not torch.cuda.is_available():
     pytest.skip("the kernels were imported without Triton's interpreter and there is no GPU", allow_module_level=True)
 
@@ -38,19 +42,31 @@ def _awq(seed: int, rows=(64, 16, 16), k: int = K):
     return [s / (s.max() * s.min()).sqrt() for s in scales], list(rows)
 
 
-def _storage(mode: str, seed: int = 0) -> IL.IntWeight:
+def _method(mode: str):
+    return method_for(Precision(mode))
+
+
+def _storage(mode: str, seed: int = 0) -> IW.IntWeight:
     w = _weight(seed)
-    if mode == "int4-awq":
-        s, rows = _awq(seed)
-        return IL.quantize(w, mode, s, rows)
-    return IL.quantize(w, mode)
+    method = _method(mode)
+    return method.quantize(w, _awq(seed) if method.needs_calibration else None)
+
+
+INT_METHODS = [method_for(p) for p in (Precision.INT4, Precision.INT4_AWQ, Precision.INT8_WEIGHT_ONLY,
+                                       Precision.INT8)]
+
+
+def int_linear(x, iw: IW.IntWeight, out, silu_x: bool = False, cfg: dict | None = None, **inputs):
+    """The decode product as the engine launches it: the weight's method, through the launch cfg names."""
+    method = next(m for m in INT_METHODS if m.kernel_mode == iw.mode)
+    return method.launch(iw, x, out, cfg, silu_x, **inputs)
 
 
 @pytest.mark.parametrize("mode", ["int4", "int4-awq", "int8-wo"])
 def test_dequantize_is_the_torch_engines_weights_bit_for_bit(mode):
     iw = _storage(mode)
-    ref = IL.reference_dequantized(iw)
-    got = IL.dequantize(iw)
+    ref = IW.reference_dequantized(iw)
+    got = int_prompt.dequantize(iw)
     assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
 
 
@@ -58,8 +74,8 @@ def test_fused_awq_storage_is_each_projections_int4linear():
     """Quantizing q|k|v fused with each projection's AWQ scales gives Int4Linear's weights for each projection."""
     w = _weight(1)
     s, rows = _awq(1)
-    iw = IL.quantize(w, "int4-awq", s, rows)
-    deq = IL.reference_dequantized(iw)
+    iw = _method("int4-awq").quantize(w, (s, rows))
+    deq = IW.reference_dequantized(iw)
     start = 0
     for si, r in zip(s, rows):
         lin = torch.nn.Linear(K, r, bias=False).to(DEV)
@@ -73,12 +89,12 @@ def test_fused_awq_storage_is_each_projections_int4linear():
 def test_one_hot_rows_read_back_each_dequantized_weight(mode):
     """x = e_k picks column k of the weight the kernel built in registers: exactly the reference's bf16 weight."""
     iw = _storage(mode, seed=2)
-    ref = IL.reference_dequantized(iw)
+    ref = IW.reference_dequantized(iw)
     cols = [0, 1, 127, 128, 255, 382, 383]
     x = torch.zeros(len(cols), K, dtype=torch.bfloat16, device=DEV)
     x[torch.arange(len(cols)), cols] = 1.0
     out = torch.empty(len(cols), N, dtype=torch.bfloat16, device=DEV)
-    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
+    int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
     assert torch.equal(out.view(torch.int16), ref[:, cols].t().contiguous().view(torch.int16))
 
 
@@ -87,8 +103,8 @@ def test_weight_only_products_match_the_reference(mode, m, split):
     iw = _storage(mode, seed=3)
     x = (torch.randn(m, K, generator=torch.Generator().manual_seed(m)) ).to(torch.bfloat16).to(DEV)
     out = torch.full((m, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2))
-    ref = (x.float() @ IL.reference_dequantized(iw).float().t())
+    int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2))
+    ref = (x.float() @ IW.reference_dequantized(iw).float().t())
     rel = float((out.float() - ref).norm() / ref.norm())
     assert rel < 5e-3, rel  # bf16 output rounding; the weights are the same
 
@@ -97,10 +113,10 @@ def test_silu_input_is_the_references_activation():
     iw = _storage("int8-wo", seed=4)
     gu = torch.randn(1, 2 * K, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).to(DEV)
     out = torch.empty(1, N, dtype=torch.bfloat16, device=DEV)
-    IL.int_linear(gu, iw, out, silu_x=True, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
+    int_linear(gu, iw, out, silu_x=True, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=2))
     g, u = gu.chunk(2, dim=-1)
     act = torch.nn.functional.silu(g) * u  # bf16 ops, as HF's MLP rounds them
-    ref = act.float() @ IL.reference_dequantized(iw).float().t()
+    ref = act.float() @ IW.reference_dequantized(iw).float().t()
     assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
 
 
@@ -112,7 +128,7 @@ def test_int8_activation_quantization_is_int8_rows_bit_for_bit(silu):
     x = x.to(DEV)
     q = torch.empty(m, K, dtype=torch.int8, device=DEV)
     s = torch.empty(m, dtype=torch.float32, device=DEV)
-    IL.int8_rows(x, q, s, silu_x=silu)
+    int_prompt.int8_rows(x, q, s, silu_x=silu)
     if silu:
         g, u = x.chunk(2, dim=-1)
         x = torch.nn.functional.silu(g) * u
@@ -127,9 +143,9 @@ def test_w8a8_is_the_torch_engines_result_bit_for_bit(m, split):
     out = torch.empty(m, N, dtype=torch.bfloat16, device=DEV)
     xq = torch.empty(m, K, dtype=torch.int8, device=DEV)
     xs = torch.empty(m, dtype=torch.float32, device=DEV)
-    IL.int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2),
+    int_linear(x, iw, out, cfg=dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=2),
                   xq=xq, xs=xs)
-    ref = IL.reference_linear(x, iw)
+    ref = IW.reference_linear(x, iw)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
@@ -137,8 +153,8 @@ def test_w8a8_is_the_torch_engines_result_bit_for_bit(m, split):
 def test_the_prompt_pass_product_is_the_reference(mode):
     iw = _storage(mode, seed=7)
     x = torch.randn(2, 9, K, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).to(DEV)
-    got = IL.prompt_linear(x, iw)
-    ref = IL.reference_linear(x, iw)
+    got = int_prompt.prompt_linear(x, iw)
+    ref = IW.reference_linear(x, iw)
     assert got.shape == ref.shape == (2, 9, N)
     if mode == "int8":
         assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
@@ -156,12 +172,12 @@ def test_gemv_reads_back_each_dequantized_weight(mode, decode):
     groups' first and last inputs): row i of x = e_(k_i) gives exactly the reference's bf16 weight column k_i in
     output row i. Eight rows (no masks, activations read in pairs), three (rows masked) and one."""
     iw = _storage(mode, seed=2)
-    ref = IL.reference_dequantized(iw)
+    ref = IW.reference_dequantized(iw)
     for cols in ([0, 1, 2, 3, 4, 5, 6, 7], [127, 128, 383], [5]):
         x = torch.zeros(len(cols), K, dtype=torch.bfloat16, device=DEV)
         x[torch.arange(len(cols)), cols] = 1.0
         out = torch.empty(len(cols), N, dtype=torch.bfloat16, device=DEV)
-        IL.int_linear(x, iw, out, cfg={**GEMV, "DECODE": decode})
+        int_linear(x, iw, out, cfg={**GEMV, "DECODE": decode})
         assert torch.equal(out.view(torch.int16), ref[:, cols].t().contiguous().view(torch.int16)), cols
 
 
@@ -176,19 +192,19 @@ def test_gemv_products_match_the_reference(mode, split, silu, bn, rows):
     x = torch.randn(rows, (2 if silu else 1) * K, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
     x = x.to(DEV)
     out = torch.full((rows, N), float("nan"), dtype=torch.bfloat16, device=DEV)
-    IL.int_linear(x, iw, out, silu_x=silu, cfg={**GEMV, "SPLIT_K": split, "BLOCK_N": bn})
+    int_linear(x, iw, out, silu_x=silu, cfg={**GEMV, "SPLIT_K": split, "BLOCK_N": bn})
     if silu:
         g, u = x.chunk(2, dim=-1)
         x = torch.nn.functional.silu(g) * u  # bf16 ops, as HF's MLP rounds them
-    ref = x.float() @ IL.reference_dequantized(iw).float().t()
+    ref = x.float() @ IW.reference_dequantized(iw).float().t()
     rel = float((out.float() - ref).norm() / ref.norm())
     assert rel < 5e-3, rel  # bf16 output rounding; the weights are the same
 
 
 def test_the_ran_line_names_the_gemv_only_where_the_tuning_table_gives_it(monkeypatch):
-    monkeypatch.setattr(IL, "INT_TUNED", {})
-    assert "GEMV" not in IL.kernel_label("int4")
-    monkeypatch.setattr(IL, "INT_TUNED", {(IL.MODE_INT4, 1, 6144, 4096): {"kernel": "gemv"},
-                                          (IL.MODE_INT8_WO, 16, 6144, 4096): {"BLOCK_N": 32}})
-    assert "at one row, float32-FMA GEMVs" in IL.kernel_label("int4")
-    assert "GEMV" not in IL.kernel_label("int8-wo") and "GEMV" not in IL.kernel_label("int4-awq")
+    monkeypatch.setattr(tuning, "TUNED", {})
+    assert "GEMV" not in _method("int4").label()
+    monkeypatch.setattr(tuning, "TUNED", {("int4", 1, 6144, 4096): {"kernel": "gemv"},
+                                          ("int8-wo", 16, 6144, 4096): {"kernel": "tile", "BLOCK_N": 32}})
+    assert "at one row, float32-FMA GEMVs" in _method("int4").label()
+    assert "GEMV" not in _method("int8-wo").label() and "GEMV" not in _method("int4-awq").label()

@@ -26,7 +26,8 @@ pytest.importorskip("triton")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from core.engines.fast import check as C  # noqa: E402
-from core.engines.fast.model import FOLDS_MEASURED_FASTER, DecodeGraph, FastLlama  # noqa: E402
+from core.engines.fast.graph import DecodeGraph  # noqa: E402
+from core.engines.fast.model import FastLlama  # noqa: E402
 from core.engines.fast.options import overridden  # noqa: E402
 
 # Fixed, so a bar is met or missed deterministically; TRIAGE_TEST_SEED=N tries another draw.
@@ -128,16 +129,16 @@ def test_graph_with_split_k_linears_matches_torch_path(setup, mode, monkeypatch)
     """Every linear of a 4-row decode graph cut in 4 K-slices, some of them empty (K = 256 is two 128-wide tiles),
     each graph with its own scratch, weight-only reading its f16 rows: as close to the torch-op path as the graph
     that does not split (the small model's shapes are not in the tuned table, so this sets them)."""
-    from core.engines.fast import kernels as K
-    from core.engines.fast.kernels import tune
+    from core.engines.fast.methods import tuner, tuning
+    from core.precision import Precision
 
     hf, prompt, _, _ = setup
     fast = FastLlama.from_hf(hf, mode)
     d = fast.dims
     cfg = dict(kernel="dot", BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3, SPLIT_K=4)
-    for _, n, k in tune.model_shapes(d) + [("lm_head", d.vocab, d.hidden)]:
-        for m in K.MODES.values():
-            monkeypatch.setitem(K.TUNED, (m, K.m_key(B), n, k), cfg)
+    for _, n, k, _ in tuner.model_shapes(d) + [("lm_head", d.vocab, d.hidden, [d.vocab])]:
+        for p in (Precision.BF16, Precision.FP8_WEIGHT_ONLY, Precision.FP8):
+            monkeypatch.setitem(tuning.TUNED, tuning.key(p, B, n, k), cfg)
     ids_graph = C.fast_greedy(fast, prompt, N, "auto", "graph")
     ids_ref = C.fast_greedy(fast, prompt, N, "auto", "ref")
     a = C.agreement(C.fast_logprobs(fast, prompt, ids_ref, "auto", "ref"),
@@ -158,7 +159,7 @@ def test_batch1_folded_step_computes_the_torch_op_step(setup, mode, kv):
     fast = FastLlama.from_hf(hf, mode)
     from core.engines.fast import kernels as K
 
-    assert DecodeGraph.default_folds(fast, 1) == (FOLDS_MEASURED_FASTER[mode] if K.pdl_available() else frozenset())
+    assert DecodeGraph.default_folds(fast, 1) == (fast.method.folds if K.pdl_available() else frozenset())
     assert DecodeGraph.default_folds(fast, 2) == frozenset()
     variants = {"folded": frozenset({"norm", "o"}), "silu": frozenset({"norm", "o", "silu"}), "plain": frozenset()}
     lp = {k: [] for k in ("ref", *variants)}
@@ -254,7 +255,7 @@ def test_engine_synthetic_shape(monkeypatch):
     """FastLlamaEngine on a synthetic config shrunk to test size: token ids, top-k, times, score, memory."""
     from core import models as M
     from core.engines.base import GenerationParams
-    from core.engines.fast import FastLlamaEngine
+    from core.engines.fast.engine import FastLlamaEngine
     from core.precision import KVDtype, Precision
 
     small = dict(M.SYNTHETIC_CONFIGS["llama-3-8b"], hidden_size=256, intermediate_size=512, num_hidden_layers=2,

@@ -1,4 +1,5 @@
-"""The fast engine's integer linears (core/engines/fast/kernels/intlinears.py) on the GPU, against the torch engine's
+"""The fast engine's integer linears (core/engines/fast/methods/integer.py over kernels/int_tile.py, int_gemv.py and
+int_prompt.py) on the GPU, against the torch engine's
 integer layers (core/engines/torch/quant.py), which stay the reference.
 
     PYTHONUNBUFFERED=1 python3 -m pytest -q tests/gpu/test_int_kernels_gpu.py -s
@@ -23,7 +24,9 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from core.engines.fast import check as C  # noqa: E402
-from core.engines.fast.kernels import intlinears as IL  # noqa: E402
+from core.engines.fast import int_weight as IW  # noqa: E402
+from core.engines.fast.kernels import int_prompt  # noqa: E402
+from core.engines.fast.methods import method_for  # noqa: E402
 from core.engines.fast.model import FastLlama  # noqa: E402
 from core.engines.torch import quant  # noqa: E402
 from core.precision import Precision  # noqa: E402
@@ -40,25 +43,32 @@ KERNEL_MODES = [m if m != "int8" else pytest.param(m, marks=W8A8_NOT_EXACT) for 
 def _storage(mode, n, k, rows, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    if mode != "int4-awq":
-        return IL.quantize(w, mode)
+    method = method_for(Precision(mode))
+    if not method.needs_calibration:
+        return method.quantize(w)
     scales = [torch.exp(torch.randn(k, device="cuda", generator=g) * 0.7) for _ in rows]
-    return IL.quantize(w, mode, [s / (s.max() * s.min()).sqrt() for s in scales], list(rows))
+    return method.quantize(w, ([s / (s.max() * s.min()).sqrt() for s in scales], list(rows)))
+
+
+def int_linear(mode, x, iw, out, cfg=None):
+    """The decode product as the engine runs it (the tuning table's launch), or through the launch `cfg` names."""
+    method = method_for(Precision(mode))
+    return method.decode(iw, x, out) if cfg is None else method.launch(iw, x, out, cfg)
 
 
 @pytest.mark.parametrize("n,k,rows", SHAPES)
 @pytest.mark.parametrize("mode", KERNEL_MODES)
 def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
     iw = _storage(mode, n, k, rows, seed=SEED)
-    ref_w = IL.reference_dequantized(iw) if mode != "int8" else None
+    ref_w = IW.reference_dequantized(iw) if mode != "int8" else None
     if ref_w is not None:
-        assert torch.equal(IL.dequantize(iw).view(torch.int16), ref_w.view(torch.int16)), "prompt-pass weights"
+        assert torch.equal(int_prompt.dequantize(iw).view(torch.int16), ref_w.view(torch.int16)), "prompt-pass weights"
     for m in (1, 8, 64):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        IL.int_linear(x, iw, out)
+        int_linear(mode, x, iw, out)
         torch.cuda.synchronize()
-        ref = IL.reference_linear(x, iw)
+        ref = IW.reference_linear(x, iw)
         if mode == "int8":
             assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"W8A8 at {m} rows"
         else:
@@ -68,9 +78,9 @@ def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
             cols = torch.randperm(k, device="cuda")[:m]
             e = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)
             e[torch.arange(m), cols] = 1.0
-            IL.int_linear(e, iw, out)
+            int_linear(mode, e, iw, out)
             assert torch.equal(out.view(torch.int16), ref_w[:, cols].t().contiguous().view(torch.int16)), m
-        print(f"{mode:8s} {n}x{k} M={m}: cfg {IL.int_config_for(iw.mode, m, n, k)}")
+        print(f"{mode:8s} {n}x{k} M={m}: cfg {method_for(Precision(mode)).config(m, n, k)}")
 
 
 @pytest.mark.parametrize("split,decode,rows", [(1, 0, 1), (1, 1, 1), (1, 2, 1), (4, 0, 1), (4, 1, 1), (4, 2, 1),
@@ -83,7 +93,7 @@ def test_few_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows_of, spli
     word and a group's ends, for each DECODE variant the tuner may pick, one row at a time or eight (the last block
     of four: masked rows)."""
     iw = _storage(mode, n, k, rows_of, seed=SEED)
-    ref_w = IL.reference_dequantized(iw)
+    ref_w = IW.reference_dequantized(iw)
     cfg = dict(kernel="gemv", BLOCK_N=32 if split == 1 else 64, BLOCK_K=128, SPLIT_K=split, num_warps=4,
                num_stages=3, DECODE=decode)
     cols = [0, 1, 2, 3, 4, 5, 6, 7, 127, 128, 255, k - 1] + torch.randperm(k)[:8].tolist()
@@ -92,12 +102,12 @@ def test_few_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows_of, spli
         e = torch.zeros(len(chunk), k, device="cuda", dtype=torch.bfloat16)
         e[torch.arange(len(chunk)), chunk] = 1.0
         out = torch.full((len(chunk), n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        IL.int_linear(e, iw, out, cfg=cfg)
+        int_linear(mode, e, iw, out, cfg=cfg)
         assert torch.equal(out.view(torch.int16), ref_w[:, chunk].t().contiguous().view(torch.int16)), chunk
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    IL.int_linear(x, iw, out, cfg=cfg)
-    ref = IL.reference_linear(x, iw)
+    int_linear(mode, x, iw, out, cfg=cfg)
+    ref = IW.reference_linear(x, iw)
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 5e-3
 
 
@@ -105,7 +115,7 @@ def test_few_row_gemv_matches_the_torch_engines_layers(mode, n, k, rows_of, spli
 def test_w8a8_prompt_pass_is_the_reference_bit_for_bit():
     iw = _storage("int8", 4096, 4096, (4096,), seed=SEED)
     x = torch.randn(3, 100, 4096, device="cuda").to(torch.bfloat16)
-    assert torch.equal(IL.prompt_linear(x, iw).view(torch.int16), IL.reference_linear(x, iw).view(torch.int16))
+    assert torch.equal(int_prompt.prompt_linear(x, iw).view(torch.int16), IW.reference_linear(x, iw).view(torch.int16))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from core.engines.fast import fast_decode_unavailable_reasons
 from core.engines.fast import check as C
-from core.engines.fast.model import Dims, FastLlama, StaticKVCache, unsupported_config_reasons
+from core.engines.fast.cache import StaticKVCache
+from core.engines.fast.model import Dims, FastLlama, unsupported_config_reasons
 from core.precision import Device, KVDtype, Precision
 
 B, T, N = 8, 10, 8

@@ -12,7 +12,8 @@ import copy
 import torch
 
 from core.engines.torch import fp8
-from core.engines.fast.model import DecodeGraph, FastLlama
+from core.engines.fast.graph import DecodeGraph
+from core.engines.fast.model import FastLlama
 from core.precision import KVDtype
 
 

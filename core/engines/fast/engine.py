@@ -30,7 +30,9 @@ from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
 from core.engines.torch.engine import available_bytes, count_weight_bytes, current_device
 from core.engines.fast import fa3
 from core.errors import InputError
-from core.engines.fast.model import DecodeGraph, Dims, FastLlama, fp8_fast_accum
+from core.engines.fast.graph import DecodeGraph
+from core.engines.fast.methods import method_for, tuner, tuning
+from core.engines.fast.model import Dims, FastLlama, fp8_fast_accum
 from core.fmt import GIB
 from core.models import ModelError, ModelSpec, load_config, synthetic_config, trust_remote_code
 from core.precision import KVDtype, Precision, unsupported_reasons
@@ -70,9 +72,9 @@ class FastLlamaEngine(HFSide):
                 f"{free / GIB:.1f} GiB is free on {self.device.name}. Pick a smaller model or a lower precision.")
         torch.cuda.reset_peak_memory_stats()
         dims = Dims.from_config(config)
-        mode = precision.value
+        method = method_for(precision)
         progress(0.1, f"Loading weights at {precision.label}")
-        awq = precision is Precision.INT4_AWQ
+        awq = method.needs_calibration
         if spec.kind == "synthetic":
             weights = FastLlama.random_weights(dims, "cuda", seed=seed)
             self.tokenizer = ByteTokenizer()
@@ -87,25 +89,12 @@ class FastLlamaEngine(HFSide):
             weights, self.tokenizer, self.eos_ids = self._load_hf(spec, dims, progress, awq, calibration)
         progress(0.8, "Quantizing Linear weights to FP8 E4M3" if precision.is_fp8 else
                  f"Quantizing Linear weights to {precision.label}" if precision.is_int else "Preparing")
-        self.model = FastLlama(dims, weights, mode, rotary=config)
-        from core.engines.fast import kernels
-
+        self.model = FastLlama(dims, weights, precision, rotary=config)
         if tune:  # time the candidates on this GPU for this model's shapes (~10 s per precision)
-            from core.engines.fast.kernels import tune as tuner
-
             progress(0.9, "Tuning the decode kernels on this GPU")
-            if precision.is_int:
-                from core.engines.fast.kernels import tune_int
-
-                tune_int.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
-            else:
-                tuner.tune_model(dims, [mode], [1, 8, 64], log=lambda *a: None)
-        elif self.device.capability == (9, 0):
-            kernels.load_tuned()  # measured on an H200 (same SM as the H100); other shapes use the defaults
-            if precision.is_int:
-                from core.engines.fast.kernels import tune_int
-
-                tune_int.load_int_tuned()
+            tuner.tune_model(dims, [method], [1, 8, 64], log=lambda *a: None)
+        else:  # this GPU's shipped winners, or those of one with the same SM; other shapes use the defaults
+            tuning.load_for(self.device)
         del weights
         self.config = config
         self.max_positions = getattr(config, "max_position_embeddings", None)
@@ -145,12 +134,10 @@ class FastLlamaEngine(HFSide):
         at_batch_1 = (["programmatic dependent launch"] if K.pdl_available() else []) + (
             ["norms folded into the linears"] if DecodeGraph.default_folds(self.model, 1) else [])
         extra = f", {' and '.join(at_batch_1)} at batch 1" if at_batch_1 else ""
-        if self.model.mode == "fp8" and fp8_fast_accum():
+        if self.model.method.e4m3_inputs and fp8_fast_accum():
             extra += ", prompt GEMMs with FP8 fast accumulation"
-        if self.precision.is_int:
-            from core.engines.fast.kernels import intlinears
-
-            extra += f", {intlinears.kernel_label(self.model.mode)}"
+        if self.model.method.label():
+            extra += f", {self.model.method.label()}"
         if self.kv_dtype is KVDtype.FP8:
             from core.engines.fast.kernels import attn_e4m3
 

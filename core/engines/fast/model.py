@@ -1,34 +1,32 @@
-"""A compact Llama-family decoder with a static KV cache, and a decode step captured whole in a CUDA graph.
+"""A compact Llama-family decoder at one precision, with its torch-op forward passes.
 
 Why its own model rather than transformers': a decode step of HF `generate` on an H200 is 95% host overhead
-(82 ms/step against a 3.7 ms bandwidth floor). Here a step is a fixed list of ~10 kernels per
-layer over preallocated buffers, so it can be captured once and replayed with one launch.
+(82 ms/step against a 3.7 ms bandwidth floor). Here a step is a fixed list of ~10 kernels per layer over
+preallocated buffers (cache.py's StaticKVCache), so it can be captured once and replayed with one launch
+(graph.py's DecodeGraph).
 
 Two implementations of every op:
 - torch ops (`prefill`, `decode_ref`): any device; the prompt pass and the CPU path; same math as HF eager and as
-  core/engines/torch/fp8.py's FP8Linear and FP8 KV cache, so tests can compare it with the eager reference directly;
-- Triton kernels (`DecodeGraph`): CUDA only, one decode step, captured in a torch.cuda.CUDAGraph.
+  the torch engine's quantized linears and FP8 KV cache, so tests can compare it with the eager reference directly;
+- Triton kernels (`DecodeGraph`, and the fused prompt pass on CUDA).
 
-Weights are held fused (q|k|v and gate|up). FP8 quantizes each output row on its own (per-channel scales), so
+Each projection is a `Linear`: its precision's method (methods/) plus its tensors. Weights are held fused (q|k|v and
+gate|up); every method quantizes each output row on its own (per-channel or per-row-and-group scales), so
 quantizing the fused matrix gives exactly the scales of quantizing each projection separately.
 """
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-from core.engines.torch import fp8
 from core.engines.fast import fa3
+from core.engines.fast.cache import StaticKVCache
+from core.engines.fast.methods import Bf16, Linear, method_for
 from core.engines.fast.options import options
-
-E4M3 = fp8.E4M3
-MODES = ("bf16", "fp8-wo", "fp8", "int4", "int4-awq", "int8-wo", "int8")
-# Integer weights in the torch engine's storage (core/engines/torch/quant.py), multiplied by kernels/intlinears.py
-INT_MODES = ("int4", "int4-awq", "int8-wo", "int8")
+from core.engines.torch import fp8
+from core.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -105,177 +103,27 @@ def _projection_rows(d: Dims) -> dict[str, list[int]]:
             "gu": [d.inter, d.inter], "down": [d.hidden]}
 
 
-class Lin:
-    """One fused projection at a precision: bf16 weight, E4M3 weight with per-output-channel float32 scales, or the
-    torch engine's integer storage (`iw`, kernels/intlinears.IntWeight: INT4 g128 codes, INT8 rows)."""
-
-    def __init__(self, weight: torch.Tensor, mode: str, awq: tuple[list, list] | None = None):
-        """awq (int4-awq only): (each projection's AWQ input scales, its number of rows), in row order."""
-        self.mode = mode
-        self.out_features, self.in_features = weight.shape
-        self.iw = None
-        if mode == "bf16":
-            self.w, self.scale = weight, None
-        elif mode in INT_MODES:
-            from core.engines.fast.kernels import intlinears as IL
-
-            if mode == "int4-awq" and awq is None:
-                raise ValueError("INT4 AWQ needs each projection's input scales (AWQ's calibration search).")
-            self.iw = IL.quantize(weight, mode, *(awq or (None, None)))
-            self.w, self.scale = self.iw.w, self.iw.scale
-        else:
-            q, s = fp8.quantize_rows(weight)
-            self.w, self.scale = q, s.reshape(-1).contiguous()
-
-    def tensors(self) -> list[torch.Tensor]:
-        if self.iw is not None:
-            return self.iw.tensors()
-        return [t for t in (self.w, self.scale) if t is not None]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
-    def ref(self, x: torch.Tensor) -> torch.Tensor:
-        """Exactly core.engines.torch.fp8.FP8Linear, quant.Int4Linear / Int8Linear (or F.linear for bf16): the eager
-        numerics."""
-        if self.iw is not None:
-            from core.engines.fast.kernels import intlinears as IL
-
-            return IL.reference_linear(x, self.iw)
-        if self.mode == "bf16":
-            return F.linear(x, self.w)
-        if self.mode == "fp8-wo":
-            return F.linear(x, fp8.dequantize(self.w, self.scale[:, None], x.dtype))
-        shape = x.shape
-        xq, xs = fp8.quantize_rows(x.reshape(-1, shape[-1]))
-        out = torch._scaled_mm(xq, self.w.t(), scale_a=xs, scale_b=self.scale[None, :], out_dtype=x.dtype)
-        return out.reshape(*shape[:-1], self.out_features)
-
-    def prompt(self, x: torch.Tensor) -> torch.Tensor:
-        """The prompt pass's product (many rows: compute-bound) with `ref`'s numerics. Integer weight-only: the
-        weights dequantized once by a Triton pass (bit for bit the reference's bf16 weights) into a cuBLAS GEMM;
-        INT8 W8A8: the rows quantized by a Triton pass (bit for bit int8_rows) into torch._int_mm (INT8 tensor
-        cores), scaled as the reference scales."""
-        if self.iw is None:
-            return self.ref(x)
-        from core.engines.fast.kernels import intlinears as IL
-
-        return IL.prompt_linear(x, self.iw)
-
-    def fast(self, x, x_scale, out, silu_x: bool = False, x16=None):
-        """Triton/cuBLAS decode-time product; for W8A8, x is the E4M3 activation and x_scale its per-token scale;
-        for weight-only, x16 is x in f16 when its producer wrote that copy (kernels.linear). Integer modes take
-        the bf16 x (W8A8 INT8 quantizes it per token itself)."""
-        from core.engines.fast import kernels as K
-
-        if self.iw is not None:
-            from core.engines.fast.kernels import intlinears as IL
-
-            return IL.int_linear(x, self.iw, out, silu_x=silu_x)
-        return K.linear(x, self.w, self.scale, x_scale, out, K.MODES[self.mode], silu_x=silu_x, x16=x16)
-
-    def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
-                      silu_out: bool = False):
-        """One row: the product with the norm (and W8A8's quantization) of its input folded in; for W8A8, x is
-        the bf16 row; silu_out: this is gate|up and out receives SiLU(gate) * up (kernels.gemv_prologue)."""
-        from core.engines.fast import kernels as K
-
-        return K.gemv_prologue(x, self.w, self.scale, out, K.MODES[self.mode], delta, x_out, norm_weight, eps,
-                               silu_out=silu_out)
-
-
-class StaticKVCache:
-    """K and V for every layer as [layers, batch, kv_heads, max_len, head_dim]; E4M3 plus a float32 scale per
-    (layer, batch, head, token) when fp8, the scheme of core.engines.torch.fp8.FP8KV. Zero-filled so that masked reads of unused
-    slots in the torch path never meet NaN garbage."""
-
-    def __init__(self, dims: Dims, batch: int, max_len: int, fp8_kv: bool, device, dtype=torch.bfloat16):
-        self.dims, self.batch, self.max_len, self.fp8 = dims, batch, max_len, fp8_kv
-        self.dtype = dtype
-        shape = (dims.layers, batch, dims.kv_heads, max_len, dims.head_dim)
-        store = E4M3 if fp8_kv else dtype
-        self.k = torch.zeros(shape, dtype=store, device=device)
-        self.v = torch.zeros(shape, dtype=store, device=device)
-        self.k_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device) if fp8_kv else None
-        self.v_scale = torch.zeros(shape[:-1], dtype=torch.float32, device=device) if fp8_kv else None
-
-    def rows(self, b: int) -> "StaticKVCache":
-        """The first b rows as a cache of their own (views; the kernels take strides, so no copy)."""
-        view = copy.copy(self)
-        view.batch = b
-        view.k, view.v = self.k[:, :b], self.v[:, :b]
-        if self.fp8:
-            view.k_scale, view.v_scale = self.k_scale[:, :b], self.v_scale[:, :b]
-        return view
-
-    def replicate_row0(self) -> None:
-        """Copy row 0 into every other row (a batch of one prompt without prefilling it again)."""
-        for t in (self.k, self.v, self.k_scale, self.v_scale):
-            if t is not None and self.batch > 1:
-                t[:, 1:].copy_(t[:, :1].expand_as(t[:, 1:]))
-
-    def bytes_per_token(self) -> int:
-        d = self.dims
-        per = d.kv_heads * d.head_dim * self.k.element_size() + (d.kv_heads * 4 if self.fp8 else 0)
-        return 2 * d.layers * per
-
-    @property
-    def nbytes(self) -> int:
-        return self.bytes_per_token() * self.batch * self.max_len
-
-    def write(self, layer: int, rows, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [b, kv_heads, T, d] into rows `rows` (a slice) at positions start..start+T-1."""
-        T = k.shape[2]
-        for src, dst, sc in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-            if self.fp8:
-                q, s = fp8.quantize_rows(src)
-                dst[layer, rows, :, start:start + T] = q
-                sc[layer, rows, :, start:start + T] = s[..., 0]
-            else:
-                dst[layer, rows, :, start:start + T] = src
-
-    def write_at(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [B, kv_heads, d]: row b at position pos[b]."""
-        b = torch.arange(k.shape[0], device=k.device)
-        for src, dst, sc in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
-            if self.fp8:
-                q, s = fp8.quantize_rows(src)
-                # index_put has no float8 kernel on every backend; the bytes are what we store
-                dst[layer].view(torch.uint8)[b, :, pos] = q.view(torch.uint8)
-                sc[layer][b, :, pos] = s[..., 0]
-            else:
-                dst[layer][b, :, pos] = src
-
-    def read(self, layer: int, rows, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized K, V [b, kv_heads, length, d] in the activation dtype (FP8KV.read's arithmetic)."""
-        k, v = self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
-        if not self.fp8:
-            return k, v
-        ks, vs = self.k_scale[layer, rows, :, :length, None], self.v_scale[layer, rows, :, :length, None]
-        return fp8.dequantize(k, ks, self.dtype), fp8.dequantize(v, vs, self.dtype)
-
-
 class FastLlama:
     """Weights of a Llama model at one precision, with the torch-op forward passes."""
 
-    def __init__(self, dims: Dims, weights: dict, mode: str, rotary=None):
+    def __init__(self, dims: Dims, weights: dict, precision: Precision | str, rotary=None):
         """weights: 'embed', 'norm', 'lm_head' and per layer i 'i.qkv', 'i.o', 'i.gu', 'i.down' (bf16, fused),
-        'i.ln1', 'i.ln2'. The bf16 tensors are used as given (not copied) where the precision keeps them."""
-        if mode not in MODES:
-            raise ValueError(f"Unknown mode {mode!r}; choose one of {MODES}.")
-        self.dims, self.mode = dims, mode
+        'i.ln1', 'i.ln2' (and what the method's quantize needs as calibration, under 'i.name.calibration').
+        The bf16 tensors are used as given (not copied) where the precision keeps them."""
+        self.precision = Precision(precision)
+        self.method = method_for(self.precision)
+        self.dims = dims
         self.embed, self.norm, self.lm_head = weights["embed"], weights["norm"], weights["lm_head"]
         self.device = self.embed.device
         self.layers = []
         for i in range(dims.layers):
             def lin(name):
-                # int4-awq: weights[f"{i}.{name}.awq"] = (input scales, rows) of each projection fused in it
-                return Lin(weights[f"{i}.{name}"], mode, weights.get(f"{i}.{name}.awq"))
+                # AWQ: weights[f"{i}.{name}.calibration"] = (input scales, rows) of each projection fused in it
+                return Linear(self.method, weights[f"{i}.{name}"], weights.get(f"{i}.{name}.calibration"))
 
             self.layers.append(dict(qkv=lin("qkv"), o=lin("o"), gu=lin("gu"), down=lin("down"),
                                     ln1=weights[f"{i}.ln1"], ln2=weights[f"{i}.ln2"]))
-        self.lm = Lin(self.lm_head, "bf16")  # lm_head stays at the base dtype, as vLLM's online FP8 leaves it
+        self.lm = Linear(Bf16(Precision.BF16), self.lm_head)  # lm_head stays at the base dtype, as vLLM's online FP8 leaves it
         self._inv_freq, self._attn_scaling = _rope_params(rotary, dims)
         self._rope_len = 0
         self.cos = self.sin = None
@@ -323,17 +171,17 @@ class FastLlama:
     @torch.inference_mode()
     def awq_scales(dims: Dims, weights: dict, ids: list[int], rotary=None) -> dict:
         """AWQ's input scales for every projection (quant.awq_search, as quant.quantize_model runs it), on the
-        activations of this model's own BF16 torch-op pass over `ids`: {f"{i}.{name}.awq": (scales, rows)}."""
+        activations of this model's own BF16 torch-op pass over `ids`: {f"{i}.{name}.calibration": (scales, rows)}."""
         from core.engines.torch import quant
 
-        base = FastLlama(dims, weights, "bf16", rotary=rotary)
+        base = FastLlama(dims, weights, Precision.BF16, rotary=rotary)
         acts = base._linear_inputs(torch.tensor([ids], device=base.device))
         out = {}
         for i in range(dims.layers):
             for name, rows in _projection_rows(dims).items():
                 w, x = weights[f"{i}.{name}"], acts.pop((i, name))
                 starts = [sum(rows[:j]) for j in range(len(rows))]
-                out[f"{i}.{name}.awq"] = ([quant.awq_search(w[a:a + r], x)["scale"] for a, r in zip(starts, rows)],
+                out[f"{i}.{name}.calibration"] = ([quant.awq_search(w[a:a + r], x)["scale"] for a, r in zip(starts, rows)],
                                           rows)
         return out
 
@@ -353,7 +201,7 @@ class FastLlama:
         for i in range(dims.layers):
             for name, parts in names.items():
                 lins = [modules[f"model.layers.{i}.{n}"] for n in parts]
-                out[f"{i}.{name}.awq"] = (
+                out[f"{i}.{name}.calibration"] = (
                     [quant.awq_search(m.weight.data, acts.pop(f"model.layers.{i}.{n}"))["scale"]
                      for m, n in zip(lins, parts)], [m.out_features for m in lins])
         return out
@@ -379,16 +227,18 @@ class FastLlama:
         return acts
 
     @classmethod
-    def from_hf(cls, model, mode: str, device=None, calibration_ids: list[int] | None = None) -> "FastLlama":
-        """calibration_ids: INT4 AWQ's calibration tokens (the search runs on `model`, as the torch engine's)."""
+    def from_hf(cls, model, precision: Precision | str, device=None,
+                calibration_ids: list[int] | None = None) -> "FastLlama":
+        """calibration_ids: the calibration tokens of a method that needs them (AWQ's search runs on `model`, as the
+        torch engine's)."""
         dims = Dims.from_config(model.config)
         device = device or next(model.parameters()).device
         weights = cls.fuse_hf_state_dict(model.state_dict(), dims, device)
-        if mode == "int4-awq":
+        if method_for(Precision(precision)).needs_calibration:
             if not calibration_ids:
-                raise ValueError("INT4 AWQ needs calibration token ids")
+                raise ValueError(f"{Precision(precision).label} needs calibration token ids")
             weights |= cls.hf_awq_scales(model, calibration_ids, dims)
-        return cls(dims, weights, mode, rotary=model.config)
+        return cls(dims, weights, precision, rotary=model.config)
 
     # ---- sizes ----
     def weight_bytes_by_dtype(self) -> dict[str, int]:
@@ -505,7 +355,7 @@ class FastLlama:
         d = self.dims
         b, T = tokens.shape
         M = b * T
-        w8a8 = self.mode == "fp8"
+        w8a8 = self.method.e4m3_inputs
         fast_accum = fp8_fast_accum()
         flash3 = fa3.why_not(tokens.device, d.heads, d.kv_heads, d.head_dim) is None  # decided once per pass
         x = F.embedding(tokens, self.embed).reshape(M, d.hidden)
@@ -513,11 +363,10 @@ class FastLlama:
         scale = torch.empty(M, device=x.device, dtype=torch.float32) if w8a8 else None
         xq = torch.empty(M, d.hidden, device=x.device, dtype=fp8.E4M3) if w8a8 else None
 
-        def linear(lin: Lin, inp, q, s):
+        def linear(lin: Linear, inp, q, s):
             if not w8a8:
                 return lin.prompt(inp)
-            return torch._scaled_mm(q, lin.w.t(), scale_a=s[:, None], scale_b=lin.scale[None, :], out_dtype=x.dtype,
-                                    use_fast_accum=fast_accum)
+            return lin.method.prompt_quantized(lin.weights, q, s, x.dtype, fast_accum)
 
         def quantized(cols: int):
             """Room for a W8A8 linear's E4M3 input [M, cols] and its per-row scales; (None, None) otherwise."""
@@ -603,178 +452,3 @@ def _rope_params(rotary_config, dims: Dims):
 
     rot = LlamaRotaryEmbedding(rotary_config)
     return rot.inv_freq.float().cpu(), float(getattr(rot, "attention_scaling", 1.0))
-
-
-# Which folds (DecodeGraph) a batch-1 step uses, per mode: those that measured faster on the H200
-# (docs/fast-engine.md#folds; W8A8 keeps silu_mul: its row's E4M3 scale needs the whole row). TRIAGE_FOLD=0 turns
-# them all off.
-FOLDS_MEASURED_FASTER = {"bf16": frozenset({"norm", "o"}), "fp8": frozenset({"norm", "o"}),
-                         "fp8-wo": frozenset({"norm", "o", "silu"})}
-# The integer linears have no folded prologue (the norm runs as its own kernel): their batch-1 step gets SiLU(gate) *
-# up computed by the down projection as it loads it, as every mode's does
-FOLDS_MEASURED_FASTER.update({m: frozenset() for m in INT_MODES})
-
-
-class DecodeGraph:
-    """One decode step over a static cache, built from the Triton kernels and captured in a CUDA graph.
-
-    Static inputs: `tokens` [B] and `pos` [B] (position of each row's token). A replay writes the token into the
-    cache, computes logprobs, picks the greedy next token and advances `tokens` and `pos` in place, so replays can
-    run back to back with no host work; to sample instead, overwrite `tokens` after a replay.
-    """
-
-    def __init__(self, model: FastLlama, cache: StaticKVCache, top_k: int = 0, use_graph: bool = True,
-                 folds: frozenset | None = None):
-        from core.engines.fast import kernels as K
-
-        self.model, self.cache, self.top_k = model, cache, top_k
-        d, B, dev = model.dims, cache.batch, model.device
-        # Kernels folded into the linear that reads their output (kernels.gemv_prologue), one row only: "norm" (the
-        # add + RMSNorm (+ W8A8 quantization) before q|k|v, gate|up and lm_head), "o" (W8A8's quantization of the
-        # attention output, and for the other modes the o-projection's weight loads started before the attention
-        # ends), "silu" (with "norm", not W8A8: SiLU(gate) * up written by the gate|up kernel, no SiLU computed again
-        # in every program of the down projection's GEMV; W8A8 keeps silu_mul, see FOLDS_MEASURED_FASTER).
-        self.folds = self.default_folds(model, B) if folds is None else frozenset(folds)
-        self.tokens = torch.zeros(B, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(B, dtype=torch.long, device=dev)
-        self.cos, self.sin = model.rope_tables(cache.max_len)  # held so a later, longer table cannot free them
-        bf = model.embed.dtype
-        self.h = torch.empty(B, d.hidden, dtype=bf, device=dev)
-        self.x_alt = torch.empty(B, d.hidden, dtype=bf, device=dev)  # the residual's other buffer when norms fold
-        self.delta = torch.empty(B, d.hidden, dtype=bf, device=dev)
-        self.qkv = torch.empty(B, d.qkv_out, dtype=bf, device=dev)
-        self.q = torch.empty(B, d.heads, d.head_dim, dtype=bf, device=dev)
-        self.attn = torch.empty(B, d.heads * d.head_dim, dtype=bf, device=dev)
-        self.gu = torch.empty(B, 2 * d.inter, dtype=bf, device=dev)
-        self.act = torch.empty(B, d.inter, dtype=bf, device=dev)
-        self.logits = torch.empty(B, d.vocab, dtype=bf, device=dev)
-        w8a8 = model.mode == "fp8"
-        self.xs = torch.empty(B, dtype=torch.float32, device=dev) if w8a8 else None
-        if w8a8:  # E4M3 copies of the linears' inputs, written by the kernels that produce them
-            self.hq = torch.empty(B, d.hidden, dtype=E4M3, device=dev)
-            self.attnq = torch.empty(B, d.heads * d.head_dim, dtype=E4M3, device=dev)
-            self.actq = torch.empty(B, d.inter, dtype=E4M3, device=dev)
-        # Weight-only at several rows: the producers also write their rows in f16, which the linears' f16 dots read
-        # instead of each program converting the same bf16 activations (docs/fast-engine.md#f16-activations)
-        f16 = model.mode == "fp8-wo" and B > 1
-        self.h16 = torch.empty(B, d.hidden, dtype=torch.float16, device=dev) if f16 else None
-        self.attn16 = torch.empty(B, d.heads * d.head_dim, dtype=torch.float16, device=dev) if f16 else None
-        self.act16 = torch.empty(B, d.inter, dtype=torch.float16, device=dev) if f16 else None
-        self.ws = K.AttnWorkspace(B, d.heads, d.kv_heads, d.head_dim, cache.max_len, dev, fp8=cache.fp8)
-        self.sm_scale = 1.0 / math.sqrt(d.head_dim)
-        self.graph = None
-        self.out = None
-        self.split_scratch: dict = {}  # the split-K linears' scratch, this graph's own (kernels.split_scratch_scope)
-        if use_graph:
-            self._capture()
-
-    @staticmethod
-    def default_folds(model: FastLlama, batch: int) -> frozenset:
-        from core.engines.fast import kernels as K
-
-        d = model.dims
-        widest = max(d.hidden, d.heads * d.head_dim)
-        # measured with programmatic dependent launch (Hopper and later) only, which lets the weight loads go early
-        if (batch != 1 or not options().fold or widest > K.PROLOGUE_MAX_K
-                or not K.pdl_available()):
-            return frozenset()
-        return FOLDS_MEASURED_FASTER[model.mode]
-
-    def _body(self):
-        from core.engines.fast import kernels as K
-
-        m, d, c = self.model, self.model.dims, self.cache
-        xs = self.xs
-        x = F.embedding(self.tokens, m.embed)
-        delta = None
-        w8a8 = xs is not None
-        h = None if w8a8 else self.h  # W8A8 linears read only the E4M3 copy
-        fold_norm, fold_o = "norm" in self.folds, "o" in self.folds
-        fold_silu = fold_norm and "silu" in self.folds and not w8a8
-        x_alt = self.x_alt
-        for i, L in enumerate(m.layers):
-            if fold_norm:
-                L["qkv"].fast_prologue(x, self.qkv, delta, x_alt, L["ln1"], d.eps)
-                if delta is not None:  # the kernel wrote x + delta to x_alt: that is the residual now
-                    x, x_alt = x_alt, x
-            else:
-                K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, xs, self.hq if w8a8 else None, self.h16)
-                L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv, x16=self.h16)
-            ks, vs = (c.k_scale[i], c.v_scale[i]) if c.fp8 else (None, None)
-            K.rope_store(self.qkv, self.pos, self.cos, self.sin, self.q, c.k[i], c.v[i], ks, vs,
-                         d.heads, d.kv_heads, d.head_dim)
-            K.decode_attention(self.q, c.k[i], c.v[i], ks, vs, self.pos, self.attn, self.ws,
-                               d.heads, d.kv_heads, d.head_dim, self.sm_scale, self.attn16)
-            if fold_o:
-                L["o"].fast_prologue(self.attn, self.delta)
-            else:
-                if w8a8:
-                    K.row_quant(self.attn, xs, self.attnq)
-                L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta, x16=self.attn16)
-            delta = self.delta
-            if fold_silu:
-                L["gu"].fast_prologue(x, self.act, delta, x_alt, L["ln2"], d.eps, silu_out=True)
-                x, x_alt = x_alt, x
-                L["down"].fast(self.act, None, self.delta)
-                continue
-            if fold_norm:
-                L["gu"].fast_prologue(x, self.gu, delta, x_alt, L["ln2"], d.eps)
-                x, x_alt = x_alt, x
-            else:
-                K.add_rmsnorm(x, delta, L["ln2"], d.eps, h, xs, self.hq if w8a8 else None, self.h16)
-                L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu, x16=self.h16)
-            if w8a8:
-                # the row amax of SiLU(gate) * up must be known before the down projection's input is quantized
-                K.silu_mul(self.gu, None, xs, self.actq)
-                L["down"].fast(self.actq, xs, self.delta)
-            elif self.cache.batch == 1:
-                # one row: the down projection computes SiLU(gate) * up as it loads it (one launch fewer)
-                L["down"].fast(self.gu, None, self.delta, silu_x=True)
-            else:
-                # several rows: a computed (not loaded) dot operand stalls the tensor-core pipeline, so the
-                # activation gets its own kernel (docs/fast-engine.md#silu-several-rows)
-                K.silu_mul(self.gu, self.act, a16_out=self.act16)
-                L["down"].fast(self.act, None, self.delta, x16=self.act16)
-        if fold_norm:
-            m.lm.fast_prologue(x, self.logits, delta, x_alt, m.norm, d.eps)
-        else:
-            K.add_rmsnorm(x, delta, m.norm, d.eps, self.h)
-            m.lm.fast(self.h, None, self.logits)
-        lp = torch.log_softmax(self.logits.float(), dim=-1)
-        nxt = lp.argmax(dim=-1)
-        chosen = lp.gather(1, nxt[:, None])[:, 0]
-        top = lp.topk(self.top_k, dim=-1) if self.top_k else None
-        self.tokens.copy_(nxt)
-        self.pos.add_(1)
-        return dict(logprobs=lp, next=nxt, chosen=chosen, top_values=top.values if top else None,
-                    top_ids=top.indices if top else None)
-
-    @torch.inference_mode()
-    def _capture(self):
-        from core.engines.fast import kernels as K
-
-        # Warm up (Triton compiles, cuBLAS picks kernels) at the last cache slots: any slot past a row's length is
-        # written before it is read, so this scribbling never reaches a later step.
-        self.pos.fill_(self.cache.max_len - 3)
-        one_row = self.cache.batch == 1  # programmatic dependent launch measured faster there only (kernels.pdl_scope)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch):
-            for _ in range(2):
-                self._body()
-        torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch):
-            self.out = self._body()
-
-    @torch.inference_mode()
-    def set_state(self, tokens: torch.Tensor, pos: torch.Tensor) -> None:
-        self.tokens.copy_(tokens)
-        self.pos.copy_(pos)
-
-    @torch.inference_mode()
-    def step(self) -> dict:
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out
-        return self._body()

@@ -1,18 +1,22 @@
-"""Whether the fast decode path can run a setup, and why not: pure checks on the device, precision and config,
-importing neither torch nor triton. The engine and the factory both ask here."""
+"""Whether the fast decode path can run a setup, and why not: checks on the device, precision and config. Importing
+this module imports neither torch nor triton; asking about a CUDA device loads the linear methods' table (torch).
+The engine and the factory both ask here."""
 from __future__ import annotations
 
 import importlib.util
 
 from core.precision import Device, KVDtype, Precision
 
-# INT8 W8A8 has kernels (kernels/intlinears.py) but is not routed here yet: compiled on the H200 its per-token
-# activation quantization does not yet give torch._int_mm's result bit for bit (docs/PERFORMANCE.md).
-FAST_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.FP8_WEIGHT_ONLY, Precision.INT8_WEIGHT_ONLY,
-                   Precision.INT4, Precision.INT4_AWQ)
 # Triton's E4M3 type (float8e4nv) and FP8 tensor-core dots exist from Ada/Hopper on.
 FP8_MIN_CC = (8, 9)
 BF16_MIN_CC = (8, 0)
+
+
+def fast_precisions() -> tuple[Precision, ...]:
+    """The precisions the fast engine runs: the keys of its linear methods' table (methods/__init__.py)."""
+    from core.engines.fast.methods import METHODS
+
+    return tuple(METHODS)
 
 
 def fast_decode_unavailable_reasons(device: Device, precision: Precision, kv_dtype: KVDtype,
@@ -29,9 +33,10 @@ def fast_decode_unavailable_reasons(device: Device, precision: Precision, kv_dty
     if importlib.util.find_spec("triton") is None:
         reasons.append("The fast decode path needs the triton package, which is not installed; "
                        "install the PyTorch build's matching triton or use the eager torch engine.")
-    if precision not in FAST_PRECISIONS:
-        reasons.append(f"The fast decode path runs BF16, FP8 (W8A8 and weight-only), INT8 weight-only and "
-                       f"INT4 (g128, plain and AWQ); {precision.label} runs on the eager torch engine.")
+    runs = fast_precisions()
+    if precision not in runs:
+        reasons.append(f"The fast decode path runs {', '.join(p.label for p in runs)}; {precision.label} runs on "
+                       "the eager torch engine.")
     cc = device.capability
     if cc is not None:
         if cc < BF16_MIN_CC:

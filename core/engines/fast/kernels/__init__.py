@@ -1,6 +1,9 @@
 """Triton kernels for one decode step of a Llama-family model on CUDA, one module per family: launch.py (PDL and
-the launch options), norm.py, linears.py (with tune.py, which times its candidates), rope.py, attention.py (with
-attn_e4m3.py and attn_e4m3.cu). This package names what the rest of the fast engine calls.
+the launch options), scratch.py (the linears' split-K scratch), rounding.py (the roundings and activation loads every
+linear family shares), norm.py, linears.py (BF16 and FP8), the integer linears int_tile.py, int_gemv.py and
+int_prompt.py (over the storage of core/engines/fast/int_weight.py), rope.py, attention.py (with attn_e4m3.py and attn_e4m3.cu).
+This package names what the rest of the fast engine calls; the linears are launched through their precision's
+method (core/engines/fast/methods/), which owns their tuning.
 
 Each kernel reproduces, rounding for rounding where it matters, what the eager reference does (HF LlamaRMSNorm, the
 FP8Linear of core/engines/torch/fp8.py, quantize_rows for FP8 KV), so the fast path computes the same function as the eager path
@@ -40,25 +43,20 @@ from core.engines.fast.kernels.linears import (
     PROLOGUE_CFG,
     PROLOGUE_DEFAULT,
     PROLOGUE_MAX_K,
-    TUNED,
     block_m_for,
-    config_for,
     default_config,
     gemv_prologue,
     linear,
     linear_torch,
     linear_triton,
-    load_tuned,
-    m_key,
-    split_scratch_scope,
 )
 from core.engines.fast.kernels.norm import add_rmsnorm, row_quant, silu_mul
 from core.engines.fast.kernels.rope import rope_store, rope_store_prompt
+from core.engines.fast.kernels.scratch import split_scratch_scope
 
 __all__ = [
     "AttnWorkspace", "decode_attention", "HAVE_GDC", "launch_options", "pdl_available", "pdl_scope", "E4M3_MAX",
-    "MODE_BF16", "MODE_W8A8", "MODE_WO", "MODES", "PROLOGUE_CFG", "PROLOGUE_DEFAULT", "PROLOGUE_MAX_K", "TUNED",
-    "block_m_for", "config_for", "default_config", "gemv_prologue", "linear", "linear_torch", "linear_triton",
-    "load_tuned", "m_key", "split_scratch_scope", "add_rmsnorm", "row_quant", "silu_mul", "rope_store",
+    "MODE_BF16", "MODE_W8A8", "MODE_WO", "MODES", "PROLOGUE_CFG", "PROLOGUE_DEFAULT", "PROLOGUE_MAX_K",
+    "block_m_for", "default_config", "gemv_prologue", "linear", "linear_torch", "linear_triton", "split_scratch_scope", "add_rmsnorm", "row_quant", "silu_mul", "rope_store",
     "rope_store_prompt",
 ]

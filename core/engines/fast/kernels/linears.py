@@ -1,11 +1,9 @@
 """The linears of the fast engine: a skinny GEMM (`linear`, Triton tensor-core dots with optional split-K, or
 cuBLAS / torch._scaled_mm where the tuner picks them), the one-row GEMV, and `gemv_prologue` (one row with the norm
-and W8A8's quantization folded in). Launch configurations come from `TUNED` (tune.py on this GPU, or the shipped H200
-table) or `default_config`."""
+and W8A8's quantization folded in). The launch configuration comes from the caller (the precision's method picks
+its tuning table's winner, core/engines/fast/methods/), else `default_config`."""
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import warnings
 
 import torch
@@ -13,26 +11,12 @@ import triton
 import triton.language as tl
 
 from core.engines.fast.kernels.launch import launch_options, pdl_enter
-from core.engines.fast.tuned_table import read_tuned_table
+from core.engines.fast.kernels.rounding import load_x
+from core.engines.fast.kernels.scratch import split_parts
 
 E4M3_MAX = 448.0
 MODE_BF16, MODE_WO, MODE_W8A8 = 0, 1, 2
 MODES = {"bf16": MODE_BF16, "fp8-wo": MODE_WO, "fp8": MODE_W8A8}
-
-
-@triton.jit
-def _load_x(x_ptr, offs_m, offs_k, M, K, stride_xm, SILU_X: tl.constexpr):
-    """The activation tile [BLOCK_K, BLOCK_M] (transposed view of x), ready for the dot."""
-    mask = (offs_m[None, :] < M) & (offs_k[:, None] < K)
-    ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]
-    if SILU_X:
-        # x is the [M, 2K] gate/up output; SiLU(gate) * up rounded as the reference rounds it
-        g = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        x = ((g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u).to(tl.bfloat16)
-    else:
-        x = tl.load(ptrs, mask=mask, other=0.0)  # W8A8: already E4M3 (quantized by the kernel that made it)
-    return x
 
 
 @triton.jit
@@ -50,9 +34,9 @@ def _linear_tile(x_ptr, x16_ptr, w_ptr, offs_m, offs_n, M, N, K, k_lo, k_hi, str
         else:
             w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
         if F16_DOT and X16:
-            x = _load_x(x16_ptr, offs_m, k0 + offs_k, M, K, stride_xm, False)
+            x = load_x(x16_ptr, offs_m, k0 + offs_k, M, K, stride_xm, False)
         else:
-            x = _load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
+            x = load_x(x_ptr, offs_m, k0 + offs_k, M, K, stride_xm, SILU_X)
         if MODE == 1:
             if F16_DOT:
                 # E4M3 -> f16 is exact and one hardware conversion per two values (-> bf16 was the limit:
@@ -144,7 +128,7 @@ def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
     if PDL:
         pdl_enter()
     if PREFETCH:
-        x0 = _load_x(x_ptr, offs_m, offs_k, 1, K, 0, SILU_X)
+        x0 = load_x(x_ptr, offs_m, offs_k, 1, K, 0, SILU_X)
         acc += w0.to(tl.float32) * tl.reshape(x0.to(tl.float32), (1, BLOCK_K))
         w_ptrs += BLOCK_K
         k_start = BLOCK_K
@@ -153,7 +137,7 @@ def _gemv_kernel(x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, N, K, stride_wn,
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & (k0 + offs_k[None, :] < K), other=0.0)
-        x = _load_x(x_ptr, offs_m, k0 + offs_k, 1, K, 0, SILU_X)  # [BLOCK_K, 1]
+        x = load_x(x_ptr, offs_m, k0 + offs_k, 1, K, 0, SILU_X)  # [BLOCK_K, 1]
         acc += w.to(tl.float32) * tl.reshape(x.to(tl.float32), (1, BLOCK_K))
         w_ptrs += BLOCK_K
     out = tl.sum(acc, axis=1)
@@ -251,37 +235,14 @@ def gemv_prologue(x, w, w_scale, out, mode: int, delta=None, x_out=None, norm_we
 GEMV_PREFETCH = True
 
 
-# Launch configurations, keyed by (mode, m_key(M), N, K). bench/fast/fp8_speed.py tunes them on the GPU and fills
-# this table before capturing graphs; FastLlamaEngine loads the table measured on an H200 (tuned_h200.json) on Hopper;
-# without a tuned entry, `default_config` is used.
-TUNED: dict[tuple[int, int, int, int], dict] = {}
-
-
-def load_tuned(path=None) -> int:
-    """Add a saved tuning table (default: the H200 one shipped here) to TUNED; returns how many entries."""
-    table = read_tuned_table(path)
-    for key, cfg in table.items():
-        TUNED.setdefault(key, cfg)
-    return len(table)
-
-
 def block_m_for(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
-
-
-def m_key(m: int) -> int:
-    """Tuning bucket of a batch size: one row is its own bucket (it may use the FMA GEMV), then by BLOCK_M."""
-    return 1 if m == 1 else block_m_for(m)
 
 
 def default_config(mode: int, m: int, n: int, k: int) -> dict:
     if block_m_for(m) >= 64:
         return dict(kernel="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
     return dict(kernel="dot", BLOCK_N=32, BLOCK_K=256 if mode != MODE_BF16 else 128, num_warps=4, num_stages=4)
-
-
-def config_for(mode: int, m: int, n: int, k: int) -> dict:
-    return TUNED.get((mode, m_key(m), n, k)) or default_config(mode, m, n, k)
 
 
 def linear(x, w, w_scale, x_scale, out, mode: int, silu_x: bool = False, cfg: dict | None = None, x16=None):
@@ -294,7 +255,7 @@ def linear(x, w, w_scale, x_scale, out, mode: int, silu_x: bool = False, cfg: di
     """
     N, K = w.shape
     M = x.shape[0]
-    cfg = cfg or config_for(mode, M, N, K)
+    cfg = cfg or default_config(mode, M, N, K)
     if cfg.get("kernel") != "torch" and (mode, N, K, M) in _FAILED:
         return linear_torch(x, w, w_scale, x_scale, out, mode, silu_x)
     try:
@@ -339,7 +300,7 @@ def linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg, x16=None):
     bn, bk, bm = cfg["BLOCK_N"], cfg["BLOCK_K"], block_m_for(M)
     split = cfg.get("SPLIT_K", 1)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
-    part, counts = _split_workspace(out.device, split, M, N, grid[0] * grid[1]) if split > 1 else (out, out)
+    part, counts = split_parts(out.device, (), split, M, N, grid[0] * grid[1]) if split > 1 else (out, out)
     use_x16 = x16 is not None and mode == MODE_WO and not silu_x
     assert not use_x16 or x16.stride() == x.stride()
     _linear_kernel[grid](
@@ -348,38 +309,6 @@ def linear_triton(x, w, w_scale, x_scale, out, mode, silu_x, cfg, x16=None):
         EVEN=(N % bn == 0 and K % bk == 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch_options())
     return out
-
-
-# Split-K scratch, per (device, SPLIT_K, M, N, tiles): the slices' float32 sums and one counter per output tile (0
-# between calls: the last program of a tile resets it). A launch writes and reads its scratch within itself, so two
-# launches may share one only if they cannot overlap: eager calls share the process's table and run on the default
-# stream, one after another; a graph may replay on another stream while a second graph replays, so each DecodeGraph
-# makes its scratch inside its own `split_scratch_scope` (the table then lives as long as the graph).
-_SPLIT_SCRATCH = contextvars.ContextVar("split_scratch", default=None)
-_EAGER_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-@contextlib.contextmanager
-def split_scratch_scope(table: dict):
-    """Split-K linears launched inside keep their scratch in `table` (a graph's own)."""
-    token = _SPLIT_SCRATCH.set(table)
-    try:
-        yield
-    finally:
-        _SPLIT_SCRATCH.reset(token)
-
-
-def _split_workspace(device, split: int, m: int, n: int, tiles: int):
-    table = _SPLIT_SCRATCH.get()
-    table = _EAGER_SCRATCH if table is None else table
-    key = (device, split, m, n, tiles)
-    if key not in table:
-        if torch.cuda.is_current_stream_capturing():
-            # the counters' zero-fill would only be recorded into the graph, never run before an eager call
-            raise RuntimeError("split-K scratch must be made before graph capture: run the step once first")
-        table[key] = (torch.empty(split, m, n, dtype=torch.float32, device=device),
-                      torch.zeros(tiles, dtype=torch.int32, device=device))
-    return table[key]
 
 
 def linear_torch(x, w, w_scale, x_scale, out, mode, silu_x):
