@@ -30,6 +30,11 @@ class Precision(str, Enum):
         return _LABELS[self]
 
     @property
+    def short(self) -> str:
+        """The precision in a few words, for short labels ("FP8 W8A8")."""
+        return _SHORT[self]
+
+    @property
     def is_fp8(self) -> bool:
         return self in (Precision.FP8, Precision.FP8_WEIGHT_ONLY)
 
@@ -59,6 +64,18 @@ _LABELS = {
     Precision.INT4: "INT4 weight-only, g128 asymmetric",
     Precision.INT4_AWQ: "INT4 AWQ weight-only, g128 asymmetric",
 }
+
+
+_SHORT = {
+    Precision.FP32: "FP32", Precision.BF16: "BF16", Precision.FP16: "FP16",
+    Precision.FP8: "FP8 W8A8", Precision.FP8_WEIGHT_ONLY: "FP8 W8A16",
+    Precision.INT8: "INT8 W8A8", Precision.INT8_WEIGHT_ONLY: "INT8 W8A16",
+    Precision.INT4: "INT4 g128", Precision.INT4_AWQ: "INT4 AWQ g128",
+}
+
+# What a comparison against BF16 tries when none are named (the Quality page and `diagnostics quality`): one of each
+# family the torch engine quantizes to
+COMPARED_BY_DEFAULT = (Precision.FP8, Precision.INT8, Precision.INT4, Precision.INT4_AWQ)
 
 
 class KVDtype(str, Enum):

@@ -9,7 +9,7 @@ from core import textfile
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.models import ModelSpec
-from core.precision import Precision
+from core.precision import COMPARED_BY_DEFAULT, Precision
 from core.quality import charts, history, layers
 from core.quality import run as quality
 from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
@@ -59,7 +59,8 @@ if ss.get("q_error"):
 
 c = st.columns([1, 3, 1, 1])
 reference = c[0].selectbox("Reference", [p.value for p in Precision], index=1, key="q_ref")
-candidates = c[1].multiselect("Candidates", CHOICES, default=["fp8", "int8", "int4", "int4-awq"], key="q_cands")
+candidates = c[1].multiselect("Candidates", CHOICES, default=[p.value for p in COMPARED_BY_DEFAULT],
+                                 key="q_cands")
 window_in = inputs.number("Window (tokens)", *quality.WINDOW_RANGE, quality.DEFAULT_WINDOW, where=c[2], step=16,
                           key="q_window")
 window = int(window_in.value)

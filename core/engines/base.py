@@ -319,17 +319,9 @@ class Engine(Protocol):
 SEP = " · "  # between the parts of a short label
 
 
-_PRECISION_SHORT = {
-    Precision.FP32: "FP32", Precision.BF16: "BF16", Precision.FP16: "FP16",
-    Precision.FP8: "FP8 W8A8", Precision.FP8_WEIGHT_ONLY: "FP8 W8A16",
-    Precision.INT8: "INT8 W8A8", Precision.INT8_WEIGHT_ONLY: "INT8 W8A16",
-    Precision.INT4: "INT4 g128", Precision.INT4_AWQ: "INT4 AWQ g128",
-}
-
-
 def precision_short(precision: Precision, kv_dtype: KVDtype = KVDtype.AUTO) -> str:
     """The precision in a few words for short labels ("FP8 W8A8", "BF16 + FP8 KV"); Precision.label is the full one."""
-    return _PRECISION_SHORT[precision] + (" + FP8 KV" if kv_dtype is KVDtype.FP8 else "")
+    return precision.short + (" + FP8 KV" if kv_dtype is KVDtype.FP8 else "")
 
 
 def short_label(precision_label: str, ran_short: str) -> str:

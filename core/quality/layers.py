@@ -42,9 +42,11 @@ def ranked(result: dict, by: str = "int4", limit: int | None = 20) -> list[dict]
 
 
 def summary(result: dict) -> dict:
-    """Mean relative error per quantizer over all layers, and how often per-channel INT8 beat per-tensor."""
+    """Mean relative error per quantizer over all layers, how often per-channel INT8 beat per-tensor, and how often
+    a quantizer's activation-aware variant (its name + "-awq") was no worse than it."""
     layers = result["layers"]
     mean = {q: sum(r["errors"][q] for r in layers) / len(layers) for q in result["quantizers"]}
     wins = sum(1 for r in layers if r["errors"]["int8"] < r["errors"]["int8 per-tensor"])
-    awq = sum(1 for r in layers if r["errors"]["int4-awq"] <= r["errors"]["int4"])
+    pairs = [(q, q + "-awq") for q in result["quantizers"] if q + "-awq" in result["quantizers"]]
+    awq = sum(1 for r in layers for plain, aware in pairs if r["errors"][aware] <= r["errors"][plain])
     return {"mean_rel_error": mean, "per_channel_int8_better": wins, "awq_not_worse": awq, "layers": len(layers)}

@@ -1,4 +1,4 @@
-"""python -m diagnostics quality --model embedded --document FILE --reference bf16 --candidates fp8,int8,int4,int4-awq
+"""python -m diagnostics quality --model embedded --document FILE --reference bf16 --candidates fp8,int8,int4
 [--window N] [--stride N] [--top-k K] [--calibration FILE] [--layers] [--no-cache] [--json] [--no-history]
 
 Perplexity of each precision over the document, and against the reference: KLD (mean, median, p99, p99.9, max),
@@ -21,6 +21,7 @@ from diagnostics.cli.progress import stderr_progress
 
 
 def add_parser(sub) -> None:
+    from core.precision import COMPARED_BY_DEFAULT, Precision
     from core.quality.run import DEFAULT_STRIDE, DEFAULT_WINDOW, WINDOW_RANGE
     from core.quality.refcache import DEFAULT_TOP_K
 
@@ -32,8 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--document", default="sample",
                    help="a text file (txt, md, json, log, csv, py), or 'sample' for the shipped sample prose")
     p.add_argument("--reference", default="bf16", help="the reference precision (default bf16)")
-    p.add_argument("--candidates", default="fp8,int8,int4,int4-awq",
-                   help="comma-separated: fp32, bf16, fp16, fp8, fp8-wo, fp8-static:N, int8, int8-wo, int4, int4-awq")
+    p.add_argument("--candidates", default=",".join(x.value for x in COMPARED_BY_DEFAULT),
+                   help="comma-separated: " + ", ".join([x.value for x in Precision] + ["fp8-static:N"]))
     lo, hi = WINDOW_RANGE
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
                    help=f"tokens per window, {lo:,}-{hi:,} (default {DEFAULT_WINDOW})")
@@ -41,11 +42,11 @@ def add_parser(sub) -> None:
                    help=f"tokens between window starts, 1-window (default {DEFAULT_STRIDE}; = window for no overlap)")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
                    help="reference log-probs kept per position when the full vocabulary does not fit the cache")
-    p.add_argument("--calibration", help="calibration text file for int4-awq and fp8-static (default: the shipped "
+    p.add_argument("--calibration", help="calibration text file for AWQ and fp8-static (default: the shipped "
                                          "sample prose)")
     p.add_argument("--layers", action="store_true",
                    help="also rank the linear layers by relative output error per quantizer (fp8, int8, int8 "
-                        "per-tensor, int8-wo, int4, int4-awq) on the calibration text")
+                        "per-tensor, int8-wo, int4 plain and AWQ) on the calibration text")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the kept reference pass")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
