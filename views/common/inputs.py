@@ -27,7 +27,7 @@ class Bounded:
         if self.lo <= self.value <= self.hi:
             return None
         return (f"{self.label} must be between {_fmt(self.lo)} and {_fmt(self.hi)}; it is {_fmt(self.value)}. "
-                "Change it and press again.")
+                "Enter a value in that range.")
 
 
 def number(label: str, lo: float, hi: float, value: float, where=st, **kw) -> Bounded:
