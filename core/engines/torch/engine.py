@@ -35,74 +35,17 @@ from core.engines.base import (
     report_prefill,
     stop_if_asked,
 )
+from core.engines.device import (  # noqa: F401 - count_weight_bytes, load_peak_bytes: this engine's sizes, for tests
+    available_bytes, count_weight_bytes, current_device, fit_problem, load_peak_bytes)
 from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
-from core.models import (ModelError, ModelSpec, count_parameters, damaged_gguf, embedded_model_dir, load_config,
+from core.models import (ModelError, ModelSpec, damaged_gguf, embedded_model_dir, load_config,
                          synthetic_config, trust_remote_code)
 from core.errors import InputError
-from core.fmt import GIB
-from core.precision import Device, KVDtype, Precision, unsupported_reasons
+from core.precision import KVDtype, Precision, unsupported_reasons
 from core.telemetry import run_peak
 from core.telemetry.run_peak import RunPeakRss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def current_device(prefer: str | None = None) -> Device:
-    if prefer != "cpu" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        return Device("cuda", props.name, (props.major, props.minor), props.total_memory)
-    import psutil
-
-    return Device("cpu", "CPU", None, psutil.virtual_memory().total)
-
-
-def available_bytes(device: Device) -> int:
-    if device.kind == "cuda":
-        return torch.cuda.mem_get_info()[0]
-    import psutil
-
-    return psutil.virtual_memory().available
-
-
-def count_weight_bytes(config, precision: Precision) -> int:
-    """Bytes of the weights at `precision`, counted on the model built on the meta device (FP8 stores the quantized
-    linears in one byte a parameter); the KV cache calculator's estimate_weight_bytes works from the config alone."""
-    counts = count_parameters(config)
-    base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
-    if precision.is_int:  # int8: 1 byte a weight; int4: half a byte plus a scale and zero point per group
-        return quant.weight_bytes(counts["quantizable"], precision) + counts["other"] * base
-    per_linear = 1 if precision.is_fp8 else base
-    return counts["quantizable"] * per_linear + counts["other"] * base
-
-
-# Quantizing one Linear holds, beside its base-dtype weight: a float32 copy, the scaled float32 values and the 8-bit
-# result (fp8.quantize_rows; about as much for quant.py's integer layers), 4 + 4 + 1 bytes a parameter.
-_QUANTIZE_TEMP_BYTES_PER_PARAM = 9
-
-
-def load_peak_bytes(config, precision: Precision) -> int:
-    """The most memory loading the weights at `precision` takes. Quantized weights are read at the base dtype and
-    quantized afterwards, Linear by Linear, so the peak is the whole model at the base dtype plus one Linear's
-    temporaries, about twice the FP8 size that stays once loading is done."""
-    if not (precision.is_fp8 or precision.is_int):
-        return count_weight_bytes(config, precision)
-    counts = count_parameters(config)
-    base = torch.empty((), dtype=DTYPES[precision.base_dtype]).element_size()
-    return (counts["quantizable"] + counts["other"]) * base + _QUANTIZE_TEMP_BYTES_PER_PARAM * counts["largest_linear"]
-
-
-def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, free: int) -> str | None:
-    """Why the weights would not fit in `free` bytes while loading or after, or None. Keeps 15% for activations."""
-    settled, peak = count_weight_bytes(config, precision), load_peak_bytes(config, precision)
-    if peak <= 0.85 * free:
-        return None
-    if settled <= 0.85 * free:
-        return (f"{spec.label} at {precision.label} keeps about {settled / GIB:.1f} GiB of weights once loaded, but "
-                f"its weights load at {precision.base_dtype} and are quantized afterwards, so loading peaks at about "
-                f"{peak / GIB:.1f} GiB; only {free / GIB:.1f} GiB is free on {device.name}. Free some memory "
-                "(unload other models) or pick a smaller model.")
-    return (f"{spec.label} at {precision.label} needs about {settled / GIB:.1f} GiB for its weights; only "
-            f"{free / GIB:.1f} GiB is free on {device.name}. Pick a smaller model or a lower precision.")
 
 
 # Prompts share a prefill pass when left padding adds at most this many tokens to it; the passes then decode as one
@@ -110,8 +53,8 @@ def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, f
 PREFILL_PAD_TOKENS = 256
 # A prompt goes through the model in chunks so that a stop lands between two of them. Each chunk is sized from the
 # last one's measured time to take about PREFILL_CHUNK_S: attention grows with the tokens already cached, so a fixed
-# size would take longer and longer on a long prompt (the embedded model prefills ~1,000 tokens/s at the start of a
-# prompt and a few hundred at 20K on 2 CPU cores).
+# size would take longer and longer on a long prompt, and a machine busy with other work slows every chunk (the
+# embedded model at BF16 prefilled 260-300 tokens/s on 2 busy CPU cores: docs/PERFORMANCE.md, "Stopping a run").
 PREFILL_CHUNK_S = 0.5
 PREFILL_CHUNK_FIRST, PREFILL_CHUNK_MIN, PREFILL_CHUNK_MAX = 256, 16, 4096
 
