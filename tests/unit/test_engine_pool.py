@@ -137,3 +137,22 @@ def test_release_idle_unloads_every_engine_but_the_one_generating(generating):
     t.join(10)
     assert out == [True] and pool.release_idle() == [setup(Precision.FP32)] and fp32.unloaded
     assert pool.load(setup(Precision.BF16)) is not bf16  # loaded again when next asked for
+
+
+def test_a_run_waiting_for_an_engine_hears_how_long_and_can_give_up():
+    from core.engines.base import Cancelled, RunControl, check_stop, controlled
+    from core.engines.pool import wait_until_free
+
+    engine = Loaded(Precision.BF16)
+    engine.lock = threading.Lock()
+    engine.lock.acquire()  # another run holds it
+    threading.Timer(0.5, engine.lock.release).start()
+    waited: list[float] = []
+    wait_until_free(engine, waited.append, poll_s=0.1)
+    assert waited and waited == sorted(waited) and not engine.lock.locked()  # counted up, then free
+
+    engine.lock.acquire()
+    with controlled(RunControl(should_stop=lambda: len(waited) > 8)), pytest.raises(Cancelled):
+        wait_until_free(engine, waited.append, poll_s=0.05, check=check_stop)  # a stop while waiting ends the wait
+    engine.lock.release()
+    wait_until_free(Loaded(Precision.FP32), waited.append)  # a server engine has no lock: nothing to wait for
