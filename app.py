@@ -23,6 +23,7 @@ PAGES = [
 nav = st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES])
 session.init()
 status = st.sidebar.empty()  # filled after the page ran: a model loaded on this run shows at once
+session.sidebar_status(status)  # and before: a page that ends with st.stop() drops what the finally below draws
 try:
     nav.run()
 finally:
