@@ -121,10 +121,16 @@ def _gemlite_layer(bits: int, n: int, k: int, group: int, input_dtype=None, scal
                                scaled_activations=scaled_activations)
 
 
-class GemliteInt4(_Kernel):
+class _Gemlite(_Kernel):
+    name = "gemlite"
+
+    def raw(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+class GemliteInt4(_Gemlite):
     """gemlite A16W4 g128 asymmetric on our codes, float32 scale and zero point: `(q - zp) * s16` in float32."""
 
-    name = "gemlite"
     label = "gemlite A16W4 g128 (Triton; float32 scale and zero point: the torch engine's weights)"
     exact = True
 
@@ -135,14 +141,10 @@ class GemliteInt4(_Kernel):
         self.layer.pack(unpack_codes(iw), iw.scale.float().contiguous(), iw.zero.float().contiguous(),
                         fma_mode=False)
 
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
 
-
-class GemliteInt8(_Kernel):
+class GemliteInt8(_Gemlite):
     """gemlite A16W8 on our int8 codes and float32 per-row scales, the scale applied to each weight before the dot."""
 
-    name = "gemlite"
     label = "gemlite A16W8 per channel (Triton; q * scale in float32, as Int8Linear.dequantized)"
     exact = True
 
@@ -152,14 +154,10 @@ class GemliteInt8(_Kernel):
         self.layer.pack(iw.w, iw.scale.reshape(-1, 1).float(), zeros=None)
         self.layer.W_group_mode, self.layer.channel_scale_mode = 2, 0  # pre-scale (A16W8's default)
 
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
 
-
-class GemliteW8A8(_Kernel):
+class GemliteW8A8(_Gemlite):
     """gemlite A8W8 INT8 dynamic: gemlite quantizes the activations per token, int8 dots, both scales after."""
 
-    name = "gemlite"
     label = "gemlite A8W8 INT8 dynamic (Triton int8 dots; activations quantized per token by gemlite)"
     exact = False  # its activation rounding is gemlite's own: tests/gpu/test_int_library_gpu.py measures it
 
@@ -170,9 +168,6 @@ class GemliteW8A8(_Kernel):
         self.layer = _gemlite_layer(8, iw.n, iw.k, iw.k, input_dtype=DType.INT8, scaled_activations=True)
         self.layer.pack(iw.w, iw.scale.reshape(-1, 1).float(), zeros=None)
         self.layer.W_group_mode, self.layer.channel_scale_mode = 0, 3  # both scales after the int32 sums
-
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layer(x)
 
 
 @triton.jit
