@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 from core.compare import agreement as ag
 from core.compare.prompts import Prompt, unique_names
 from core.compare.result import CompareResult, PromptResult, Side, summarize_prompts
-from core.engines.base import Cancelled, EngineError, GenerationParams, Score, length_groups
+from core.engines.base import (Cancelled, EagerEngine, EngineError, GenerationParams, InProcessEngine, Score,
+                               length_groups)
 from core.errors import InputError
 
 ENGINES = ("torch", "vllm", "remote")
@@ -72,9 +73,8 @@ def score_many(engine, items: list[tuple[list[int], list[int]]], top_k: int) -> 
 
 def _generate(engine, texts: list[str], params: GenerationParams, stop):
     """Generations, and the prompt pass kept for scoring where the engine keeps one (the torch engine; else None)."""
-    keeping = getattr(engine, "generate_keeping_prompt_pass", None)
-    if keeping is not None:
-        return keeping(texts, params, should_stop=stop)
+    if isinstance(engine, EagerEngine):
+        return engine.generate_keeping_prompt_pass(texts, params, should_stop=stop)
     return engine.generate(texts, params, should_stop=stop), None
 
 
@@ -93,10 +93,9 @@ def _with_target(score: Score) -> list[dict[int, float]]:
 
 def _token_texts(engines, ids: set[int]) -> dict[int, str]:
     for eng in engines:
-        fn = getattr(eng, "token_texts", None)
-        if fn is not None:
+        if isinstance(eng, InProcessEngine):
             order = sorted(ids)
-            return dict(zip(order, fn(order)))
+            return dict(zip(order, eng.token_texts(order)))
     return {}  # servers give no per-token text here; ids are shown as [id]
 
 
@@ -262,8 +261,7 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
         started.append((candidate, cand))
         load_s = time.perf_counter() - t0
         # Say what really ran beside what was asked: the eager or the CUDA-graph torch engine, vLLM's kernels.
-        reference, candidate = (dataclasses.replace(side, ran=getattr(eng, "ran", ""),
-                                                    ran_short=getattr(eng, "ran_short", ""))
+        reference, candidate = (dataclasses.replace(side, ran=eng.ran, ran_short=eng.ran_short)
                                 for side, eng in ((reference, ref), (candidate, cand)))
         result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
                          candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),

@@ -10,11 +10,11 @@ import contextvars
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from core.errors import EngineError  # noqa: F401 - re-exported: engines and their callers name it from here
 from core.errors import InputError
-from core.precision import KVDtype, Precision
+from core.precision import Device, KVDtype, Precision
 from core.stats import percentile
 
 
@@ -279,11 +279,10 @@ class MemoryReport:
         return sum(self.runtime_copies.values())
 
 
+@runtime_checkable
 class Engine(Protocol):
-    """What every engine offers. In-process engines (torch, fast) also mix in core.engines.hf_side.HFSide (encode,
-    token_texts, bos_ids, vocab_size) and have window_logprobs(ids, keep) for a document scored in windows; the
-    torch engine alone keeps a prompt pass for scoring (generate_keeping_prompt_pass) and exposes its numerics
-    (linear_kernels, calibrate_static_fp8, layer_errors)."""
+    """What every engine offers. What only some offer is declared below (InProcessEngine, EagerEngine); a feature
+    asks with isinstance, never with getattr/hasattr."""
 
     name: str  # a short key: "torch", "torch-fast", "vllm-cpu", "vllm", "remote"
     ran: str  # what really executes, in full, for details, History and JSON: "torch eager on CPU, FP8 linears ..."
@@ -314,6 +313,58 @@ class Engine(Protocol):
     def memory_report(self) -> MemoryReport: ...
 
     def unload(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one forward pass of an in-process engine draws on: where it runs, its activations' element size, the
+    model's transformers config (its shapes), and the bytes free there now."""
+    device: Device
+    act_bytes: int
+    config: object
+    free_bytes: int
+
+
+@runtime_checkable
+class InProcessEngine(Engine, Protocol):
+    """An engine whose model runs in this process (torch eager, the fast path): its tokens and whole distributions.
+    core.engines.hf_side.HFSide gives most of it."""
+
+    device: Device
+
+    def encode(self, prompt: str | list[int]) -> list[int]: ...
+
+    def encode_plain(self, text: str) -> list[int]: ...
+
+    @property
+    def bos_ids(self) -> list[int]: ...
+
+    def token_texts(self, ids: list[int]) -> list[str]: ...
+
+    def calibration_ids(self, text: str | None, tokens: int) -> list[int]: ...
+
+    def window_logprobs(self, ids: list[int], keep: int):
+        """Log-softmax at the last keep - 1 positions of one pass over ids (a torch tensor), and its seconds."""
+        ...
+
+    def memory_plan(self) -> MemoryPlan: ...
+
+
+@runtime_checkable
+class EagerEngine(InProcessEngine, Protocol):
+    """The eager torch engine's extras: a prompt pass kept for scoring, and its numerics (which kernels its linears
+    ran, static FP8 calibration, per-layer quantization errors)."""
+
+    def generate_keeping_prompt_pass(self, prompts, params: GenerationParams, should_stop=None): ...
+
+    def score_after_prompt_pass(self, kept, rows: list[int], continuations: list[list[int]], top_k: int,
+                                full: bool = False) -> list[Score]: ...
+
+    def linear_kernels(self) -> list[str]: ...
+
+    def calibrate_static_fp8(self, ids: list[int]) -> None: ...
+
+    def layer_errors(self, ids: list[int]) -> list[dict]: ...
 
 
 SEP = " · "  # between the parts of a short label

@@ -38,7 +38,8 @@ class EngineChoice:
 def open_engine(choice: EngineChoice, progress: Progress | None = None):
     """A ready engine for `choice`. Raises UnsupportedCombination/EngineError/RemoteError with a message for the user."""
     if choice.kind in ("torch", "torch-eager"):
-        from core.engines.torch.engine import TorchEngine, current_device
+        from core.engines.device import current_device
+        from core.engines.torch.engine import TorchEngine
 
         spec = choice.spec()
         device = current_device(choice.device)

@@ -6,7 +6,7 @@ made, so a tokenizer-only stand-in (the Long context page before a model is load
 """
 from __future__ import annotations
 
-from core.engines.base import ByteTokenizer, GenerationParams, Score
+from core.engines.base import ByteTokenizer, GenerationParams, MemoryPlan, Score
 from core.errors import InputError
 
 
@@ -56,6 +56,19 @@ class HFSide:
         if callable(self.tokenizer):
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return list(self.tokenizer.encode(text))
+
+    def calibration_ids(self, text: str | None, tokens: int) -> list[int]:
+        """BOS + the first `tokens` tokens of a calibration text (None: the shipped sample prose), as the torch
+        engine's quantizers take them."""
+        from core.engines.torch import quant
+
+        return quant.calibration_ids(self.tokenizer, text, tokens)
+
+    def memory_plan(self) -> MemoryPlan:
+        """The device, the activations' element size, the model's config and the bytes free now (base.MemoryPlan)."""
+        from core.engines.device import available_bytes
+
+        return MemoryPlan(self.device, self.dtype.itemsize, self.config, available_bytes(self.device))
 
     @property
     def bos_ids(self) -> list[int]:

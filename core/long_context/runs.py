@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from core.engines.base import Cancelled, GenerationParams
+from core.engines.base import Cancelled, GenerationParams, InProcessEngine
 from core.errors import InputError
 from core.fmt import GIB
 from core.stats import percentile
@@ -83,20 +83,19 @@ def pass_bytes(config, tokens: int, batch: int = 1, act_bytes: int = 2) -> int:
 
 def check_memory(engine, tokens: int, batch: int = 1) -> None:
     """Refuse a CPU run whose forward pass would not fit in the memory available now, with what would fit."""
-    device = getattr(engine, "device", None)
-    if device is None or device.kind != "cpu":
+    if not isinstance(engine, InProcessEngine):
+        return  # a server sizes its own passes
+    plan = engine.memory_plan()
+    if plan.device.kind != "cpu":
         return  # a GPU out of memory raises an error the page shows; it does not take the server down
-    import psutil
-
-    act = getattr(getattr(engine, "dtype", None), "itemsize", 2)  # a torch dtype's element size
-    room = psutil.virtual_memory().available - HEADROOM_BYTES
-    need = pass_bytes(engine.config, tokens, batch, act)
+    room = plan.free_bytes - HEADROOM_BYTES
+    need = pass_bytes(plan.config, tokens, batch, plan.act_bytes)
     if need <= room:
         return
     lo, hi = 0, tokens  # the longest prompt that would fit, for the message
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if pass_bytes(engine.config, mid, batch, act) <= room else (lo, mid - 1)
+        lo, hi = (mid, hi) if pass_bytes(plan.config, mid, batch, plan.act_bytes) <= room else (lo, mid - 1)
     rows = f"{batch} x {tokens:,}" if batch > 1 else f"{tokens:,}"
     raise InputError(f"{rows} tokens needs about {need / GIB:.1f} GiB of memory for one forward pass on the CPU "
                      f"(estimate); {max(room, 0) / GIB:.1f} GiB is free beyond 1 GiB of headroom. Use at most "

@@ -10,7 +10,7 @@ CALIBRATION_TOKENS = 256
 def analyze(spec, base: Precision = Precision.BF16, calibration: str | None = None, tokens: int = CALIBRATION_TOKENS,
             device: str | None = None, engine=None, progress=lambda f, m: None) -> dict:
     """Loads `spec` at `base` (or uses the given unquantized engine), measures every linear, unloads what it loaded."""
-    from core.engines.torch import quant
+    from core.engines.base import EagerEngine
 
     if base.is_fp8 or base.is_int:
         raise ValueError("The layer analysis measures against an unquantized model (fp32, bf16 or fp16).")
@@ -21,14 +21,17 @@ def analyze(spec, base: Precision = Precision.BF16, calibration: str | None = No
         engine = open_engine(EngineChoice("torch-eager", spec, base, device=device),
                              lambda f, m: progress(0.5 * f, m))
     try:
+        if not isinstance(engine, EagerEngine):
+            raise ValueError("The layer analysis runs on the eager torch engine (its quantizers' per-layer errors).")
         progress(0.5, "Measuring each linear layer")
-        ids = quant.calibration_ids(engine.tokenizer, calibration, tokens)
+        ids = engine.calibration_ids(calibration, tokens)
         rows = engine.layer_errors(ids)
     finally:
         if owned:
             engine.unload()
     progress(1.0, "done")
-    return {"base": base.value, "tokens": len(ids), "quantizers": list(quant.LAYER_QUANTIZERS), "layers": rows,
+    quantizers = list(rows[0]["errors"]) if rows else []  # the engine's quantizers, in its order
+    return {"base": base.value, "tokens": len(ids), "quantizers": quantizers, "layers": rows,
             "calibration": "shipped sample prose" if calibration is None else f"user text ({len(calibration):,} chars)"}
 
 

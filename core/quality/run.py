@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from core.engines.base import Cancelled, GenerationParams
+from core.engines.base import Cancelled, EagerEngine, GenerationParams
 from core.errors import InputError
 from core.precision import Precision, parse_precision
 from core.quality import metrics, refcache
@@ -129,8 +129,8 @@ def _engine_numbers(engine, doc: list[int], decode_tokens: int = DECODE_TOKENS) 
     gen = engine.generate([prompt], GenerationParams(max_new_tokens=max(2, decode_tokens), stop_at_eos=False,
                                                      top_logprobs=0))[0]
     mem = engine.memory_report()
-    kernels = engine.linear_kernels() if hasattr(engine, "linear_kernels") else []  # the torch engine's numerics
-    return {"ran": getattr(engine, "ran", ""), "ran_short": getattr(engine, "ran_short", ""),
+    kernels = engine.linear_kernels() if isinstance(engine, EagerEngine) else []  # the torch engine's numerics
+    return {"ran": engine.ran, "ran_short": engine.ran_short,
             "weights_bytes": mem.weights_bytes, "weights_by_dtype": mem.weights_by_dtype, "peak_bytes": mem.peak_bytes,
             "peak_source": mem.peak_source, "decode_tok_s": gen.decode_tok_s, "kernels": kernels}
 
@@ -209,9 +209,7 @@ def default_loader(spec, device: str | None = None, calibration: str | None = No
         eng = open_engine(EngineChoice("torch-eager", spec, variant.precision, device=device, calibration=calibration),
                           progress)
         if variant.static_tokens:
-            from core.engines.torch import quant
-
-            ids = quant.calibration_ids(eng.tokenizer, calibration, variant.static_tokens)
+            ids = eng.calibration_ids(calibration, variant.static_tokens)
             have = len(ids) - len(eng.bos_ids)
             if have < variant.static_tokens:
                 eng.unload()
@@ -284,7 +282,7 @@ class _Plan:
 def plan(spec, engine, doc_text: str, reference: Variant, window: int, stride: int, top_k: int,
          device: str | None) -> _Plan:
     """Tokenize with the reference's tokenizer (every variant of one model shares it) and cut the windows."""
-    from core.engines.torch.engine import current_device
+    from core.engines.device import current_device
 
     doc = engine.encode_plain(doc_text)
     windows = plan_windows(len(doc), window, stride, engine.max_positions, len(engine.bos_ids))

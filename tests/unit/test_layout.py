@@ -9,7 +9,9 @@ import is still a dependency). The rules:
 - every top-level folder with Python in it is in a layer or named as outside the product (OUTSIDE);
 - the product never imports bench/ or tests/;
 - bench/ imports no streamlit and does not edit sys.path (it runs as `python -m bench.NAME` from the checkout);
-- core basics import no torch, triton or pynvml at module level (importing core stays cheap and GPU-free).
+- core basics import no torch, triton or pynvml at module level (importing core stays cheap and GPU-free);
+- above the engines (features, the checklist and CLI, pages), core.engines is entered only by its doors (ENGINE_DOORS);
+  telemetry is a layer below the engines.
 Each rule is a function of a root folder, so tests/unit/test_layout.py also shows each one failing on a made-up tree.
 """
 from __future__ import annotations
@@ -30,10 +32,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("checklist and CLI", ("diagnostics",)),
     ("core feature packages", ("core.compare", "core.long_context", "core.deployment", "core.monitor", "core.fleet",
                                "core.quality")),
-    ("engines and telemetry", ("core.engines", "core.telemetry")),
+    ("engines", ("core.engines",)),
+    ("telemetry", ("core.telemetry",)),
     ("core basics", ("core",)),
 ]
 FEATURES = LAYERS[2][1]
+# What code above the engines may import from core.engines: the protocol and its data, the one place engines are
+# built, the pool, the remote client, the in-process engines' shared part, the device and memory helpers.
+ENGINE_DOORS = ("core.engines.base", "core.engines.factory", "core.engines.pool", "core.engines.remote",
+                "core.engines.hf_side", "core.engines.device", "core.engines")
+# Known exceptions, each a debt with its way out: deployment starts and watches local vLLM servers itself
+# (to move behind core.engines.factory)
+DOOR_EXCEPTIONS = {("core.deployment.servers", "core.engines.vllm_engine"),
+                   ("core.deployment.servers", "core.engines.torch.cbuild"),
+                   ("core.deployment.remedy", "core.engines.vllm_engine")}
 
 
 def _project_files(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -67,8 +79,8 @@ def _imports(path: Path, module: str) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    files = _project_files()
+def _graph(root: Path = ROOT) -> dict[str, set[str]]:
+    files = _project_files(root)
     graph = {}
     for module, path in files.items():
         targets = set()
@@ -133,13 +145,31 @@ def test_streamlit_only_in_app_and_views():
     assert not offenders, f"streamlit imported outside app.py and views/: {offenders}"
 
 
-def test_no_import_climbs_a_layer():
+def upward_imports(root: Path = ROOT) -> list[str]:
     upward = []
-    for module, targets in _graph().items():
+    for module, targets in _graph(root).items():
         for target in targets:
             if _layer(target) < _layer(module):
                 upward.append(f"{module} ({LAYERS[_layer(module)][0]}) imports {target} ({LAYERS[_layer(target)][0]})")
-    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(sorted(upward))
+    return sorted(upward)
+
+
+def engine_side_doors(root: Path = ROOT) -> list[str]:
+    """Imports of core.engines modules other than its doors, from the layers above the engines."""
+    engines = _layer("core.engines")
+    return sorted(f"{module} imports {target}" for module, targets in _graph(root).items()
+                  if _layer(module) < engines for target in targets
+                  if _layer(target) == engines and target not in ENGINE_DOORS
+                  and (module, target) not in DOOR_EXCEPTIONS)
+
+
+def test_no_import_climbs_a_layer():
+    assert not upward_imports(), "imports from a lower layer to a higher one:\n" + "\n".join(upward_imports())
+
+
+def test_features_pages_and_the_cli_enter_the_engines_by_their_doors():
+    assert not engine_side_doors(), "use core.engines.{base,factory,pool,remote,hf_side,device}:\n" + "\n".join(
+        engine_side_doors())
 
 
 def test_feature_packages_do_not_import_each_other():
@@ -230,6 +260,17 @@ def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
         "core/engines/__init__.py": "import torch\n",  # engines may
         "bench/probe.py": "import sys\nsys.path.insert(0, 'x')\nfrom streamlit.proto import ForwardMsg_pb2\n",
         "cli/__init__.py": "import streamlit\n",
+        # the two imports the 2026-12-06 review injected into a copy of main, which every rule then let through
+        "core/telemetry/__init__.py": "",
+        "core/telemetry/base.py": "from core.engines.torch.engine import current_device\n",
+        "core/engines/torch/__init__.py": "",
+        "core/engines/torch/engine.py": "",
+        "core/engines/fast/__init__.py": "",
+        "core/engines/fast/kernels/__init__.py": "",
+        "core/engines/fast/kernels/int_gemv.py": "",
+        "core/engines/base.py": "",
+        "core/compare/__init__.py": "",
+        "core/compare/run.py": "from core.engines.fast.kernels.int_gemv import gemv_linear\nfrom core.engines import base\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -238,3 +279,14 @@ def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
     assert product_imports_of_outside(tmp_path) == ["core.fmt imports tests.fakes.nvml"]
     assert bench_offences(tmp_path) == ["bench.probe edits sys.path", "bench.probe imports streamlit"]
     assert heavy_basics(tmp_path) == ["core.fmt imports torch at module level"]  # triton inside a function is fine
+    assert upward_imports(tmp_path) == ["core.telemetry.base (telemetry) imports core.engines.torch.engine (engines)"]
+    assert engine_side_doors(tmp_path) == ["core.compare.run imports core.engines.fast.kernels.int_gemv"]
+
+
+def test_a_precision_is_named_in_four_product_files():
+    """Adding a precision touches core/precision.py, its fast-engine method, its kernel module (the weight format)
+    and its quantizer: no other product file names one (INT4 AWQ, the newest, stands for them all)."""
+    named = sorted(str(p.relative_to(ROOT)) for m, p in _project_files().items()
+                   if "int4-awq" in p.read_text(encoding="utf-8") or "INT4_AWQ" in p.read_text(encoding="utf-8"))
+    assert named == ["core/engines/fast/int_weight.py", "core/engines/fast/methods/integer.py",
+                     "core/engines/torch/quant.py", "core/precision.py"], named

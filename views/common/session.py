@@ -117,7 +117,7 @@ def sidebar_status(box) -> None:
 @st.cache_resource(show_spinner=False)
 def device():
     """Where the torch engine would run (CPU, or the first CUDA GPU with its compute capability)."""
-    from core.engines.torch.engine import current_device
+    from core.engines.device import current_device
 
     return current_device()
 

@@ -27,7 +27,7 @@ from core.engines.base import (
     stop_if_asked,
 )
 from core.engines.hf_side import HFSide, pick_next, score_from_logprobs
-from core.engines.torch.engine import available_bytes, count_weight_bytes, current_device
+from core.engines.device import available_bytes, count_weight_bytes, current_device
 from core.engines.fast import fa3
 from core.errors import InputError
 from core.engines.fast.graph import DecodeGraph
