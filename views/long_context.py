@@ -1,7 +1,7 @@
-"""Long context: paste or upload a long document, count its tokens, check the fit, size its KV cache, and time
-prefill and decode on the loaded model. Cancel works through Streamlit itself: the click reruns this script, which
-stops the running one at its next progress update (a few a second); results finished before it stay on the page and
-in the history (views/common/runs.py, core/long_context/history.py).
+"""Long context: paste or upload a document, count its tokens, check the fit, size its KV cache, and time prefill and
+decode on the loaded model. A stop (Cancel, a widget change, another page, a closed tab) reaches the engine, which
+lets go between two prefill chunks; results finished before it stay on the page and in the history
+(views/common/runs.py, core/long_context/history.py), drawn by views/common/long_context_view.py as History does.
 """
 from pathlib import Path
 
