@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from core.errors import TriageError
+from core.settings import settings
 
 EMBEDDED = "embedded"
 REFERENCE_PROMPT = "The capital of France is"
@@ -96,7 +96,7 @@ def parse_model(text: str) -> ModelSpec:
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("TRIAGE_CACHE_DIR", Path.home() / ".cache" / "triage-console"))
+    d = settings().cache_dir
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -209,7 +209,7 @@ REMOTE_CODE_HOWTO = ("If you trust where it came from, restart the console with 
 def trust_remote_code() -> bool:
     """transformers' trust_remote_code for a user's model directory: off unless the console was started with
     TRIAGE_TRUST_REMOTE_CODE=1, because it runs the directory's Python files inside this process."""
-    return os.environ.get("TRIAGE_TRUST_REMOTE_CODE", "").strip() == "1"
+    return settings().trust_remote_code
 
 
 def count_parameters(config) -> dict[str, int]:

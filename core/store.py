@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from core.errors import TriageError
+from core.settings import settings
 
 KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep", "remedy")
 STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
@@ -92,8 +93,7 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 def default_path() -> Path:
     """$TRIAGE_DB, else ~/.cache/triage-console/history.sqlite (read on every call, so it can be changed)."""
-    env = os.environ.get("TRIAGE_DB", "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "triage-console" / "history.sqlite"
+    return settings().db or Path.home() / ".cache" / "triage-console" / "history.sqlite"
 
 
 @dataclass

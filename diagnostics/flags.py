@@ -15,7 +15,6 @@ import difflib
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.errors import ToolError
+from core.settings import settings
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -189,7 +189,7 @@ else:
 
 def vllm_python() -> str | None:
     """The Python to read vLLM's parser with: $TRIAGE_VLLM_PYTHON, else .venv-vllm, else this one if it has vLLM."""
-    env = os.environ.get(ENV_PYTHON)
+    env = settings().vllm_python  # ENV_PYTHON
     if env is not None:
         return env or None  # set but empty: use the committed table
     local = REPO / ".venv-vllm" / "bin" / "python"

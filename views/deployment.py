@@ -3,7 +3,6 @@
 Server-provided text (model names, versions, labels, error messages) is escaped before Streamlit renders it as
 Markdown; the figures escape it themselves.
 """
-import os
 
 import streamlit as st
 
@@ -15,6 +14,7 @@ from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.telemetry.vllm_metrics import dashboard_row, scrape
 from views.common import local_servers, probe_view, recorded, sweep as sweep_view
+from core.settings import settings
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -38,7 +38,7 @@ if rec is not None:  # a recorded load sweep of a real server, drawn as a sweep 
 local_servers.panel()
 with st.form("dep_connect"):
     c = st.columns([4, 2, 1], vertical_alignment="bottom")
-    url = c[0].text_input("Server base URL", ss.get("dep_url", os.environ.get("TRIAGE_VLLM_URL", "http://127.0.0.1:8000")))
+    url = c[0].text_input("Server base URL", ss.get("dep_url", settings().vllm_url))
     api_key = c[1].text_input("API key (only if started with --api-key)", type="password")
     if c[2].form_submit_button("Connect", type="primary"):
         try:

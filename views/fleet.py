@@ -6,7 +6,6 @@ come from the console's environment (TRIAGE_PROM_TOKEN, or TRIAGE_PROM_USER/TRIA
 other server text are escaped before Streamlit renders them as Markdown.
 """
 import datetime as dt
-import os
 import time
 
 import pandas as pd
@@ -23,6 +22,7 @@ from diagnostics.charts import figure
 from diagnostics.context import Series
 from diagnostics.findings import Chart
 from views.common import fleet_view, recorded
+from core.settings import settings
 
 WINDOWS = ("1m", "5m", "15m", "1h")
 ss = st.session_state
@@ -38,7 +38,7 @@ if rec is not None:  # a real refresh captured elsewhere, drawn alone: it never 
 
 with st.form("fleet_connect"):
     c = st.columns([4, 3, 2, 1.2, 1.4], vertical_alignment="bottom")
-    url = c[0].text_input("Prometheus URL", ss.get("fleet_url", os.environ.get("TRIAGE_PROMETHEUS_URL", "")),
+    url = c[0].text_input("Prometheus URL", ss.get("fleet_url", settings().prometheus_url),
                           placeholder="http://prometheus:9090")
     selector = c[1].text_input("Label selector (optional)", ss.get("fleet_sel", ""), placeholder='{namespace="prod"}',
                                help="Label matchers only (=, !=, =~, !~ with quoted values).")

@@ -27,6 +27,7 @@ from core.engines.remote import RemoteEngine
 from core.fmt import GIB
 from core.http import http_get
 from core.precision import Device, KVDtype, Precision, unsupported_reasons as precision_reasons
+from core.settings import settings
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_START_TIMEOUT_S = 300.0  # ~45 s alone on 2 cores, several times that when the cores are busy
@@ -38,7 +39,7 @@ _FP16_UNSTABLE = {"gemma2", "gemma3", "gemma3_text", "glm4"}  # vLLM refuses flo
 
 
 def vllm_python() -> Path:
-    return Path(os.environ.get("TRIAGE_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
+    return Path(settings().vllm_python or REPO / ".venv-vllm" / "bin" / "python")
 
 
 @functools.lru_cache(maxsize=4)

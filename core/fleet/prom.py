@@ -9,7 +9,6 @@ queries cost, so a refresh's price is visible (bench/fleet_bench.py).
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 
 from core.errors import InputError, RemoteError
 from core.http import json_body, new_session, normalize_base_url, request
+from core.settings import Settings, settings
 
 ENV_TOKEN = "TRIAGE_PROM_TOKEN"
 ENV_USER, ENV_PASSWORD = "TRIAGE_PROM_USER", "TRIAGE_PROM_PASSWORD"
@@ -61,9 +61,8 @@ class RangeSeries:
 
 def auth_from_env(env: dict | None = None) -> tuple[str | None, tuple[str, str] | None, str]:
     """(bearer token, basic auth, a description without the secret) from the environment."""
-    env = os.environ if env is None else env
-    token = env.get(ENV_TOKEN) or None
-    user, password = env.get(ENV_USER), env.get(ENV_PASSWORD)
+    s = settings() if env is None else Settings.from_env(env)
+    token, user, password = s.prom_token, s.prom_user, s.prom_password
     if token:
         return token, None, f"bearer token from ${ENV_TOKEN}"
     if user:

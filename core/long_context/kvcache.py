@@ -207,7 +207,7 @@ def report(shape: KVShape, kv_dtype: str, tokens: int, block_size: int = DEFAULT
 
 def default_capacity(device) -> tuple[int, str]:
     """The memory the calculator starts from: the device actually present (a core.precision.Device, as
-    core.engines.torch.engine.current_device gives it), and what it is. A CPU host's KV cache lives in host memory,
+    core.engines.device.current_device gives it), and what it is. A CPU host's KV cache lives in host memory,
     so it is the host's total there, not an assumed GPU."""
     if device.kind == "cuda":
         return int(device.total_bytes or 0), f"GPU memory ({device.name})"

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from core.settings import settings
 
 FORMAT = 1
 FULL_LIMIT_BYTES = 64 * 2**20  # full-vocabulary float32 log-probs are kept when they fit in this; else top-k
@@ -25,8 +26,7 @@ def cache_root() -> Path:
     """$TRIAGE_QUALITY_CACHE, else quality-refs/ in the console's cache directory."""
     from core.models import cache_dir
 
-    d = Path(os.environ["TRIAGE_QUALITY_CACHE"]) if os.environ.get("TRIAGE_QUALITY_CACHE") else \
-        cache_dir() / "quality-refs"
+    d = settings().quality_cache or cache_dir() / "quality-refs"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -17,6 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
+from core.settings import settings
 
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-lm"]
 
@@ -105,7 +106,7 @@ class Library:
             return self._lib
         with self._lock:
             if self._lib is None and self._why_not is None:
-                if os.environ.get(self.off_var, "1") == "0":
+                if self.off_var in settings().cpu_kernels_off:
                     self._why_not = f"turned off by {self.off_var}=0"
                     return None
                 try:

@@ -11,19 +11,19 @@ Set TRIAGE_CPU_FAST=0 to run the reference path (HF's modules as loaded: plain `
 """
 from __future__ import annotations
 
-import os
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from core.engines.torch.cbuild import packs_bf16, packs_fp16
+from core.settings import settings
 
 ATTENTION = "triage_cpu_decode"
 
 
 def enabled() -> bool:
-    return os.environ.get("TRIAGE_CPU_FAST", "1") != "0" and torch.backends.mkldnn.is_available()
+    return settings().cpu_fast and torch.backends.mkldnn.is_available()
 
 
 class PackedLinear(nn.Linear):
