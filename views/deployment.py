@@ -9,12 +9,12 @@ import streamlit as st
 from core.deployment import charts as dc
 from core.deployment.observe import LivenessWatch
 from core.deployment.probe import probe
-from core.engines.remote import RemoteEngine
+from core.engines.factory import connect_remote
 from core.errors import TriageError
 from core.fmt import markdown_literal
+from core.settings import settings
 from core.telemetry.vllm_metrics import dashboard_row, scrape
 from views.common import local_servers, probe_view, recorded, sweep as sweep_view
-from core.settings import settings
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -42,8 +42,9 @@ with st.form("dep_connect"):
     api_key = c[1].text_input("API key (only if started with --api-key)", type="password")
     if c[2].form_submit_button("Connect", type="primary"):
         try:
-            info = RemoteEngine(url, api_key=api_key or None, timeout_s=10.0).connect()
-            ss.update(dep_info=info, dep_url=info.base_url, dep_key=api_key or None, dep_rows=[], dep_prev=None,
+            engine = connect_remote(url, api_key=api_key or None)  # the probe and the sweep use it too
+            info = engine.info
+            ss.update(dep_engine=engine, dep_info=info, dep_url=info.base_url, dep_key=api_key or None, dep_rows=[], dep_prev=None,
                       dep_t0=None, dep_probe=None)
         except TriageError as exc:
             ss.dep_info = None
@@ -161,7 +162,7 @@ with st.form("dep_probe_form"):
         with st.spinner(f"Sending {n} requests to {markdown_literal(info.base_url)}"):
             try:
                 ss.dep_probe = probe(info.base_url, int(n), int(prompt_tokens), int(new_tokens), int(concurrency),
-                                     api_key=ss.get("dep_key"))
+                                     api_key=ss.get("dep_key"), engine=ss.get("dep_engine"))
                 ss.dep_probe.record()
             except TriageError as exc:
                 st.error(markdown_literal(exc))
@@ -170,5 +171,5 @@ res = ss.get("dep_probe")
 if res is not None:
     probe_view.show(res.to_dict(), "dep_probe")
 
-sweep_view.section(info.base_url, ss.get("dep_key"))
+sweep_view.section(info.base_url, ss.get("dep_key"), ss.get("dep_engine"))
 local_servers.remedy_section(info.base_url, ss.get("dep_key"))

@@ -23,6 +23,7 @@ from typing import Callable
 
 from core.deployment.probe import client_itl, exact_prompts
 from core.engines.base import Generation, GenerationParams
+from core.engines.factory import connect_remote
 from core.engines.remote import RemoteEngine
 from core.errors import InputError, TriageError
 from core.stats import bootstrap_intervals, nearest_rank_percentiles
@@ -475,8 +476,8 @@ def sweep(base_url: str, mode: str = "concurrency", steps: list[float] | None = 
     texts = read_dataset(dataset) if dataset else None
     progress = progress or (lambda f, m: None)
     stop = should_stop or (lambda: False)
-    eng = engine or RemoteEngine(base_url, api_key=api_key, timeout_s=timeout_s)
-    info = eng.connect()
+    eng = engine or connect_remote(base_url, api_key, timeout_s=timeout_s, connect_timeout_s=timeout_s)
+    info = eng.info  # a given engine is connected already: one connection for the page and its sweep
     if not texts and info.max_model_len and prompt_tokens + max_new_tokens > info.max_model_len:
         raise SweepError(f"prompt_tokens + max_new_tokens = {prompt_tokens + max_new_tokens} exceeds the server's "
                          f"max_model_len {info.max_model_len}.")

@@ -65,15 +65,25 @@ def open_engine(choice: EngineChoice, progress: Progress | None = None):
                           gpu_memory_utilization=choice.gpu_share).load(progress)
     if choice.kind == "remote":
         from core.engines.base import UnsupportedCombination
-        from core.engines.remote import RemoteEngine
 
-        eng = RemoteEngine(choice.url, model=str(choice.model) or None, api_key=choice.api_key, timeout_s=120.0)
-        eng.connect()
+        eng = connect_remote(choice.url, choice.api_key, model=str(choice.model) or None, connect_timeout_s=120.0)
         reasons = eng.unsupported_reasons(choice.precision, choice.kv_dtype)
         if reasons:
             raise UnsupportedCombination(reasons)
         return eng
     raise InputError(f"Unknown engine {choice.kind!r}; choose one of: {', '.join(KINDS)}.")
+
+
+def connect_remote(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 120.0,
+                   connect_timeout_s: float = 10.0):
+    """A RemoteEngine connected to the server at `url`: the one connection a page and the runs it starts share (the
+    Deployment page's Connect, then its probe and sweep). Raises RemoteError with what to do."""
+    from core.engines.remote import RemoteEngine
+
+    eng = RemoteEngine(url, model=model, api_key=api_key, timeout_s=connect_timeout_s)
+    eng.connect()
+    eng.timeout_s = timeout_s  # a server answers the check at once or not at all; a run's requests take longer
+    return eng
 
 
 def build_engine(spec: ModelSpec, precision: Precision, kv_dtype: KVDtype, progress: Progress | None = None):
