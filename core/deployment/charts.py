@@ -144,7 +144,7 @@ def sweep_anatomy(steps: Sequence[dict], *, height: int = 300) -> go.Figure:
                              marker_color=PHASE_COLOURS[phase]))
     fig.update_layout(barmode="stack", xaxis_title=x_title)
     return _layout(fig, "Where the time goes, per step", "ms (server mean per request)",
-                   "vLLM's request_queue/prefill/decode_time histograms over each step's window", height,
+                   "vLLM's queue, prefill and decode histograms, per step", height,  # fits a third of 1400 px
                    legend_y=-0.3)
 
 

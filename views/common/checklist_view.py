@@ -24,7 +24,7 @@ def what_this_host_can_check(no_gpu_reason: str, recorded: bool) -> None:
     why = no_gpu_reason.partition(":")[0] if ":" in no_gpu_reason[:60] else "no GPU telemetry"
     lines = [f"**No NVIDIA GPU on this host** ({markdown_literal(why)}): the GPU checks will be skipped, in one line. "
              "What this host can check:",
-             "- **A vLLM server**: put its URL below (http://HOST:8000, the one clients use). The checklist reads its "
+             "- **A vLLM server**: put its URL below (`http://HOST:8000`, the one clients use). The checklist reads its "
              "/metrics: reachable, stats on, KV cache pressure, saturation (requests queueing for a slot), liveness.",
              "- **Its launch command**: paste it below; unknown or removed flags, --enforce-eager, FP8 on the GPU.",
              "- **A fleet**: the Fleet page takes a Prometheus URL and checks every vLLM replica it scrapes."]

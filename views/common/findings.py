@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pandas as pd
 import streamlit as st
 
 from diagnostics.charts import figure
@@ -29,8 +30,9 @@ def card(f, key_prefix: str = "chart", t0: dt.datetime | None = None) -> None:
                             config={"displayModeBar": False})
         rows = evidence_rows(f)
         if rows:
-            with st.expander(f"Evidence ({len(rows)})"):
-                st.dataframe({"what": [k for k, _ in rows], "value": [v for _, v in rows]}, hide_index=True)
+            with st.expander(f"Evidence ({len(rows)})"):  # a static table: long values wrap instead of being cut
+                what = pd.Index([k for k, _ in rows], name="what")
+                st.table(pd.DataFrame({"value": [v for _, v in rows]}, index=what))
         st.caption(f"Looks at: {markdown_safe(f.hint)} · severity {f.severity.label}")
 
 

@@ -8,7 +8,6 @@ Label values and other server text are escaped before Streamlit renders them as 
 """
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from core.fleet import table
@@ -18,6 +17,7 @@ from diagnostics import fleet_rules
 from diagnostics.findings import RunResult, Status
 from diagnostics.report import group_skips, SkipGroup, summary_line
 from views.common.findings import card, skip_group_card
+from views.common.wide_table import dataframe_fit
 
 TABLE_NOTE = ("▲ marks a value far above the fleet median (median and MAD, robust to a few bad replicas), with its ratio "
               "to the median. N/A: no series for that column in this Prometheus (never read as 0). A p50 or p99 is shown as "
@@ -72,19 +72,18 @@ def show(payload: dict, key: str) -> None:
         (st.warning if str(note).startswith("Warning") else st.caption)(markdown_literal(note))
 
     st.subheader("Replicas, worst first")
-    st.dataframe(pd.DataFrame(table.rows(snap)), hide_index=True, width="stretch", column_config=column_help(),
-                 key=f"{key}-table")
+    dataframe_fit(table.rows(snap), keep=[snap.replica_label], key=f"{key}-table", column_config=column_help())
     st.caption(TABLE_NOTE)
     if snap.promql:
         with st.expander("PromQL behind the table"):
-            st.code("\n".join(f"# {k}\n{v}" for k, v in snap.promql.items()), language="promql")
+            st.code("\n".join(f"# {k}\n{v}" for k, v in snap.promql.items()), language="promql", wrap_lines=True)
 
     st.subheader("Alerting in Prometheus")
     if "stalled" in snap.promql:
         st.caption(markdown_literal(
             f"The stall query (fleet.stalled, over {snap.stall_window}): a replica whose tokens and finished requests "
             "did not move while it had requests in flight. Pasteable as an alert rule's expr as it stands."))
-        st.code(snap.promql["stalled"], language="promql")
+        st.code(snap.promql["stalled"], language="promql", wrap_lines=True)
     st.download_button("Download alert rules (Prometheus rule file)", lambda: fleet_rules.for_snapshot(snap),
                        file_name="vllm-fleet-alerts.yml", mime="application/yaml", on_click="ignore",
                        key=f"{key}-rules",

@@ -19,7 +19,7 @@ def pick(kind: str, key: str) -> Recording | None:
     if not recs:
         return None
     demo_link = st.query_params.get("recorded") in ("1", "true", "yes")
-    c = st.columns([2, 5], vertical_alignment="bottom")
+    c = st.columns([1, 4], vertical_alignment="bottom")  # the picker wide enough for a recording's whole title
     mode = c[0].segmented_control("Data", [LIVE, RECORDED], default=RECORDED if demo_link else LIVE, key=key,
                                   help="Recorded: a real run captured on another machine and shipped with the console "
                                        "(for a demo without a GPU or a server). Never mixed with live data.")

@@ -14,6 +14,7 @@ from core.deployment.sweep import MODES, compare_sweeps, parse_steps, sweep
 from core.errors import TriageError
 from core.throttle import throttled
 from core.fmt import markdown_literal
+from views.common.wide_table import dataframe_fit
 
 NOBAR = {"displayModeBar": False}
 VERDICT_BOX = {"capacity-bound": st.warning, "prefill-bound": st.warning, "decode-bound": st.warning,
@@ -82,7 +83,7 @@ def show(res: dict, key: str) -> None:
     c[1].plotly_chart(dc.sweep_anatomy(steps), key=f"{key}_anat", config=NOBAR)
     c[2].plotly_chart(dc.sweep_throughput(steps, knee), key=f"{key}_tput", config=NOBAR)
     rows = step_rows(res)
-    st.dataframe(rows, hide_index=True, width="stretch", key=f"{key}_table")
+    dataframe_fit(rows, keep=[next(iter(rows[0]))], key=f"{key}_table")  # the load column starts every part
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
@@ -134,7 +135,7 @@ def compare_picker(current: dict, key: str) -> None:
     show_comparison(run.payload, current, (f"#{run.id}", "this sweep"))
 
 
-def section(base_url: str, api_key: str | None, engine=None) -> None:
+def section(base_url: str, api_key: str | None) -> None:
     """The deployment page's Load sweep: the form, the run with progress and Cancel, the result and a comparison."""
     ss = st.session_state
     st.subheader("Load sweep")
@@ -176,7 +177,7 @@ def section(base_url: str, api_key: str | None, engine=None) -> None:
         try:
             result = sweep(base_url, mode, parse_steps(steps_text, mode), prompt_tokens=int(sweep_prompt),
                            max_new_tokens=int(sweep_new), slo_ttft_p99=slo_ttft or None, slo_itl_p99=slo_itl or None,
-                           max_seconds=float(budget), api_key=api_key, engine=engine,
+                           max_seconds=float(budget), api_key=api_key,
                            progress=throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m)), on_step=keep)
             ss.dep_sweep = {**result.to_dict(), "history_id": result.record(started_at=started)}
             st.toast(f"Sweep finished: {result.verdict.get('kind')}")
