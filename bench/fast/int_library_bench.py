@@ -63,8 +63,10 @@ def graph_us(calls, x, rounds: int = 5, replays: int = 20) -> float:
 
 
 def int_weights(mode: str, n: int, k: int, rows: list[int], layers: int, seed: int) -> list:
-    from core.engines.fast.kernels import intlinears as IL
+    from core.engines.fast.methods import method_for
+    from core.precision import Precision
 
+    method = method_for(Precision(mode))
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = []
     for _ in range(layers):
@@ -73,16 +75,16 @@ def int_weights(mode: str, n: int, k: int, rows: list[int], layers: int, seed: i
         if mode == "int4-awq":
             s = [torch.exp(0.3 * torch.randn(k, device="cuda", generator=g)) for _ in rows]
             awq = ([v / (v.max() * v.min()).sqrt() for v in s], rows)
-        out.append(IL.quantize(w, mode, *(awq or (None, None))))
+        out.append(method.quantize(w, awq))
         del w
     return out
 
 
 def accuracy(kern, iw, x) -> dict:
     """A candidate's output on layer 0 against the torch engine's: relative error and the share of equal values."""
-    from core.engines.fast.kernels import intlinears as IL
+    from core.engines.fast.int_weight import reference_linear
 
-    ref = IL.reference_linear(x, iw)
+    ref = reference_linear(x, iw)
     out = kern(x)
     torch.cuda.synchronize()
     rel = float((out.float() - ref.float()).norm() / ref.float().norm())
@@ -106,12 +108,12 @@ def bf16_row(shape: str, layers: int, batches: list[int]) -> list[dict]:
 
 def candidate_rows(mode: str, shape: str, layers: int, batches: list[int]) -> list[dict]:
     """Every candidate of one (precision, shape), each timed at every batch on the same 32 weights."""
-    from core.engines.fast.kernels import library
+    from bench.fast.int_library_step import all_candidates
 
     n, k, rows_of = SHAPES[shape]
     ws = int_weights(mode, n, k, rows_of, layers, seed=zlib.crc32(f"{mode} {shape}".encode()) % 1000)
     rows = []
-    for name, build in library.candidates(ws[0]).items():
+    for name, build in all_candidates(ws[0]).items():
         try:
             kerns = [build(w) for w in ws]
         except Exception as exc:  # a library that refuses a shape is just not a candidate there
@@ -208,13 +210,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--json", help="the recorded table to write (core/data/fp8_speed_<device>.json)")
-    ap.add_argument("--table-from", help="no GPU run: write --json from a run's int_library.json")
+    ap.add_argument("--table-from", help="no GPU run: write --json (and with --tuned, the run's device section of "
+                    "the shipped tuning table) from a run's int_library.json")
+    ap.add_argument("--tuned", help="with --table-from: the shipped tuning table to add the device's section to "
+                    "(core/engines/fast/tuned_linears.json)")
+    ap.add_argument("--only", default="", help="decode candidates beside the engine's own (default: all)")
     args = ap.parse_args()
     if args.table_from:
         from bench.fast import int_library_step as step
+        from core.engines.fast.tuned_table import write_device_section
 
-        Path(args.json).write_text(json.dumps(step.table_from(json.loads(Path(args.table_from).read_text())),
-                                              indent=1))
+        result = json.loads(Path(args.table_from).read_text())
+        if args.json:
+            Path(args.json).write_text(json.dumps(step.table_from(result), indent=1))
+        if args.tuned:
+            write_device_section(args.tuned, result["device"], *step.tuned_section(result))
         return
     if not torch.cuda.is_available():
         sys.exit("bench/fast/int_library_bench.py needs a CUDA GPU.")
@@ -223,7 +233,7 @@ def main() -> None:
     t0 = time.perf_counter()
     meta = step.run_meta()
     log(f"{meta['device']}: torch {meta['torch']}, triton {meta['triton']}, gemlite {meta['gemlite']}")
-    step.load_project_tables()
+    log(f"tuning table: {step.load_project_tables()}'s section")
     batches = [int(b) for b in args.batches.split(",")]
     lin = linear_table([m for m in args.modes.split(",") if m], batches, args.layers)
     sums = step_sums(lin)
@@ -233,7 +243,8 @@ def main() -> None:
         Path(args.out, "int_linears.json").write_text(json.dumps(result, indent=1))
     decode = [p for p in args.decode.split(",") if p]
     if decode:
-        result |= step.decode_table(decode, batches, args.prompt, args.steps, win, measured_exact(lin), log)
+        only = {"only": set(args.only.split(","))} if args.only else {}
+        result |= step.decode_table(decode, batches, args.prompt, args.steps, win, measured_exact(lin), log, **only)
     result["wall_s"] = time.perf_counter() - t0
     if args.out:
         Path(args.out, "int_library.json").write_text(json.dumps(result, indent=1))

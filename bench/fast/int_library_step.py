@@ -3,6 +3,7 @@ bench/fast/int_library_bench.py prints (see its docstring)."""
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 
@@ -27,14 +28,54 @@ def run_meta() -> dict:
             "gemlite": gl, "model": "llama-3-8b shape, random weights", "command": BENCH}
 
 
-def load_project_tables() -> None:
-    """The project's shipped launch tables (tuned on the H200), as the engine loads them on Hopper."""
-    from core.engines.fast import kernels as K
-    from core.engines.fast.kernels import tune_int
-    from core.engines.fast.tuned_table import read_tuned_table
+def load_project_tables(device: str | None = None) -> str:
+    """The shipped tuning table's section for `device` (default: this GPU's, else the same SM's), as the engine
+    loads it; returns the section's name."""
+    from core.engines.fast.methods import tuning
+    from core.engines.fast.tuned_table import SHIPPED, device_section
 
-    K.TUNED.update(read_tuned_table(ROOT / "core/engines/fast/tuned_h200.json"))
-    tune_int.load_int_tuned()
+    props = torch.cuda.get_device_properties(0)
+    name = device or props.name
+    tuning.load(SHIPPED, name, (props.major, props.minor))
+    data = json.loads(SHIPPED.read_text())
+    section = device_section(data, name, (props.major, props.minor))
+    return next((k for k, v in data.get("devices", {}).items() if v is section), "none")
+
+
+class ProjectKernel:
+    """The project's own Triton kernels (int_tile / int_gemv: the integer method's "tile" and "gemv" launches, as the
+    tuning table picks them, else its default; never a library launch), in library.py's calling convention."""
+
+    name = "project"
+
+    def __init__(self, iw):
+        from core.engines.fast import int_weight as IW
+        from core.engines.fast.methods import method_for
+        from core.precision import Precision
+
+        precision = {IW.MODE_INT4: Precision.INT4, IW.MODE_INT4_AWQ: Precision.INT4_AWQ,
+                     IW.MODE_INT8_WO: Precision.INT8_WEIGHT_ONLY, IW.MODE_INT8: Precision.INT8}[iw.mode]
+        self.iw, self.n, self.k = iw, iw.n, iw.k
+        self.method = method_for(precision)
+        self.label = f"{self.method.WHAT.get(precision, precision.label)} in the project's Triton kernels (tile / GEMV)"
+        self.exact = iw.mode != IW.MODE_INT8  # its W8A8 is not yet torch._int_mm's bit for bit (methods/__init__.py)
+
+    def _cfg(self, rows: int) -> dict:
+        cfg = self.method.config(rows, self.n, self.k)
+        return cfg if cfg.get("kernel") in ("tile", "gemv") else self.method.default_config(rows, self.n, self.k)
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self.method.launch(self.iw, x, out, self._cfg(x.shape[0]))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.into(x, torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device))
+
+
+def all_candidates(iw) -> dict:
+    """The project's kernels and every library candidate for one integer weight."""
+    from core.engines.fast.kernels import library
+
+    return {"project": ProjectKernel, **library.candidates(iw)}
 
 
 def _routed_fast(kern, x, x_scale, out, silu_x: bool = False, x16=None):
@@ -44,6 +85,12 @@ def _routed_fast(kern, x, x_scale, out, silu_x: bool = False, x16=None):
 
 
 SHAPE_OF = {"qkv": "qkv", "o": "o", "gu": "gate_up", "down": "down"}
+
+
+def _int_weight(lin):
+    from core.engines.fast.int_weight import IntWeight
+
+    return lin.weights if isinstance(lin.weights, IntWeight) else None
 
 
 def route(model, choose) -> list:
@@ -56,10 +103,11 @@ def route(model, choose) -> list:
         for n in LINS:
             lin = L[n]
             lin.__dict__.pop("fast", None)
-            name = choose(SHAPE_OF[n]) if choose and lin.iw is not None else None
-            if name is None or name == "project":
+            iw = _int_weight(lin)
+            name = choose(SHAPE_OF[n]) if choose and iw is not None else None
+            if name is None or name == "engine":
                 continue
-            kern = library.candidates(lin.iw)[name](lin.iw)
+            kern = library.candidates(iw)[name](iw)
             lin.fast = functools.partial(_routed_fast, kern)
             built.append(kern)
     torch.cuda.empty_cache()
@@ -77,14 +125,14 @@ def _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, describe)
         rows.append(dict(precision=p, kv="auto", prompt=prompt, batch=b, candidate=name,
                          status="ok" if r["finite"] else "non-finite", ms_per_step=r["ms_per_step"],
                          tok_s=1000 * b / r["ms_per_step"], floor_ms=fl, floor_frac=fl / r["ms_per_step"],
-                         engine=ENGINE_OF(None if name == "project" else name), kernel=label, exact=bool(exact)))
+                         engine=ENGINE_OF(None if name == "engine" else name), kernel=label, exact=bool(exact)))
         log(f"decode {p:8s} {name:14s} b={b}: {r['ms_per_step']:.3f} ms/step ({100 * fl / r['ms_per_step']:.0f}% "
             f"of floor)")
     return rows
 
 
 def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log, winners: dict,
-                measured_exact: set) -> list[dict]:
+                measured_exact: set, only) -> list[dict]:
     """Every candidate of precision p in the whole step; for integer precisions last 'tuned': each shape on its
     winner (the fastest exact candidate at that batch in the linear table)."""
     from bench.fast.fp8_speed import kernel_of
@@ -95,8 +143,9 @@ def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log,
                         generator=torch.Generator(device="cuda").manual_seed(prompt))
     model.prefill(ids, cache, rows=slice(0, 1))
     cache.replicate_row0()
-    iw = model.layers[0]["qkv"].iw
-    names = ["project"] + ([n for n in library.candidates(iw) if n != "project"] if iw is not None else [])
+    iw = _int_weight(model.layers[0]["qkv"])
+    names = ["engine"] + ([n for n in library.candidates(iw) if n != "project" and n in only]
+                          if iw is not None else [])
     rows = []
     for name in names:
         try:
@@ -106,7 +155,7 @@ def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log,
             rows += _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, lambda b: desc)
         except Exception as exc:
             log(f"decode {p} {name}: failed: {exc!r}"[:300])
-    for b in (batches if iw is not None else []):
+    for b in (batches if iw is not None and "tuned" in only else []):
         pick = {s: winners.get(f"{p}|{b}|{s}", {}).get("exact", {}).get("kernel") for s in SHAPE_OF.values()}
         try:
             route(model, pick.get)
@@ -124,7 +173,9 @@ def ENGINE_OF(name) -> str:
     return "torch fast path (CUDA graphs)" + ("" if name is None else f", integer linears on {name}")
 
 
-def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, measured_exact: set, log) -> dict:
+def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, measured_exact: set, log,
+                 only=frozenset({"tinygemm", "gemlite", "tinygemm+fold", "tinygemm+split", "gemlite+fold",
+                                 "gemlite+split", "torch._int_mm", "tuned"})) -> dict:
     from bench.fast.fp8_speed import copy_bandwidth, random_awq_scales
     from core.engines.fast.model import Dims, FastLlama
     from core.models import synthetic_config
@@ -138,7 +189,7 @@ def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, me
     for p in precisions:
         t0 = time.perf_counter()
         model = FastLlama(dims, master | awq if p == "int4-awq" else master, p, rotary=config)
-        rows += _decode_one(model, p, batches, prompt, steps, bw, log, winners, measured_exact)
+        rows += _decode_one(model, p, batches, prompt, steps, bw, log, winners, measured_exact, only)
         del model
         torch.cuda.empty_cache()
         log(f"decode {p}: {time.perf_counter() - t0:.0f} s")
@@ -149,7 +200,7 @@ def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, me
     return {"copy_bandwidth_GBps": bw / 1e9, "steps": steps, "decode_candidates": rows}
 
 
-ENGINE_NOW = "torch fast path (CUDA graphs): the engine's own integer kernels"
+ENGINE_NOW = "torch fast path (CUDA graphs), its linears as the engine routes them (the tuning table's winners)"
 BENCH_ROUTED = ("torch fast path (CUDA graphs), integer linears routed to {} by python -m bench.fast.int_library_bench "
                 "(not yet the engine's own routing)")
 W8A8_NOTE = ("; the app runs INT8 W8A8 on the eager torch engine (its fast-path kernel is not yet torch._int_mm's "
@@ -164,8 +215,8 @@ def recorded_rows(rows: list[dict]) -> list[dict]:
     out = []
     for key in sorted({(r["precision"], r["batch"]) for r in rows}):
         mine = [r for r in rows if (r["precision"], r["batch"]) == key and r["status"] == "ok"]
-        now = next((r for r in mine if r["candidate"] == "project" and r["exact"]), None)
-        routes = [r for r in mine if r["candidate"] != "project" and r["exact"]]
+        now = next((r for r in mine if r["candidate"] in ("engine", "project") and r["exact"]), None)
+        routes = [r for r in mine if r["candidate"] not in ("engine", "project") and r["exact"]]
         lib = max(routes, key=lambda r: r["tok_s"], default=None)
         if lib is not None and lib["candidate"] == "tuned":  # one kernel within 1% of the per-shape mix: name it
             lib = next((r for r in routes if r["candidate"] != "tuned" and r["tok_s"] > 0.99 * lib["tok_s"]), lib)
@@ -186,6 +237,27 @@ def table_from(result: dict) -> dict:
     out["rows"] = recorded_rows(result.get("decode_candidates", []))
     out["kernels"] = {p: kernel_of(p) for p in {r["precision"] for r in out["rows"]}}
     return out
+
+
+def tuned_section(result: dict, base: str = "NVIDIA H200") -> tuple[dict, dict]:
+    """This GPU's section of the shipped tuning table from a run: the `base` device's winners (what the run's own
+    kernels used) with each integer (precision, batch, shape) whose fastest exact candidate was a library kernel set
+    to it. Returns (meta, table)."""
+    from core.engines.fast.methods import tuning
+    from core.engines.fast.tuned_table import read_tuned_table
+
+    table = read_tuned_table(None, base)
+    for key, win in result["winners"].items():
+        p, b, shape = key.split("|")
+        kernel = win.get("exact", {}).get("kernel")
+        n, k = next((r["n"], r["k"]) for r in result["linears"] if r["shape"] == shape)
+        if kernel and kernel != "project" and p != "int8":  # W8A8 is not routed (methods/__init__.py)
+            table[(p, tuning.bucket(int(b)), n, k)] = {"kernel": kernel}
+    meta = {"capability": [int(c) for c in result["capability"].split(".")], "date": result["date"],
+            "torch": result["torch"], "triton": result["triton"], "gemlite": result["gemlite"],
+            "sources": [f"{base}'s winners; integer linears' library winners (batch 1 and 8) measured here by "
+                        f"{BENCH} ({result['date']})"]}
+    return meta, table
 
 
 def print_tables(result: dict, log) -> None:

@@ -21,8 +21,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA (torch.cuda.is_available() is False)", allow_module_level=True)
 pytest.importorskip("triton")
 
-from core.engines.fast.kernels import intlinears as IL  # noqa: E402
+from core.engines.fast import int_weight as IL  # noqa: E402
 from core.engines.fast.kernels import library  # noqa: E402
+from core.engines.fast.methods import method_for  # noqa: E402
+from core.precision import Precision  # noqa: E402
 
 SHAPES = [(6144, 4096, (4096, 1024, 1024)), (4096, 14336, (4096,))]  # q|k|v and down of Llama-3-8B
 needs_gemlite = pytest.mark.skipif(not library.gemlite_available(), reason="gemlite is not installed "
@@ -32,10 +34,11 @@ needs_gemlite = pytest.mark.skipif(not library.gemlite_available(), reason="geml
 def _storage(mode, n, k, rows, seed=3):
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    method = method_for(Precision(mode))
     if mode != "int4-awq":
-        return IL.quantize(w, mode)
+        return method.quantize(w)
     scales = [torch.exp(torch.randn(k, device="cuda", generator=g) * 0.7) for _ in rows]
-    return IL.quantize(w, mode, [s / (s.max() * s.min()).sqrt() for s in scales], list(rows))
+    return method.quantize(w, ([s / (s.max() * s.min()).sqrt() for s in scales], list(rows)))
 
 
 def _read_back(kern, k: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:

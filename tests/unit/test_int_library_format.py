@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from core.engines.fast.kernels import intlinears as IL  # noqa: E402
+from core.engines.fast import int_weight as IW  # noqa: E402
 from core.engines.fast.kernels import library  # noqa: E402
 from core.engines.torch import quant  # noqa: E402
 
@@ -16,7 +16,7 @@ from core.engines.torch import quant  # noqa: E402
 @pytest.fixture(scope="module")
 def iw():
     g = torch.Generator().manual_seed(5)
-    return IL.quantize((torch.randn(96, 512, generator=g) * 0.02).to(torch.bfloat16), "int4")
+    return IW.quantize((torch.randn(96, 512, generator=g) * 0.02).to(torch.bfloat16), IW.MODE_INT4)
 
 
 def test_codes_unpack_to_the_torch_engines_weights(iw):
@@ -32,7 +32,7 @@ def test_tinygemm_format_is_close_but_not_the_same_weights(iw):
     what its CPU kernel reads back is what tinygemm_weight_error models, a fraction of a step from ours."""
     params = library.tinygemm_params(iw.scale, iw.zero)
     theirs = library.tinygemm_cpu_weights(library.unpack_codes(iw), params)
-    ours = IL.reference_dequantized(iw)
+    ours = IW.reference_dequantized(iw)
     err = library.tinygemm_weight_error(iw)
     assert abs(float((theirs == ours).float().mean()) - err["equal_share"]) < 1e-9
     assert err["max_diff_steps"] < 0.125

@@ -124,7 +124,7 @@ def fit_config(iw: IntWeight, cfg: dict) -> dict:
     """A launch configuration fitted to this weight (a copy): INT4 tiles are one group along K, and no output tile
     straddles two projections' AWQ input scales."""
     cfg = dict(cfg)
-    if iw.mode in INT4_MODES:
+    if iw.mode in INT4_MODES and "BLOCK_N" in cfg:  # a library launch (kernels/library.py) has no tile
         cfg["BLOCK_K"] = GROUP
         cfg["BLOCK_N"] = min(cfg["BLOCK_N"], iw.max_block_n)
     return cfg

@@ -1,5 +1,5 @@
 """Integer linears through kernels that torch and its ecosystem ship, built FROM the torch engine's own integer storage
-(core/engines/torch/quant.py, held by the fast engine as intlinears.IntWeight), so that the Quality table and the
+(core/engines/torch/quant.py, held by the fast engine as int_weight.IntWeight), so that the Quality table and the
 speed table describe the same weights:
 
 - `TinyGemmInt4`: torch's `_weight_int4pack_mm` (tinygemm, the kernel torchao and gpt-fast use). Its weight is
@@ -26,11 +26,13 @@ where it is not installed.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from core.engines.fast.kernels import intlinears as IL
+from core.engines.fast import int_weight as IL
 
 GROUP = IL.GROUP
 TINYGEMM_INNER_K_TILES = 8  # the packing torchao and gpt-fast use for g128 (K a multiple of 1024)
@@ -103,6 +105,7 @@ class TinyGemmInt4(_Kernel):
         return torch.ops.aten._weight_int4pack_mm(x, self.packed, GROUP, self.params)
 
 
+@functools.lru_cache(maxsize=None)
 def gemlite_available() -> bool:
     try:
         import gemlite  # noqa: F401
@@ -235,24 +238,6 @@ class AwqFold(_Kernel):
         return self.into(x, torch.empty(x.shape[0], self.n, dtype=torch.bfloat16, device=x.device))
 
 
-class ProjectKernel(_Kernel):
-    """The project's own Triton kernels (intlinears.int_linear: tile or few-row GEMV, as the tuning table picks)."""
-
-    name = "project"
-
-    def __init__(self, iw: IL.IntWeight):
-        self.iw, self.n, self.k = iw, iw.n, iw.k
-        self.exact = iw.mode != IL.MODE_INT8  # its W8A8 is not yet torch._int_mm's bit for bit (test_int_kernels_gpu)
-        self.label = IL.kernel_label({v: k for k, v in IL.INT_MODES.items()}[iw.mode])
-
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], self.n, dtype=x.dtype, device=x.device)
-        return IL.int_linear(x, self.iw, out)
-
-    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return IL.int_linear(x, self.iw, out)
-
-
 class IntMmW8A8(_Kernel):
     """INT8 W8A8 with the torch engine's own ops (quant.int8_rows, torch._int_mm with rows padded to 17, the float32
     rescale), captured in the decode step's CUDA graph: the labelled eager path's numbers, by construction."""
@@ -271,12 +256,12 @@ class IntMmW8A8(_Kernel):
 def candidates(iw: IL.IntWeight) -> dict[str, type | object]:
     """Name -> a builder (called with the weight) of every kernel that can run this integer weight here."""
     have_gemlite = gemlite_available()
-    out: dict = {"project": ProjectKernel}
+    out: dict = {}
     if iw.mode == IL.MODE_INT4:
         out["tinygemm"] = TinyGemmInt4
         if have_gemlite:
             out["gemlite"] = GemliteInt4
-    elif iw.mode == IL.MODE_INT4_AWQ:
+    elif _awq(iw.mode):
         kinds = [TinyGemmInt4] + ([GemliteInt4] if have_gemlite else [])
         for cls in kinds:
             out[cls.name + "+fold"] = lambda w, cls=cls: AwqFold(w, cls)
@@ -288,6 +273,56 @@ def candidates(iw: IL.IntWeight) -> dict[str, type | object]:
         if have_gemlite:
             out["gemlite"] = GemliteW8A8
     return out
+
+
+def _awq(mode: int) -> bool:
+    """The INT4 mode with input scales (AWQ)."""
+    return mode in IL.INT4_MODES and mode != IL.MODE_INT4
+
+
+def _engine_builders(mode: int) -> dict:
+    if mode == IL.MODE_INT4:
+        return {"gemlite": GemliteInt4}
+    if _awq(mode):
+        return {"gemlite+fold": lambda w: AwqFold(w, GemliteInt4),
+                "gemlite+split": lambda w: AwqFold(w, GemliteInt4, split=True)}
+    return {"gemlite": GemliteInt8} if mode == IL.MODE_INT8_WO else {}
+
+
+def _built(weights: IL.IntWeight, name: str, build):
+    """The library's copy of a weight (repacked once, kept on it): made on the step's warm-up, never in a capture."""
+    made = weights.__dict__.setdefault("library", {})
+    if name not in made:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the {name} copy of an integer weight must be made before graph capture: run the "
+                               "step once first")
+        made[name] = build(weights)
+    return made[name]
+
+
+def engine_launches(mode: int) -> dict:
+    """name -> run(weights, x, out, cfg, silu_x, **inputs) of the library launches the integer weight-only method
+    offers its tuner (methods/integer.py wraps them as Launches): only kernels whose weights are the torch engine's
+    bit for bit (gemlite; tinygemm's are not: module docstring), only where gemlite is installed."""
+    if not gemlite_available():
+        return {}
+
+    def launch(name, build):
+        def run(w, x, out, cfg, silu_x, **_):
+            return linear_into(_built(w, name, build), x, out, silu_x)
+        return run
+
+    return {name: launch(name, build) for name, build in _engine_builders(mode).items()}
+
+
+def engine_label(mode: int, kernels: set[str]) -> str:
+    """What the tuning table's library winners add to the method's `ran` line."""
+    picked = sorted(k for k in kernels if k and k.startswith("gemlite"))
+    if not picked or not gemlite_available():
+        return ""
+    fold = " (AWQ's input scales divided out of the activations first)" if _awq(mode) else ""
+    return (f"; gemlite's Triton kernels{fold} where the tuning table picks them ({', '.join(picked)}; the same "
+            "weights bit for bit)")
 
 
 def linear_into(kernel, x: torch.Tensor, out: torch.Tensor, silu_x: bool = False) -> torch.Tensor:

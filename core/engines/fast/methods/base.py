@@ -68,8 +68,12 @@ class LinearMethod:
         raise NotImplementedError
 
     def config(self, rows: int, n: int, k: int) -> dict:
-        """The launch for one shape: the tuning table's winner, else the default."""
-        return tuning.winner(self.precision, rows, n, k) or self.default_config(rows, n, k)
+        """The launch for one shape: the tuning table's winner, else the default (also when the winner is a library
+        launch this machine does not have, e.g. gemlite not installed)."""
+        won = tuning.winner(self.precision, rows, n, k)
+        if won is None or ("kernel" in won and won["kernel"] not in self.launches()):
+            return self.default_config(rows, n, k)
+        return won
 
     def launch(self, weights, x, out, cfg: dict, silu_x: bool = False, **inputs) -> torch.Tensor:
         """One product through the launch cfg["kernel"] names, no fallback: what the tuner times."""

@@ -114,8 +114,12 @@ class IntWeightOnly(_IntMethod):
         def gemv(w, x, out, cfg, silu_x, **_):
             return int_gemv.gemv_linear(x, w, out, silu_x, cfg)
 
+        from core.engines.fast.kernels import library
+
         return {"tile": Launch("tile", self._tile, self._tile_configs),
-                "gemv": Launch("gemv", gemv, self._gemv_configs, takes=int_gemv.gemv_takes)}
+                "gemv": Launch("gemv", gemv, self._gemv_configs, takes=int_gemv.gemv_takes),
+                **{name: Launch(name, run, lambda rows, n, k: [{}])  # gemlite, where installed
+                   for name, run in library.engine_launches(self.kernel_mode).items()}}
 
     def _gemv_configs(self, rows, n, k) -> list[dict]:
         from core.engines.fast.kernels.int_gemv import GEMV_MAX_ROWS
@@ -126,12 +130,15 @@ class IntWeightOnly(_IntMethod):
                 for bn, sk, w, s, d in (GEMV_ONE if rows == 1 else GEMV_ROWS) if _k_steps(k, IW.GROUP, sk) >= 2]
 
     def label(self) -> str:
-        gemv_rows = {b for (p, b, _, _), cfg in tuning.TUNED.items()
-                     if p == self.precision.value and cfg.get("kernel") == "gemv"}
+        from core.engines.fast.kernels import library
+
+        mine = [(b, cfg.get("kernel")) for (p, b, _, _), cfg in tuning.TUNED.items() if p == self.precision.value]
+        gemv_rows = {b for b, kernel in mine if kernel == "gemv"}
         where = "" if not gemv_rows else (" or, at one row" if gemv_rows == {1} else " or, at 1-8 rows") + \
             ", float32-FMA GEMVs where the tuning table picks them"
         return (f"{self.WHAT[self.precision]} linears in Triton (weights dequantized in registers into bf16 "
-                f"tensor-core dots{where}; prompt GEMMs on weights dequantized once, through cuBLAS)")
+                f"tensor-core dots{where}; prompt GEMMs on weights dequantized once, through cuBLAS)"
+                + library.engine_label(self.kernel_mode, {kernel for _, kernel in mine}))
 
 
 class Int8W8A8(_IntMethod):
