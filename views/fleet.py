@@ -45,12 +45,12 @@ with st.form("fleet_connect"):
     label = c[2].selectbox("Replica label", REPLICA_LABELS, help="The label that tells replicas apart.")
     window = c[3].selectbox("Window", WINDOWS, index=1, help="Rates and latency quantiles are over this window.")
     go = c[4].form_submit_button("Connect", type="primary")
-    p = st.columns([1.6, 1.4, 1.4, 5.6], vertical_alignment="bottom")
+    p = st.columns([2.4, 2.0, 1.6, 4.0], vertical_alignment="bottom")
     past = p[0].checkbox("At a past instant", key="fleet_past", help="A post-incident review: the table and the "
                          "checklist as they stood then, the window ending at that instant; History records it. Same "
                          "as `python -m diagnostics fleet --at TIME`.")
     day = p[1].date_input("Date", key="fleet_at_day")
-    clock = p[2].time_input("Time (this console's zone)", key="fleet_at_time", step=60)
+    clock = p[2].time_input("Time", key="fleet_at_time", step=60, help="In this console's time zone.")
 if go:
     try:
         prom = Prometheus(url)

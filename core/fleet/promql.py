@@ -184,7 +184,9 @@ class Builder:
             if n.get(col):
                 # The bucket bounds per replica (a mixed-version fleet has more than one layout): which bucket each
                 # quantile fell in is found from them, since histogram_quantile interpolates anywhere inside it.
-                q[f"{col}_bounds"] = f"count by ({_by(L, 'le')}) ({self.sel(n.get(col) + '_bucket')})"
+                # (over the window: a replica down now keeps the layout its quantiles came from)
+                q[f"{col}_bounds"] = (f"count by ({_by(L, 'le')}) "
+                                      f"(last_over_time({self.sel(n.get(col) + '_bucket')}[{W}]))")
         if n.get("running"):
             # when each replica's first sample was, over the rate window or the stall window if longer: one younger
             # than the window has rates averaged over time it did not exist, one younger than the stall window has
