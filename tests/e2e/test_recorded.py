@@ -1,6 +1,7 @@
 """Recorded mode in Chromium, with no GPU and no vLLM server: the Live monitor replays the H200 recording and the vLLM
 deployment page shows the recorded load sweep, each under its "Recorded on ... — not live" banner, with its charts
-and no error. One page load: the monitor opens from a demo link (?recorded=1), the deployment page by its switch.
+and no error, and nothing cut at 1400 px. One page load: the monitor opens from a demo link (?recorded=1), the
+deployment page by its switch.
 Screenshots: artifacts/screenshots/recorded-monitor.png, recorded-deployment.png."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from core.recordings import available
 from tests.e2e.helpers import errors_on, goto, screenshot, wait_idle
+from tests.e2e.test_recorded_pages import clipped
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +28,7 @@ def test_monitor_and_deployment_replay_recordings(app_server, page):
     charts = page.locator('[data-testid="stVegaLiteChart"]')
     charts.nth(1).wait_for()
     assert charts.count() == 2 and not errors_on(page)
+    assert clipped(page) == []  # fits a 1400 px window
     screenshot(page, "recorded-monitor")
 
     page.get_by_role("link", name="vLLM deployment").click()
@@ -38,4 +41,5 @@ def test_monitor_and_deployment_replay_recordings(app_server, page):
     plots = page.locator('[data-testid="stPlotlyChart"]')
     plots.nth(2).wait_for()
     assert plots.count() == 3 and not errors_on(page)
+    assert clipped(page) == []  # the steps table in parts, every chart's subtitle inside its chart
     screenshot(page, "recorded-deployment")

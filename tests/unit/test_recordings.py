@@ -137,3 +137,20 @@ def test_recordings_never_name_this_machines_paths():
     for f in FILES:
         text = f.read_text()
         assert "/work/" not in text and "/tmp/" not in text, f.name
+
+
+def test_the_recorded_fleet_and_sweep_tables_split_into_parts_that_fit():
+    """The recorded Fleet table (21 columns) and a sweep's steps, drawn in parts that each fit 1400 px: the key
+    column starts every part, every other column shows once, in order, and no part is a lone column."""
+    from core.fleet import table
+    from views.common.fleet_view import snapshot_of
+    from views.common.sweep import step_rows
+    from views.common.wide_table import FIT_PX, column_groups, column_width_px
+
+    snap = snapshot_of(available("fleet")[0].payload)
+    for rows, key in ((table.rows(snap), snap.replica_label), (step_rows(available("sweep")[0].payload), "load")):
+        parts = column_groups(rows, [key])
+        assert len(parts) >= 2 and all(p[0] == key for p in parts)
+        assert [c for p in parts for c in p[1:]] == [c for c in rows[0] if c != key]
+        assert all(sum(column_width_px(c, rows) for c in p) <= FIT_PX for p in parts)
+        assert min(len(p) for p in parts) >= 3
