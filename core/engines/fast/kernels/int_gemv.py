@@ -130,6 +130,24 @@ def _gemv_weight(wd, j: tl.constexpr, s, z, s12, c12, s16, c16, ws, isc, irc, k0
     return w
 
 
+@triton.jit
+def _gemv_accumulate(acc, wa, wb, xa, xb, DECODE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """acc + wa * xa + wb * xb, the two weights rounded to the reference's bf16 first (one conversion each with
+    DECODE 0, one for the pair otherwise); the rows' axis broadcast where there are several."""
+    if DECODE == 0:
+        ra = to_bf16(wa).to(tl.float32)
+        rb = to_bf16(wb).to(tl.float32)
+    else:
+        ra, rb = _bf16_pair(wa, wb)
+    if BLOCK_M == 1:
+        acc += ra * xa
+        acc += rb * xb
+    else:
+        acc += ra[:, None, :] * xa
+        acc += rb[:, None, :] * xb
+    return acc
+
+
 # N is not specialized so that every projection of one width shares a compiled kernel
 @triton.jit(do_not_specialize=["N"])
 def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, out_ptr, part_ptr, count_ptr,
@@ -203,17 +221,7 @@ def _int_gemv_kernel(x_ptr, w_ptr, ws_ptr, wz_ptr, isc_ptr, irc_ptr, seg_ptr, ou
                               BITS, SHIFT)
             wb = _gemv_weight(wd, 2 * jp + 1, s, z, s12, c12, s16, c16, ws, isc, irc, k0, offs_w, K, MODE, DECODE,
                               CODES, BITS, SHIFT)
-            if DECODE == 0:
-                ra = to_bf16(wa).to(tl.float32)
-                rb = to_bf16(wb).to(tl.float32)
-            else:
-                ra, rb = _bf16_pair(wa, wb)
-            if BLOCK_M == 1:
-                acc += ra * xa
-                acc += rb * xb
-            else:
-                acc += ra[:, None, :] * xa
-                acc += rb[:, None, :] * xb
+            acc = _gemv_accumulate(acc, wa, wb, xa, xb, DECODE, BLOCK_M)
     if BLOCK_M == 1:
         res = tl.reshape(tl.sum(acc, axis=1), (BLOCK_N, 1))
     else:

@@ -24,7 +24,7 @@ from core.engines.fast.int_weight import GROUP, INT4_MODES, MODE_INT8, IntWeight
 from core.engines.fast.kernels.launch import launch_options, pdl_enter
 from core.engines.fast.kernels.linears import block_m_for
 from core.engines.fast.kernels.rounding import div_rn, load_x, mma, to_bf16
-from core.engines.fast.kernels.scratch import split_parts
+from core.engines.fast.kernels.scratch import split_k_total, split_parts
 
 
 @triton.jit
@@ -117,14 +117,8 @@ def int_finish(acc, ws_ptr, xs_ptr, out_ptr, part_ptr, counter, slice_id, offs_m
     if SPLIT_K == 1:
         _int_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
     else:
-        part = part_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part + slice_id * M * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's slice is written before the counter says so (release below)
-        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.zeros_like(acc)
-            for sl in range(SPLIT_K):
-                total += tl.load(part + sl * M * N, mask=mask, other=0, cache_modifier=".cg")  # from L2, not L1
-            tl.atomic_xchg(counter, 0)
+        last, total = split_k_total(acc, part_ptr, counter, slice_id, offs_m, offs_n, M, N, mask, SPLIT_K)
+        if last:
             _int_store(total, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
 
 

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from core.engines.fast.kernels.launch import launch_options, pdl_enter
 from core.engines.fast.kernels.rounding import load_x
-from core.engines.fast.kernels.scratch import split_parts
+from core.engines.fast.kernels.scratch import split_k_total, split_parts
 
 E4M3_MAX = 448.0
 MODE_BF16, MODE_WO, MODE_W8A8 = 0, 1, 2
@@ -85,18 +85,11 @@ def _linear_kernel(x_ptr, x16_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, cou
     mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
     if SPLIT_K == 1:
         _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
-    else:
-        # part_ptr is [SPLIT_K, M, N] float32
-        part = part_ptr + offs_m[None, :] * N + offs_n[:, None]
-        tl.store(part + tl.program_id(2) * M * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's slice is written before the counter says so (release below)
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(SPLIT_K):
-                acc += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")  # from L2, not L1
-            tl.atomic_xchg(counter, 0)
-            _linear_store(acc, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
+    else:  # part_ptr is [SPLIT_K, M, N] float32
+        last, total = split_k_total(acc, part_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n, tl.program_id(2),
+                                    offs_m, offs_n, M, N, mask, SPLIT_K)
+        if last:
+            _linear_store(total, ws_ptr, xs_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, mask, MODE)
 
 
 @triton.jit

@@ -1,4 +1,5 @@
-"""Scratch tensors of the linear kernels (split-K partial sums and tile counters, W8A8's quantized rows).
+"""Scratch tensors of the linear kernels (split-K partial sums and tile counters, W8A8's quantized rows), and the
+split-K reduction every linear family's kernels end with (`split_k_total`).
 
 A launch writes and reads its scratch within itself, so two launches may share one only if they cannot overlap:
 eager calls share the process's table and run on the default stream, one after another; a graph may replay on
@@ -11,6 +12,8 @@ import contextlib
 import contextvars
 
 import torch
+import triton
+import triton.language as tl
 
 _SPLIT_SCRATCH = contextvars.ContextVar("split_scratch", default=None)
 _EAGER_SCRATCH: dict[tuple, tuple] = {}
@@ -45,3 +48,21 @@ def split_parts(device, key: tuple, split: int, m: int, n: int, tiles: int):
     return scratch(device, (*key, split, m, n, tiles), lambda: (
         torch.empty(split, m, n, dtype=torch.float32, device=device),
         torch.zeros(tiles, dtype=torch.int32, device=device)))
+
+
+@triton.jit
+def split_k_total(acc, part_ptr, counter, slice_id, offs_m, offs_n, M, N, mask, SPLIT_K: tl.constexpr):
+    """One K slice's partial sums into `part_ptr` ([SPLIT_K, M, N], float32 or int32: split_parts), then, in the
+    tile's last program to finish (a counter per tile, set back to 0 for the next call), the slices added in slice
+    order, so the result does not depend on which finished first. Returns (whether this program is that last one,
+    the total there)."""
+    part = part_ptr + offs_m[None, :] * N + offs_n[:, None]
+    tl.store(part + slice_id * M * N, acc, mask=mask)
+    tl.debug_barrier()  # every thread's slice is written before the counter says so (release below)
+    last = tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1
+    total = tl.zeros_like(acc)
+    if last:
+        for sl in range(SPLIT_K):
+            total += tl.load(part + sl * M * N, mask=mask, other=0, cache_modifier=".cg")  # from L2, not L1
+        tl.atomic_xchg(counter, 0)
+    return last, total
