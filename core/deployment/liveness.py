@@ -25,7 +25,10 @@ if TYPE_CHECKING:  # carried, not used: importing it here would pull prometheus_
 
 SERVING, IDLE, STALLED, DEGRADED = "serving", "idle", "stalled", "degraded"
 STALL_AFTER_S = 15.0  # no progress this long, with work in flight and a failed canary: stalled
-STOPPED_AFTER_S = 5.0  # a stopped engine process with no progress this long (a debugger's pause is shorter)
+# A stopped engine process (state T) with no progress this long. A debugger's or py-spy's pause lasts milliseconds
+# to a second; 3 s of SIGSTOP is no pause. Counted from whichever came first: the counters' last move or the first
+# round that saw the process stopped (under load /metrics answers seconds late, so the first can lag the stop).
+STOPPED_AFTER_S = 3.0
 API_DOWN_AFTER_S = 5.0  # nothing answers this long: not a blip
 KV_FULL = 0.95
 IDLE_CANARY_EVERY_S = 30.0  # on a server that looks idle, one canary this often (see canary_due)
@@ -230,9 +233,10 @@ def _stalled(history: list[Observation], p: _Progress, ev: dict, stall_after_s: 
     last = history[-1]
     canary_failed = last.canary is not None and not last.canary.ok
     stopped = _procs(last, STOPPED_STATES)
-    if stopped and len(p.snaps) >= 2 and p.still_s >= stopped_after_s:
+    stopped_s = max(p.still_s, _trailing(history, lambda o: bool(_procs(o, STOPPED_STATES))) or 0.0)
+    if stopped and len(p.snaps) >= 2 and stopped_s >= stopped_after_s:
         return Verdict(STALLED, "engine_stopped", f"The engine is stopped: {_pids(stopped)} is in state "
-                       f"'{stopped[0].state}' and no counter moved for {p.still_s:.0f} s, while /health answers "
+                       f"'{stopped[0].state}' and no counter moved for {stopped_s:.0f} s, while /health answers "
                        f"{last.health}.", ev, _REMEDY["engine_stopped"].format(pid=stopped[0].pid))
     livelock = _livelock(history, stall_after_s)
     if livelock:
