@@ -163,8 +163,9 @@ def to_text(result: RunResult) -> str:
 # --- JSON ---------------------------------------------------------------------------------------------------------
 
 def to_json(result: RunResult) -> str:
-    """Every finding with its id and status; checks skipped for one reason say it once, in "skip_groups", and each
-    of them points there ("skip_group": its index) instead of repeating the reason and its remedy."""
+    """Every finding with its id, status and missing input; checks skipped for one reason say the reason and its
+    remedy once, in "skip_groups", and each of them points there ("skip_group": its index) with the input alone
+    ("missing": "no GPU") instead of repeating the whole sentence."""
     data = result.to_dict()
     groups = [g for g in group_skips(result.findings) if isinstance(g, SkipGroup)]
     index = {f.check_id: i for i, g in enumerate(groups) for f in g.findings}
@@ -173,9 +174,9 @@ def to_json(result: RunResult) -> str:
                                for g in groups]
         for f in data.get("findings", []):
             if f.get("id") in index:
-                for key in ("verdict", "missing", "remedy"):
-                    f.pop(key, None)
-                f["skip_group"] = index[f["id"]]
+                i = index[f["id"]]
+                short = groups[i].input or f"see skip_groups[{i}]"
+                f.update(verdict=f"Not decided: {short} (skip_groups[{i}])", missing=short, remedy="", skip_group=i)
     return json.dumps(data, indent=2, default=str)
 
 

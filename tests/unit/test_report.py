@@ -89,8 +89,10 @@ def test_identical_skips_say_their_reason_once_in_every_report():
     assert all(f'id="{f.check_id}"' in page for f in result.findings)  # every check still has its anchor
     assert len(data["findings"]) == len(result.findings)
     gpu_index = next(i for i, g in enumerate(data["skip_groups"]) if g["title"] == title)
-    pointed = [f["id"] for f in data["findings"] if f.get("skip_group") == gpu_index]
-    assert pointed == data["skip_groups"][gpu_index]["checks"] == [f.check_id for f in no_gpu]
+    pointed = [f for f in data["findings"] if f.get("skip_group") == gpu_index]
+    assert [f["id"] for f in pointed] == data["skip_groups"][gpu_index]["checks"] == [f.check_id for f in no_gpu]
+    assert all(f["missing"] == "no GPU" and f["status"] == "SKIP" for f in pointed)  # the input, for machines
+    assert json.dumps(data).count("NVIDIA driver") == 2  # the group's title and its reason
 
 
 def test_markdown_escapes_links_html_and_table_pipes():
