@@ -88,6 +88,10 @@ class LinearMethod:
         n, k = self.shape(weights)
         return self.launch(weights, x, out, self.config(x.shape[0], n, k), silu_x, **inputs)
 
+    def decode_prologue(self, weights, x, out, delta, x_out, norm_weight, eps: float, silu_out: bool):
+        """One row with the norm (and W8A8's quantization) folded in front; methods with `prologue` only."""
+        raise NotImplementedError(f"{type(self).__name__} has no folded prologue (its `folds` are empty)")
+
     def candidates(self, rows: int, n: int, k: int, kernels: set[str] | None = None) -> list[dict]:
         """Every launch configuration the tuner times for one shape (only those of `kernels` when given)."""
         return [{"kernel": name, **cfg} for name, la in self.launches().items()
