@@ -66,10 +66,11 @@ def test_diagnostics_and_fleet_open_their_recordings_under_the_banner(app_server
     assert main.get_by_text("Saturated:", exact=False).first.is_visible()
     assert main.get_by_text("GPU checks skipped: ", exact=False).count() == 1  # one line for every GPU check
     assert page.get_by_role("button", name="Run the checklist").count() == 0  # no live form beside a recording
-    for evidence in main.get_by_text("Evidence (", exact=False).all():
-        evidence.click()  # opened, so that their tables are measured too
     screenshot(page, "recorded-incident")
     assert not errors_on(page)
+    assert clipped(page) == []
+    for evidence in main.get_by_text("Evidence (", exact=False).all():
+        evidence.click()  # opened, so that their tables are measured too
     assert clipped(page) == []
 
     goto(page, app_server, "checklist?recorded=1")
