@@ -58,7 +58,8 @@ def trial(t: dict, key: str) -> None:
 def show(doc: dict, key: str) -> None:
     """The whole result: the best trial first, the command to copy, then every trial."""
     trials = doc.get("trials") or []
-    st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")
+    if len(trials) != 1:  # one trial's verdict box says it already
+        st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")
     best = doc.get("best")
     if best is not None and 0 <= best < len(trials):
         trial(trials[best], f"{key}_best")
