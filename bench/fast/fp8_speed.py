@@ -404,7 +404,7 @@ def main() -> None:
     config = synthetic_config(args.model)
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)
-    tuned_rows = tune_linears(args, dims, precisions, batches, (props.name, (props.major, props.minor)), meta)
+    tune_linears(args, dims, precisions, batches, (props.name, (props.major, props.minor)), meta)
     calibrated = [p for p in precisions if method_for(Precision(p)).needs_calibration]
     awq = random_awq_scales(dims) if calibrated else {}
     models = {p: FastLlama(dims, master | awq if p in calibrated else master, p, rotary=config) for p in precisions}
