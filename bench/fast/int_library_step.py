@@ -61,8 +61,15 @@ class ProjectKernel:
         self.exact = iw.mode != IW.MODE_INT8  # its W8A8 is not yet torch._int_mm's bit for bit (methods/__init__.py)
 
     def _cfg(self, rows: int) -> dict:
+        """The tuning table's winner where it is one of the project's launches, else the H200's (their tuning)."""
+        from core.engines.fast.methods import tuning
+        from core.engines.fast.tuned_table import read_tuned_table
+
         cfg = self.method.config(rows, self.n, self.k)
-        return cfg if cfg.get("kernel") in ("tile", "gemv") else self.method.default_config(rows, self.n, self.k)
+        if cfg.get("kernel") in ("tile", "gemv"):
+            return cfg
+        h200 = read_tuned_table(None, "NVIDIA H200").get(tuning.key(self.method.precision, rows, self.n, self.k))
+        return h200 or self.method.default_config(rows, self.n, self.k)
 
     def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self.method.launch(self.iw, x, out, self._cfg(x.shape[0]))

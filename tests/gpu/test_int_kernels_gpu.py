@@ -74,6 +74,8 @@ def test_kernels_match_the_torch_engines_layers(mode, n, k, rows):
         else:
             rel = float((out.float() - ref.float()).norm() / ref.float().norm())
             assert rel < 5e-3, (m, rel)  # same weights; float32 sums in another order, bf16 output
+            if method_for(Precision(mode)).config(m, n, k).get("kernel", "").startswith("gemlite+"):
+                continue  # AWQ's scales divided out of x, not the weights: codes read back in test_int_library_gpu
             # one-hot rows: the weights built in registers, bit for bit
             cols = torch.randperm(k, device="cuda")[:m]
             e = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)

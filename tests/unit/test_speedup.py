@@ -42,13 +42,13 @@ def test_a_missing_or_broken_results_file_shows_no_table(tmp_path, monkeypatch):
 
 
 def test_the_table_of_the_gpu_present_is_shown_with_what_ran(monkeypatch):
-    """An H100 present: core/data/fp8_speed_h100.json, each row naming its engine and kernel (integer rows: the
-    engine's own kernels, and the library route bench/fast/int_library_bench.py measured); no GPU: the H200 table."""
+    """An H100 present: core/data/fp8_speed_h100.json, each row naming its engine and kernel (integer rows: gemlite
+    where the H100's tuning section picks it); no GPU: the H200 table."""
     monkeypatch.setattr(speedup, "present_gpu", lambda: "NVIDIA H100 80GB HBM3")
     assert speedup.recorded_here() and speedup.recorded_on()[0] == "NVIDIA H100 80GB HBM3"
     rows = speedup.measured_speedups()
     int4 = [r for r in rows if r["precision"] == "int4" and r["batch"] == 1]
-    assert {r["kernel"].split(" ")[0] for r in int4} >= {"gemlite", "INT4"}
+    assert int4 and all("gemlite" in r["kernel"] for r in int4)  # the H100's tuning section routes it there
     assert all(r["engine"] and r["speedup_vs_bf16"] > 0 for r in rows)
     assert "int_library_bench" in speedup.source_line() and "H200" in speedup.source_line(context=True)
     monkeypatch.setattr(speedup, "present_gpu", lambda: None)
