@@ -22,10 +22,8 @@ def first_answer(vllm_url: str, window_s: float = QUICK_WINDOW_S,
                  launch_cmd: str | None = None) -> tuple[list[Finding], str]:
     """(findings of QUICK_CHECKS, a line saying what they were judged on). Raises TriageError when /metrics cannot
     be read at all (the caller says so and goes on to the full window)."""
-    from core.telemetry.vllm_metrics import VllmSnapshot, scrape
+    from core.telemetry.vllm_metrics import scrape
     from diagnostics.collect import vllm_base_url
-    from diagnostics.registry import all_checks
-    from diagnostics.runner import evaluate
 
     url = vllm_base_url(vllm_url)
     t0 = time.monotonic()
@@ -36,8 +34,18 @@ def first_answer(vllm_url: str, window_s: float = QUICK_WINDOW_S,
         if time.monotonic() - t0 + SCRAPE_EVERY_S > window_s:
             break
         time.sleep(SCRAPE_EVERY_S)
+    return judge(snaps, time.time(), url, launch_cmd)
+
+
+def judge(snaps: list, now: float, url: str, launch_cmd: str | None = None) -> tuple[list[Finding], str]:
+    """The QUICK_CHECKS over scrapes (t relative to the first) taken up to the Unix time `now`: a baseline of zero
+    counters at the server's start goes first where the server says when it started."""
+    from core.telemetry.vllm_metrics import VllmSnapshot
+    from diagnostics.registry import all_checks
+    from diagnostics.runner import evaluate
+
     last = snaps[-1]
-    uptime = time.time() - last.process_start_time_s if last.process_start_time_s else None
+    uptime = now - last.process_start_time_s if last.process_start_time_s else None
     if uptime and uptime > 0 and last.has_vllm_series:
         base = VllmSnapshot(t=last.t - uptime, has_vllm_series=True)  # zero counters at the server's start
         judged = f"the server's counters since it started {uptime / 60:.1f} min ago, and a {last.t:.0f} s window"

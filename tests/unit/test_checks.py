@@ -470,6 +470,21 @@ def test_the_consoles_canary_is_accounted_in_the_anatomy_checks():
     assert "(1 of the 4 request(s) the console's canary)" in f.verdict
 
 
+def test_the_first_answer_judges_the_servers_counters_since_it_started():
+    from diagnostics.quick import QUICK_CHECKS, format_first_answer, judge
+
+    # The recorded page (3 requests since the server started), read twice 2 s apart, an hour after its start
+    snaps = [dataclasses.replace(AFTER_3, t=0.0), dataclasses.replace(AFTER_3, t=2.0)]
+    findings, judged = judge(snaps, AFTER_3.process_start_time_s + 3600, URL)
+    assert "since it started 60.0 min ago" in judged and sorted(f.check_id for f in findings) == sorted(QUICK_CHECKS)
+    sat = next(f for f in findings if f.check_id == "vllm.saturation")
+    assert sat.evidence["requests_finished"] == 3  # the lifetime's requests, not the 2 s window's none
+    text = format_first_answer(findings, judged, 5.2)
+    assert text.startswith("First answer in 5.2 s") and "vllm.prefill" in text
+    no_start = [dataclasses.replace(s, process_start_time_s=None) for s in snaps]
+    assert "no start time" in judge(no_start, 0.0, URL)[1]
+
+
 def test_saturation_skips_without_requests_or_histograms():
     ctx = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(AFTER_3, dataclasses.replace(AFTER_3, t=5.0)))
     assert "no request finished" in decide("vllm.saturation", ctx).missing
