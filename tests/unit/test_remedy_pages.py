@@ -67,3 +67,15 @@ def test_a_tried_remedy_reopens_in_history(db):
     rows = next(d.value for d in at.dataframe if "goodput at the SLO (req/s)" in list(d.value.iloc[:, 0]))
     assert round(float(rows["change %"][0])) == 133
     assert any(c.value == "vllm serve gemma-3-270m --max-num-seqs 8" for c in at.code)
+
+
+def test_the_recorded_deployment_page_shows_the_recorded_remedy(db):
+    at = AppTest.from_file(str(ROOT / "views" / "deployment.py"), default_timeout=60)
+    at.query_params["recorded"] = "1"
+    at.run()
+    assert not at.exception, at.exception
+    assert any(s.value == "A remedy tried" for s in at.subheader)
+    banners = [w.value for w in at.warning if "not live" in w.value]
+    assert len(banners) == 2  # the sweep's and the remedy's, each with its machine and date
+    assert any("The remedy helped" in s.value for s in at.success)
+    assert any(c.value.startswith("vllm serve gemma-3-270m --max-num-seqs") for c in at.code)

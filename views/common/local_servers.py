@@ -189,10 +189,10 @@ def _not_launched(doc: dict, concrete: list) -> None:
 
 def recorded_remedies() -> None:
     """The recorded mode's tried remedies, each under its own recorded banner."""
-    from core.recordings import KINDS, available
+    from core.recordings import available
     from views.common import recorded
 
-    for rec in available("remedy") if "remedy" in KINDS else []:
+    for rec in available("remedy"):
         st.subheader("A remedy tried")
         recorded.banner(rec)
         remedy_view.show(rec.payload, f"rec_{rec.name}")
