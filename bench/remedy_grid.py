@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--slo-ttft-p99", type=float, default=10.0)
     p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--skip-grid", action="store_true", help="the guided tries only (to compare with a recorded grid)")
     p.add_argument("--json", help="also write every sweep to this file")
     p.add_argument("--recording", metavar="DIR", help="also write the guided tries as the recorded demo's remedy "
                    "(DIR/cpu-remedy.json, as `python -m bench.record_demo remedy` does)")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         remedy.result_of(trials, base))
     servers.stop_server(base)
     g1 = time.monotonic()
-    grid_docs = run_grid(args, kw, rows, flag_errors)
+    grid_docs = {} if args.skip_grid else run_grid(args, kw, rows, flag_errors)
     grid_s = time.monotonic() - g1
     best_grid = max((r[3] for r in rows if r[0] == "grid"), default=0.0)
     best_guided = max([score(before)] + [r[3] for r in rows if r[0] == "guided"])

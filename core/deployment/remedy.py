@@ -64,6 +64,16 @@ class Trial:
                 return v
         return -1.0
 
+    @property
+    def before_score(self) -> float:
+        """The original sweep's number that `score` is compared with."""
+        rows = self.comparison.get("rows", {})
+        for key in ("goodput_rps", "max_rps"):
+            v = rows.get(key, {}).get("before")
+            if v is not None and (key == "max_rps" or self.before.get("slo")):
+                return v
+        return -1.0
+
     def to_dict(self) -> dict:
         rows = self.comparison.get("rows", {})
         return {"remedy": vars(self.remedy), "before": self.before, "after": self.after,
@@ -348,11 +358,37 @@ def guided(before: SweepResult | dict, server: LocalServer, *, max_restarts: int
         nxt = next((r for r in remedies_for(doc, as_now)
                     if r.concrete and apply_flags(server.flags, {**base_change, **r.flags}) not in tried), None)
         if nxt is None:
-            break
+            nxt = one_more_step(trials, server)
+            if nxt is None or apply_flags(server.flags, nxt.flags) in tried:
+                break
         t = try_remedy(before_d, server, Remedy(nxt.text, {**base_change, **nxt.flags}, nxt.kind), **kw)
         trials.append(t)
         tried.append(t.flags_after)
     return trials
+
+
+def one_more_step(trials: list[Trial], server: LocalServer) -> Remedy | None:
+    """Twice the last numeric change again, when that change helped by HELPED more than the best before it: the verdict
+    picked the flag and its direction, and it stops naming the flag once another phase shows (a prefill share that
+    grew with the batch), though more of it may still pay. None when the last step did not pay."""
+    if not trials or trials[-1].verdict.get("kind") != "helped":
+        return None
+    last = trials[-1]
+    earlier = [t for t in trials[:-1] if t.verdict.get("kind") == "helped"]
+    floor = max((t.score for t in earlier), default=last.before_score)
+    if floor <= 0 or last.score < floor * (1 + HELPED):
+        return None
+    was = earlier[-1].remedy.flags if earlier else {}
+    grown = {}
+    for flag, value in last.remedy.flags.items():
+        old = was.get(flag) or server.flag_value(flag)
+        if value.isdigit() and old and old.isdigit() and int(value) > int(old):
+            grown[flag] = str(2 * int(value))
+    if not grown:
+        return None
+    change = " ".join(f"{k} {v}" for k, v in grown.items())
+    return Remedy(f"The last step helped ({last.verdict.get('headline', '')}); one more the same way: {change}.",
+                  {**last.remedy.flags, **grown}, "same direction")
 
 
 def previous_sweep(base_url: str, before_id: int | None) -> tuple[int, dict] | None:

@@ -115,3 +115,32 @@ def test_result_keeps_the_best_trial_and_its_command():
     assert doc["peak_rps_change"]["after"] == 1.1 and len(doc["trials"]) == 3
     none = remedy.result_of([trial({"--max-num-seqs": "1"}, 0.3)], s)
     assert none["best"] is None and none["command"].endswith("--max-num-seqs 2") and "No remedy" in none["summary"]
+
+
+def test_guided_follows_the_verdicts_then_one_more_step_while_it_pays(monkeypatch):
+    """The search itself, with each trial's after-sweep made by hand (what a server with those flags would measure):
+    2 -> 4 (the verdict's), 4 -> 8 (the next verdict's), then the verdict names no flag but 8 paid: 16; 16 paid less
+    than 10% more than 8: stop."""
+    s = server(["--max-num-seqs", "2"])
+    goodput = {"2": 1.0, "4": 1.5, "8": 1.9, "16": 2.0, "32": 2.0}
+    verdicts = {"4": {**CAPACITY, "remedies": [{"text": "more", "flags": {"--max-num-seqs": "8"}}]},
+                "8": {"kind": "prefill-bound", "remedies": [{"text": "no flag", "flags": {}}]},
+                "16": {"kind": "prefill-bound", "remedies": []}}
+    before = sweep_doc([step(8, 1.0, 1.0)], {**CAPACITY, "remedies": [{"text": "more",
+                                                                      "flags": {"--max-num-seqs": "4"}}]})
+    tried = []
+
+    def fake_try(before_d, srv, r, **kw):  # the measurement stands in; the search logic is under test
+        seqs = r.flags["--max-num-seqs"]
+        tried.append(seqs)
+        after = sweep_doc([step(8, goodput[seqs], 1.0)], verdicts.get(seqs, {"kind": "not saturated"}))
+        t = remedy.Trial(r, before_d, after, srv.flags, remedy.apply_flags(srv.flags, r.flags))
+        t.comparison = remedy.compare(before_d, after)
+        t.verdict = remedy.judge(t.comparison, {}, r.flag_text())
+        return t
+
+    monkeypatch.setattr(remedy, "try_remedy", fake_try)
+    trials = remedy.guided(before, s, max_restarts=5)
+    assert tried == ["4", "8", "16"]
+    assert trials[2].remedy.kind == "same direction" and "one more the same way" in trials[2].remedy.text
+    assert remedy.guided(before, s, max_restarts=2) and tried[-2:] == ["4", "8"]
