@@ -143,7 +143,7 @@ def test_cli_compare_json_fp8_kv_cache(tmp_path):
     assert d["top_k"] == 5 and len(d["prompts"]) == 1
     s = d["summary"]
     assert s["kl_source"] == "full" and s["mean_kld"] >= 0.0 and s["same_top"] >= 0.8
-    assert s["bands"]["top3_match"]["band"] in ("fine", "watch", "calibration failed")
+    assert s["bands"]["top3_match"]["band"] in ("fine", "watch", "low agreement")
     assert len(d["prompts"][0]["teacher_forced"]["kl"]) == len(d["prompts"][0]["ref_ids"]) > 0
     # The run is in history, with the same numbers as printed.
     store = Store(db)
