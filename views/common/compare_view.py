@@ -45,23 +45,9 @@ def what_ran(res: CompareResult) -> None:
                         f"engine {markdown_literal(side.engine)} · {markdown_literal(where)}")
 
 
-def show(payload: dict, key: str) -> None:
-    """The verdict, the metrics, the per-prompt table, the side-by-side tokens, the charts and the downloads of one
-    comparison. `key` prefixes every widget key, so two views can share a page."""
-    try:
-        res = CompareResult.from_dict(payload)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        _summary_only(payload, exc)
-        return
+def numbers(res: CompareResult) -> None:
+    """The headline metrics, banded where the seed's bands apply, and what they rest on."""
     s = res.summary
-    STATUS.get(s.status, st.info)(markdown_literal(s.verdict))
-    floor = (payload.get("noise_floor_run") or {}).get("summary")
-    if floor:
-        ok = bool(floor.get("identical"))
-        (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ")
-                                           + markdown_literal(floor.get("verdict", "")))
-    what_ran(res)
-
     # A band is coloured only when the verdict rests on it: not when the interval spans bands or a side broke.
     settled = s.status not in (INCONCLUSIVE, *BROKEN)
 
@@ -95,6 +81,26 @@ def show(payload: dict, key: str) -> None:
                f"generate {t['reference_generate']:.1f} s (reference) + {t['candidate_generate']:.1f} s "
                f"(candidate), teacher-forced scoring {t['reference_score']:.1f} s + {t['candidate_score']:.1f} s, "
                f"total {t['total']:.1f} s.")
+
+
+def show(payload: dict, key: str) -> None:
+    """The verdict, the metrics, the per-prompt table, the side-by-side tokens, the charts and the downloads of one
+    comparison. `key` prefixes every widget key, so two views can share a page."""
+    try:
+        res = CompareResult.from_dict(payload)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        _summary_only(payload, exc)
+        return
+    s = res.summary
+    STATUS.get(s.status, st.info)(markdown_literal(s.verdict))
+    floor = (payload.get("noise_floor_run") or {}).get("summary")
+    if floor:
+        ok = bool(floor.get("identical"))
+        (st.caption if ok else st.warning)(("Noise floor: " if ok else "Noise floor NOT clean: ")
+                                           + markdown_literal(floor.get("verdict", "")))
+    what_ran(res)
+
+    numbers(res)
     if not res.prompts:
         return
     number = st.column_config.NumberColumn
