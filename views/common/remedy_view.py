@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.fmt import markdown_literal
+from views.common.wide_table import dataframe_fit
 
 VERDICT_BOX = {"helped": st.success, "no change": st.warning, "worse": st.error, "refused": st.error,
                "failed": st.error}
@@ -44,7 +45,7 @@ def trial(t: dict, key: str) -> None:
     if rows:
         st.caption("At each load both sweeps ran: client latencies (measured here) and the server's anatomy shares "
                    "(vLLM /metrics histograms over the step).")
-        st.dataframe(rows, hide_index=True, key=f"{key}_loads")
+        dataframe_fit(rows, keep=["load"], key=f"{key}_loads")  # before/after pairs: parts that fit 1400 px
     before, after = t.get("before") or {}, t.get("after") or {}
     loads = ", ".join(f"{s['load']:g}" for s in before.get("steps", []))
     kind = (lambda d: (d.get("verdict") or {}).get("kind"))
