@@ -54,25 +54,24 @@ class Trial:
     server: dict | None = None  # the trial server (LocalServer.to_dict()), while it runs
     wall_s: float = 0.0
 
-    @property
-    def score(self) -> float:
-        """What the trial is ranked by: goodput at the SLO, else peak throughput (req/s)."""
+    def _ranked(self, side: str) -> float:
+        """Goodput at the SLO, else peak throughput (req/s), of the "before" or "after" side; -1 when unmeasured."""
         rows = self.comparison.get("rows", {})
         for key in ("goodput_rps", "max_rps"):
-            v = rows.get(key, {}).get("after")
+            v = rows.get(key, {}).get(side)
             if v is not None and (key == "max_rps" or self.before.get("slo")):
                 return v
         return -1.0
 
     @property
+    def score(self) -> float:
+        """What the trial is ranked by: its after-sweep's goodput at the SLO, else its peak throughput."""
+        return self._ranked("after")
+
+    @property
     def before_score(self) -> float:
         """The original sweep's number that `score` is compared with."""
-        rows = self.comparison.get("rows", {})
-        for key in ("goodput_rps", "max_rps"):
-            v = rows.get(key, {}).get("before")
-            if v is not None and (key == "max_rps" or self.before.get("slo")):
-                return v
-        return -1.0
+        return self._ranked("before")
 
     def to_dict(self) -> dict:
         rows = self.comparison.get("rows", {})
