@@ -227,7 +227,8 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
                            a.requests / a.window_s if a.window_s > 0 else None)
     if pj is None:
         return skip("prefill's share of TTFT: this vLLM exports no prefill or TTFT histogram")
-    own = f" ({len(canaries)} of the {a.requests:.0f} request(s) the console's canary)" if canaries else ""
+    own = (f" ({len(canaries)} of the {a.requests:.0f} request(s) the console's 1-token "
+           f"{'canary' if len(canaries) == 1 else 'canaries'})") if canaries else ""
     if not pj.bound:
         return passed(f"Not prefill-bound over {a.requests:.0f} request(s){own}: {pj.reason}.", evidence=evidence)
     cfg = server_config(snaps[-1], None, flags_of(ctx.launch_cmd))

@@ -467,7 +467,7 @@ def test_the_consoles_canary_is_accounted_in_the_anatomy_checks():
     f = decide("vllm.saturation", ctx)
     assert "(1 of them may be the console's canary)" in f.verdict and f.evidence["console_canaries"] == 1
     f = decide("vllm.prefill", ctx)
-    assert "(1 of the 4 request(s) the console's canary)" in f.verdict
+    assert "(1 of the 4 request(s) the console's 1-token canary)" in f.verdict
 
 
 def test_the_first_answer_judges_the_servers_counters_since_it_started():
