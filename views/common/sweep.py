@@ -135,7 +135,7 @@ def compare_picker(current: dict, key: str) -> None:
     show_comparison(run.payload, current, (f"#{run.id}", "this sweep"))
 
 
-def section(base_url: str, api_key: str | None) -> None:
+def section(base_url: str, api_key: str | None, engine=None) -> None:
     """The deployment page's Load sweep: the form, the run with progress and Cancel, the result and a comparison."""
     ss = st.session_state
     st.subheader("Load sweep")
@@ -177,7 +177,7 @@ def section(base_url: str, api_key: str | None) -> None:
         try:
             result = sweep(base_url, mode, parse_steps(steps_text, mode), prompt_tokens=int(sweep_prompt),
                            max_new_tokens=int(sweep_new), slo_ttft_p99=slo_ttft or None, slo_itl_p99=slo_itl or None,
-                           max_seconds=float(budget), api_key=api_key,
+                           max_seconds=float(budget), api_key=api_key, engine=engine,
                            progress=throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m)), on_step=keep)
             ss.dep_sweep = {**result.to_dict(), "history_id": result.record(started_at=started)}
             st.toast(f"Sweep finished: {result.verdict.get('kind')}")
