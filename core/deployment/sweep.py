@@ -28,6 +28,7 @@ from core.engines.remote import RemoteEngine
 from core.errors import InputError, TriageError
 from core.stats import bootstrap_intervals, nearest_rank_percentiles
 from core.deployment.server_config import ServerConfig, server_config
+from core.deployment.step import Step
 from core.deployment.verdict import unit, verdict
 from core.telemetry.vllm_anatomy import PREFILL_BUSY, PREFILL_SHARE_BOUND, QUEUE_SHARE_SATURATED, anatomy
 
@@ -47,35 +48,6 @@ Progress = Callable[[float, str], None]
 
 class SweepError(InputError):
     """Bad sweep settings, or a server that cannot be swept; the message says what to do."""
-
-
-@dataclass
-class Step:
-    mode: str
-    load: float  # clients (concurrency) or target requests/s (rate)
-    requests: int
-    ok: int
-    errors: int
-    wall_s: float
-    achieved_rps: float  # finished requests / wall time
-    output_tok_s: float
-    client: dict[str, dict[str, float | None]]  # ttft/itl/e2e -> p50/p90/p99 seconds
-    server: dict | None  # Anatomy.to_dict() over exactly this step, None without metrics
-    busiest: dict[str, float | None]  # max running / waiting / KV usage seen by the scrapes during the step
-    error: str = ""  # the first request error, if any
-    meets_slo: bool | None = None  # None when no SLO was given
-
-    @property
-    def ttft_p50(self) -> float | None:
-        return self.client["ttft"]["p50"]
-
-    def server_mean(self, phase: str) -> float | None:
-        p = (self.server or {}).get("phases", {}).get(phase)
-        return p["mean_s"] if p else None
-
-    @property
-    def queue_share(self) -> float | None:
-        return (self.server or {}).get("queue_share_ttft")
 
 
 @dataclass

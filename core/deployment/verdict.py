@@ -14,15 +14,11 @@ The judged step is the one just past the knee, or the heaviest. Remedies come fr
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from core.deployment.remedies import Facts, remedies
 from core.deployment.server_config import ServerConfig
+from core.deployment.step import Step
 from core.telemetry.vllm_anatomy import (KV_ROOM, PREFILL_BUSY, PREFILL_SHARE_BOUND, PREFILL_SLOW_S,
                                          QUEUE_SHARE_SATURATED, prefill_judgement)
-
-if TYPE_CHECKING:
-    from core.deployment.sweep import Step
 
 GROWTH = 1.5  # a phase that grew by half from the lightest step to the judged one "grows"; less is "flat"
 FRONT_END_SHARE = 0.5  # the API server's own time (before the engine) holding this much of TTFT is what limits
