@@ -27,8 +27,10 @@ REVIEWED_HTML_FIELDS = {"gauges_html": "gauge_row", "gpu_table_html": "gpu_table
 # Calls that may pass a non-constant trust_remote_code because a user switched it on explicitly: "path:function".
 # Each passes core.models.trust_remote_code(), which is True only when the console was started with
 # TRIAGE_TRUST_REMOTE_CODE=1 (tested below).
+# core/settings.py reads the user's own switch (TRIAGE_TRUST_REMOTE_CODE=1); the others pass that setting on.
 USER_TOGGLED_TRUST_REMOTE_CODE: set[str] = {
-    "core/models.py:load_config", "core/engines/torch/engine.py:_load", "core/engines/fast/engine.py:_load_hf"}
+    "core/settings.py:from_env", "core/models.py:load_config", "core/engines/torch/engine.py:_load",
+    "core/engines/fast/engine.py:_load_hf"}
 
 
 def python_files() -> list[Path]:
