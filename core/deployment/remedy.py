@@ -159,7 +159,7 @@ def parse_flag_change(text: str) -> dict[str, str]:
 
 def group_rss_bytes(pgid: int) -> int:
     """Resident memory of a process group (the server, its engine core, its workers), from /proc."""
-    from core.engines.vllm_engine import group_members
+    from core.engines.device import group_members
 
     total = 0
     for pid in group_members(pgid):

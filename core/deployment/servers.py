@@ -53,7 +53,7 @@ class LocalServer:
 
     @property
     def alive(self) -> bool:
-        from core.engines.vllm_engine import group_members
+        from core.engines.device import group_members
 
         return bool(group_members(self.pgid))
 
@@ -176,10 +176,10 @@ def split_flags(text: str | list[str]) -> list[str]:
 
 def default_precision():
     """BF16 where this CPU multiplies bf16 natively, FP32 elsewhere (bf16 emulated on AVX2 is several times slower)."""
-    from core.engines.torch.cbuild import packs_bf16
+    from core.engines.device import cpu_computes_bf16
     from core.precision import Precision
 
-    return Precision.BF16 if packs_bf16() else Precision.FP32
+    return Precision.BF16 if cpu_computes_bf16() else Precision.FP32
 
 
 def start_server(model: str | None, flags: str | list[str] = (), *, check_flags: FlagCheck | None = None,
@@ -189,7 +189,7 @@ def start_server(model: str | None, flags: str | list[str] = (), *, check_flags:
     wait until it is healthy, register it and return it. `check_flags` (the caller's vLLM flag linter) runs first:
     a flag vLLM does not have is refused here, not after a 45 s start. The server lives until stop_server() or this
     process's exit."""
-    from core.engines.vllm_engine import DEFAULT_START_TIMEOUT_S, VllmEngine
+    from core.engines.factory import unstarted_vllm
     from core.precision import KVDtype
 
     flags = split_flags(flags)
@@ -202,9 +202,9 @@ def start_server(model: str | None, flags: str | list[str] = (), *, check_flags:
     if errors:
         raise ServerError("vLLM would refuse these flags: " + " ".join(errors))
     _install_exit_handlers()
-    engine = VllmEngine(None if model == EMBEDDED else str(Path(model).expanduser()), default_precision(),
-                        KVDtype.AUTO, kv_cache_gib=kv_cache_gib, extra_args=flags,
-                        start_timeout_s=start_timeout_s or DEFAULT_START_TIMEOUT_S)
+    engine = unstarted_vllm(None if model == EMBEDDED else str(Path(model).expanduser()), default_precision(),
+                            KVDtype.AUTO, kv_cache_gib=kv_cache_gib, extra_args=flags,
+                            start_timeout_s=start_timeout_s)
     def record() -> LocalServer | None:
         srv = engine.server
         if srv is None or srv.proc is None:
@@ -239,7 +239,7 @@ def start_server(model: str | None, flags: str | list[str] = (), *, check_flags:
 def stop_server(server: LocalServer | int, grace_s: float = 15.0) -> bool:
     """Stop a server by its record or port: this process's own through its engine, another console's (or an
     orphan's) by signalling its process group. False when no such server runs."""
-    from core.engines.vllm_engine import group_members
+    from core.engines.device import group_members
 
     port = server if isinstance(server, int) else server.port
     with _LOCK:

@@ -3,6 +3,8 @@ factory, both in-process engines, features and pages. Importing this module impo
 function imports what it asks."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from core.fmt import GIB
 from core.models import ModelSpec, count_parameters
 from core.precision import Device, Precision
@@ -71,3 +73,25 @@ def fit_problem(spec: ModelSpec, config, precision: Precision, device: Device, f
                 "(unload other models) or pick a smaller model.")
     return (f"{spec.label} at {precision.label} needs about {settled / GIB:.1f} GiB for its weights; only "
             f"{free / GIB:.1f} GiB is free on {device.name}. Pick a smaller model or a lower precision.")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc. Zombies are ignored: they hold no resources
+    and only wait for their new parent (PID 1 in a container, which may be slow) to reap them."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether this host's CPU multiplies bf16 natively (oneDNN's check); where it only emulates bf16 (AVX2), float32
+    is several times faster and the better default for a server started here."""
+    from core.engines.torch.cbuild import packs_bf16
+
+    return packs_bf16()

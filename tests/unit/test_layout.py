@@ -41,11 +41,7 @@ FEATURES = LAYERS[2][1]
 # built, the pool, the remote client, the in-process engines' shared part, the device and memory helpers.
 ENGINE_DOORS = ("core.engines.base", "core.engines.factory", "core.engines.pool", "core.engines.remote",
                 "core.engines.hf_side", "core.engines.device", "core.engines")
-# Known exceptions, each a debt with its way out: deployment starts and watches local vLLM servers itself
-# (to move behind core.engines.factory)
-DOOR_EXCEPTIONS = {("core.deployment.servers", "core.engines.vllm_engine"),
-                   ("core.deployment.servers", "core.engines.torch.cbuild"),
-                   ("core.deployment.remedy", "core.engines.vllm_engine")}
+DOOR_EXCEPTIONS: set[tuple[str, str]] = set()  # (importer, engine module) pairs allowed past the doors: none
 
 
 def _project_files(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
