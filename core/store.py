@@ -305,12 +305,14 @@ class Store:
 
     # writing
     def save_run(self, kind: str, title: str, payload: Any, summary: dict | None = None, *, status: str = "finished",
-                 error: str | None = None, started_at: float | None = None) -> int:
-        """A finished (or failed) run in one committed transaction; returns its id. started_at (unix seconds) gives
-        the run a duration; without it the duration is unknown."""
-        if status not in ("finished", "failed"):
-            raise ValueError("save_run stores finished or failed runs; use begin_run for one that is starting.")
-        now = time.time()
+                 error: str | None = None, started_at: float | None = None, finished_at: float | None = None) -> int:
+        """A finished, failed or cancelled run in one committed transaction; returns its id. started_at (unix seconds)
+        gives the run a duration; without it the duration is unknown. finished_at: when it ended (a cancelled run's
+        stop), else now."""
+        if status not in ("finished", "failed", "cancelled"):
+            raise ValueError("save_run stores finished, failed or cancelled runs; use begin_run for one that is "
+                             "starting.")
+        now = time.time() if finished_at is None else float(finished_at)
         start = now if started_at is None else min(float(started_at), now)
         cur = self._write(
             "INSERT INTO runs (kind, title, status, created_at, finished_at, owner, summary, payload, error) "
@@ -501,10 +503,11 @@ def quietly(call: Callable[..., Any], *args, **kwargs) -> Any:
 
 
 def record(kind: str, title: str, payload: Any, summary: dict | None = None, *, started_at: float | None = None,
-           status: str = "finished", error: str | None = None) -> int | None:
+           status: str = "finished", error: str | None = None, finished_at: float | None = None) -> int | None:
     """save_run that never raises (see quietly): the run's id, or None. started_at (unix seconds) gives it a
-    duration."""
-    return quietly(save_run, kind, title, payload, summary, started_at=started_at, status=status, error=error)
+    duration; finished_at dates a cancelled run to its stop."""
+    return quietly(save_run, kind, title, payload, summary, started_at=started_at, status=status, error=error,
+                   finished_at=finished_at)
 
 
 class RunRecorder:

@@ -1,4 +1,6 @@
 """Model page: pick a source, precision and KV cache dtype; load with progress; memory; a streaming prompt box."""
+import time
+
 import streamlit as st
 
 from core.engines.pool import DEFAULT_SETUP, Setup
@@ -119,14 +121,23 @@ def run_prompt() -> None:
     n_new, temp = int(max_new.value), float(temperature.value)
     hint = runs.speed_hint("decode", setup.label, n_new, "tokens")
     progress, out = runs.RunProgress(f"Expected: {hint}" if hint else None), st.empty()
+    streamed, started = [""], time.time()
+
+    def show(text: str) -> None:
+        streamed[0] = text
+        out.code(text, language=None, wrap_lines=True)
+
+    control = None
     try:
-        with runs.stoppable(progress):
+        with runs.stoppable(progress) as control:
             runs.wait_for_engine(engine, progress)
-            gen = session.stream_generate(engine, prompt, n_new, temp,
-                                          lambda text: out.code(text, language=None, wrap_lines=True),
+            gen = session.stream_generate(engine, prompt, n_new, temp, show,
                                           on_token=lambda i: progress.step(i, n_new, "tokens", "Decode"))
     except Cancelled:
-        st.warning("Stopped: the engine was handed back at the stop; nothing was saved.")
+        # saved before any st call: a stop by a widget change ends the script at its next one
+        session.record_stopped_generation(setup, engine, prompt, n_new, temp, streamed[0], started,
+                                          control.stopped_at if control else None)
+        st.warning("Stopped: the engine was handed back at the stop; History has the run as cancelled.")
         return
     except TriageError as exc:
         st.error(str(exc))

@@ -339,6 +339,15 @@ def test_a_generation_reopens_in_the_model_pages_view(db):
     assert not any(e.label.startswith("Raw JSON") and e.proto.expanded for e in at.expander)
 
 
+def test_a_stopped_generation_reopens_with_its_text_and_says_it_was_stopped(db):
+    payload = {**generation_payload(" Paris, the"), "finish_reason": "cancelled", "token_ids": [], "token_times_s": [],
+               "timing": {}}
+    rid = db.save_run("generate", "Gemma 3 270M · BF16: The capital of France is", payload, {}, status="cancelled")
+    at = pick(page(), rid)
+    assert at.code[0].value == " Paris, the"
+    assert any("Stopped before the end" in w.value for w in at.warning)
+
+
 def test_long_context_runs_reopen_in_the_long_context_view(db):
     from core.long_context import history as hist
     from core.long_context.runs import NeedleResult, RunResult

@@ -355,3 +355,12 @@ def test_a_cancelled_run_is_dated_to_its_stop(db):
     db.finish_run(rid, status="cancelled", at=stop)
     run = db.get_run(rid)
     assert run.status == "cancelled" and run.finished_at == stop
+
+
+def test_a_run_saved_whole_after_its_stop_is_cancelled_and_dated_to_the_stop(db):
+    # the Model page saves a stopped generation in one call, once the engine has handed itself back
+    stop = time.time() - 3
+    rid = db.save_run("generate", "stopped", {"text": "so far"}, status="cancelled", started_at=stop - 4,
+                      finished_at=stop)
+    run = db.get_run(rid)
+    assert run.status == "cancelled" and run.finished_at == stop and run.created_at == stop - 4

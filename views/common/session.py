@@ -167,6 +167,22 @@ def non_finite_warning(gen, setup: Setup) -> str | None:
             f"overflowed at {setup.precision.label}, so this output means nothing. {why}. Use BF16 or FP32.")
 
 
+def record_stopped_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, temperature: float,
+                              text: str, started_at: float, stopped_at: float | None) -> int | None:
+    """Save a Model page generation the user stopped: cancelled, dated to its stop, with the text streamed so far."""
+    import time
+
+    from core import store
+
+    label = {"setup": setup.ran_label(engine), "setup_short": headline(setup, engine), "engine": engine.ran,
+             "engine_short": engine.ran_short}
+    payload = {**label, "prompt": prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
+               "text": text, "finish_reason": "cancelled", "token_ids": [], "token_times_s": [], "timing": {}}
+    summary = {**label, "precision": setup.precision.value, "kv_dtype": setup.kv_dtype.value}
+    return store.record("generate", f"{headline(setup, engine)}: {prompt}", payload, summary, started_at=started_at,
+                        status="cancelled", error="Stopped by the user.", finished_at=stopped_at or time.time())
+
+
 def record_generation(setup: Setup, engine, prompt: str, max_new_tokens: int, temperature: float, gen) -> int | None:
     """Save one Model page generation to history; None when history could not be written (the user keeps the
     result)."""
