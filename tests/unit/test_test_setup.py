@@ -38,3 +38,11 @@ def test_fleet_tests_fail_without_prometheus_unless_skipped_on_purpose():
     skipped = subprocess.run(run + ["-rs"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                              env={**env, "TRIAGE_TESTS_WITHOUT_PROMETHEUS": "1"})
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
+
+
+def test_test_modules_have_unique_names():
+    # the test folders are not packages (rootdir imports): two modules of one name break the whole run's collection
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
