@@ -208,7 +208,7 @@ def test_a_saved_comparison_reopens_with_its_metrics_tokens_and_charts(db):
     (html,) = at.get("html")
     assert "cmp-wrap" in html.proto.body and "&lt;script&gt;" in html.proto.body  # the token diff, escaped
     verdict = CompareResult.from_dict(_compare_payload()).summary.verdict
-    assert any(verdict.split(":")[0] in e.value for e in [*at.error, *at.warning, *at.success])
+    assert any(verdict.split(":")[0] in e.value for e in [*at.error, *at.warning, *at.success, *at.info])
     assert any(e.label == "What ran" for e in at.expander) and _raw_json_closed(at)
 
 

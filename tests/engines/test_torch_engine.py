@@ -315,7 +315,7 @@ def test_run_peak_counts_what_the_run_allocates():
 
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
 def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypatch):
-    """A 2,700-token prompt (past the 512-token sliding window) prefilled in chunks of about 300 tokens gives the
+    """A 2,700-token prompt (past the 512-token sliding window) prefilled in chunks of 300 tokens gives the
     last positions' logits of one pass over it, to float32 rounding. With an E4M3 cache a float32 rounding difference
     now and then lands on another E4M3 value, as in the kept-pass test above: over 18 layers and 2,700 tokens that
     moves tokens far down the ranking by a few tenths of a nat, so there the distributions are compared by KL."""
@@ -327,7 +327,7 @@ def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypa
     mask = torch.ones_like(ids)
     with torch.inference_mode():
         whole = e._forward(ids, mask, make_cache(e.config, e.kv_dtype), 0, 4)
-        monkeypatch.setattr(torch_engine, "next_chunk", lambda size, seconds: 300)
+        monkeypatch.setattr(torch_engine, "PREFILL_CHUNK", 300)
         seen = []
         with base.controlled(base.RunControl(on_prefill=lambda done, total: seen.append((done, total)))):
             chunked = e._prefill(ids, mask, make_cache(e.config, e.kv_dtype), 0, 4)
@@ -336,6 +336,19 @@ def test_chunked_prefill_gives_the_logits_of_one_pass(engine_cache, kv, monkeypa
     assert torch.equal(lw.argmax(-1), lc.argmax(-1))
     kl = (lw.exp() * (lw - lc)).sum(-1)
     assert kl.max() < 1e-2 and (kv == "fp8" or (lw - lc).abs().max() < 1e-3), kl
+    with torch.inference_mode():  # the same chunks give the same bits on every run (the compare's metrics rest on it)
+        again = e._prefill(ids, mask, make_cache(e.config, e.kv_dtype), 0, 4)
+    assert torch.equal(chunked, again)
+
+
+def test_a_prefill_keeps_every_asked_position_whatever_its_chunks(engine_cache, monkeypatch):
+    # a prompt one chunk and a few tokens long, keeping more positions than the last chunk would hold
+    from core.engines.torch import engine as torch_engine
+
+    e = engine_cache("fp32")
+    monkeypatch.setattr(torch_engine, "PREFILL_CHUNK", 16)
+    prompt, cont = e.encode(LONG_PROMPT)[:12], list(range(100, 110))
+    assert len(e.score(prompt, cont).target_logprobs) == len(cont)
 
 
 def test_a_stop_lands_between_prefill_chunks_and_frees_the_engine(engine_cache):

@@ -51,19 +51,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # Prompts share a prefill pass when left padding adds at most this many tokens to it; the passes then decode as one
 # batch (on a CPU a decode step costs ~0.1 s, most of it reading the weights, the same for one row or eight).
 PREFILL_PAD_TOKENS = 256
-# A prompt goes through the model in chunks so that a stop lands between two of them. Each chunk is sized from the
-# last one's measured time to take about PREFILL_CHUNK_S: attention grows with the tokens already cached, so a fixed
-# size would take longer and longer on a long prompt, and a machine busy with other work slows every chunk (the
-# embedded model at BF16 prefilled 260-300 tokens/s on 2 busy CPU cores: docs/PERFORMANCE.md, "Stopping a run").
-PREFILL_CHUNK_S = 0.5
-PREFILL_CHUNK_FIRST, PREFILL_CHUNK_MIN, PREFILL_CHUNK_MAX = 256, 16, 4096
-
-
-def next_chunk(size: int, seconds: float) -> int:
-    """The next prefill chunk's tokens from the last one's size and time: aimed at PREFILL_CHUNK_S, at most doubling."""
-    if seconds <= 0:
-        return min(2 * size, PREFILL_CHUNK_MAX)
-    return max(PREFILL_CHUNK_MIN, min(int(size * PREFILL_CHUNK_S / seconds), 2 * size, PREFILL_CHUNK_MAX))
+# A prompt goes through the model in chunks of PREFILL_CHUNK tokens so that a stop lands between two of them: about
+# 1 s of CPU for the embedded model on 2 cores (it prefilled 260-300 tokens/s at BF16 on 2 busy cores:
+# docs/PERFORMANCE.md, "Stopping a run"). The size is fixed, not fitted to measured time: chunk boundaries change the
+# last bits of the logits, and a prompt must score the same bits on every run (the compare's metrics rest on it).
+PREFILL_CHUNK = 256
 
 
 def left_padded(rows: list[list[int]], pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,19 +275,18 @@ class TorchEngine(HFSide):
 
     def _prefill(self, input_ids, mask, cache: DynamicCache, past: int, keep: int, should_stop=None,
                  done_before: int = 0, total: int | None = None) -> torch.Tensor:
-        """`_forward` of a prompt in chunks (next_chunk), checking for a stop before each: the same logits of the last
+        """`_forward` of a prompt in chunks of PREFILL_CHUNK tokens, checking for a stop before each: the same logits of the last
         `keep` positions as one pass (tests/engines/test_torch_engine.py), but a stop lands within a chunk's time.
         Reports prompt tokens done (after `done_before` of `total`) to the caller's RunControl."""
         n = input_ids.shape[1]
         total = total or n
-        done, size = 0, PREFILL_CHUNK_FIRST
-        while n - done > max(size, keep):
+        done, size = 0, PREFILL_CHUNK
+        # a chunk is run alone only while what it leaves still holds the `keep` positions whose logits are returned
+        while n - done - size >= max(keep, 1):
             check_stop(should_stop)
-            t0 = time.perf_counter()
             self._forward(input_ids[:, done:done + size], mask[:, :past + done + size], cache, past + done, 1)
             done += size
             report_prefill(done_before + done, total)
-            size = next_chunk(size, time.perf_counter() - t0)
         check_stop(should_stop)
         logits = self._forward(input_ids[:, done:], mask, cache, past + done, keep)
         report_prefill(done_before + n, total)
