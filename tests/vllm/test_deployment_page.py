@@ -34,8 +34,9 @@ def fake_vllm(web_server):
 def connect(url: str) -> AppTest:
     at = AppTest.from_file(PAGE, default_timeout=120)
     at.run()
-    at.text_input[0].set_value(url)
-    at.button[0].click()
+    # by label: the page's "Start a local vLLM" panel has its own text boxes and buttons
+    next(t for t in at.text_input if t.label == "Server base URL").set_value(url)
+    next(b for b in at.button if b.label == "Connect").click()
     at.run()
     assert not at.exception, at.exception
     return at
