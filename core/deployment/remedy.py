@@ -172,14 +172,10 @@ def group_rss_bytes(pgid: int) -> int:
 
 
 def mem_available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+    """The host's MemAvailable, read as the telemetry and the engines' fit checks read it (psutil)."""
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def memory_refusal(server: LocalServer, new_flags: list[str], available: int | None = None,
