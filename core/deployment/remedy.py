@@ -388,7 +388,7 @@ def one_more_step(trials: list[Trial], server: LocalServer) -> Remedy | None:
 
 def previous_sweep(base_url: str, before_id: int | None) -> tuple[int, dict] | None:
     """The latest saved sweep of the same URL older than run `before_id`: a server the console did not launch is
-    compared across a restart its owner did (History pairs the two)."""
+    compared across a restart its owner did (the Deployment page shows the two side by side)."""
     from core import store
 
     try:

@@ -178,8 +178,8 @@ def _not_launched(doc: dict, concrete: list) -> None:
 
     changes = "; ".join(f"`{r.flag_text()}`" for r in concrete) or "no remedy of this sweep names a flag change"
     st.info(f"This server was not started by the console, so it is not restarted here. Change its flags ({changes}), "
-            "restart it, and run the same sweep again: the next sweep of this URL is compared with this one here and "
-            "in History.")
+            "restart it, and run the same sweep again: the next sweep of this URL is compared with this one here, and "
+            "History compares any two sweeps chosen together.")
     previous = remedy.previous_sweep(doc.get("base_url", ""), doc.get("history_id"))
     if previous is not None:
         run_id, payload = previous
