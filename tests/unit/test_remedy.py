@@ -63,10 +63,29 @@ def test_apply_and_parse_flag_changes():
 def test_a_remedy_that_needs_more_memory_than_the_host_has_is_refused_with_the_arithmetic():
     s = server(["--max-num-seqs", "2"])
     new = remedy.apply_flags(s.flags, {"--kv-cache-memory-bytes": str(8 * GIB)})
-    msg = remedy.memory_refusal(s, new, available=10 * GIB, resident=4 * GIB)
-    assert msg and "12.1 GiB" in msg and "4.0 GiB resident" in msg and "7.0 GiB more KV cache" in msg \
+    msg = remedy.memory_refusal(s, new, available=10 * GIB, private=4 * GIB)
+    assert msg and "12.1 GiB" in msg and "4.0 GiB of private memory" in msg and "7.0 GiB more KV cache" in msg \
         and "10.0 GiB available" in msg, msg
-    assert remedy.memory_refusal(s, new, available=20 * GIB, resident=4 * GIB) is None
+    assert remedy.memory_refusal(s, new, available=20 * GIB, private=4 * GIB) is None
+
+
+def test_a_groups_private_memory_counts_what_it_wrote_and_not_the_libraries_it_shares():
+    import subprocess
+    import sys
+
+    import psutil
+
+    code = "import sys; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); sys.stdin.read()"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        proc.stdout.readline()
+        private = remedy.group_private_bytes(proc.pid)
+        rss = psutil.Process(proc.pid).memory_info().rss
+        assert 96 << 20 <= private <= rss, (private, rss)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_compare_and_judge_side_by_side():

