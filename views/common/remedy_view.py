@@ -16,8 +16,16 @@ PER_LOAD = (("rps", "req/s", 1.0), ("ttft_p50", "TTFT p50 ms", 1000.0), ("ttft_p
             ("queue_share", "queue % of TTFT", 100.0), ("prefill_share", "prefill % of TTFT", 100.0))
 
 
+# what a summary cell without a number means (a sweep that never reached its knee has none), instead of "None"
+NO_VALUE = {"knee_load": "none in the sweep"}
+
+
 def _r(v, scale: float = 1.0, nd: int = 3):
     return None if v is None else round(scale * v, nd)
+
+
+def _cell(v, row: str = "", nd: int = 3) -> str:
+    return NO_VALUE.get(row, "-") if v is None else f"{round(v, nd):g}"
 
 
 def flag_text(flags: dict) -> str:
@@ -31,8 +39,8 @@ def trial(t: dict, key: str) -> None:
     cmp = t.get("comparison") or {}
     if not cmp:
         return
-    st.dataframe([{"": ROWS[k], "before": _r(r["before"]), "after": _r(r["after"]),
-                   "change %": _r(r["change_pct"], 1.0, 1)} for k, r in cmp["rows"].items()],
+    st.dataframe([{"": ROWS[k], "before": _cell(r["before"], k), "after": _cell(r["after"], k),
+                   "change %": _cell(r["change_pct"], nd=1)} for k, r in cmp["rows"].items()],
                  hide_index=True, key=f"{key}_rows")
     rows = []
     for row in cmp.get("loads", []):
