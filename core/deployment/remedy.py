@@ -13,7 +13,6 @@ best server so far, so a few restarts find what the grid finds (bench/remedy_gri
 """
 from __future__ import annotations
 
-import os
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -196,8 +195,8 @@ def memory_refusal(server: LocalServer, new_flags: list[str], available: int | N
         return None
     more = f" + {extra / GIB:.1f} GiB more KV cache" if extra else ""
     return (f"Refused: the trial server needs about {need / GIB:.1f} GiB (the running server's {private / GIB:.1f} "
-            f"GiB of private memory{more}, +10% margin) and the host has {available / GIB:.1f} GiB available. Stop another "
-            "server, or try a smaller change.")
+            f"GiB of private memory{more}, +10% margin) and the host has {available / GIB:.1f} GiB available. "
+            "Stop another server, or try a smaller change.")
 
 
 # --- one trial ------------------------------------------------------------------------------------------------------

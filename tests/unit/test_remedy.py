@@ -75,7 +75,8 @@ def test_a_groups_private_memory_counts_what_it_wrote_and_not_the_libraries_it_s
 
     import psutil
 
-    code = "import sys; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); sys.stdin.read()"
+    code = ("import sys; b = bytearray(96 << 20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); "
+            "sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             start_new_session=True)
     try:
