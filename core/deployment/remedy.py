@@ -174,20 +174,16 @@ def group_private_bytes(pgid: int) -> int:
     return total
 
 
-def mem_available_bytes() -> int | None:
-    """The host's MemAvailable, read as the telemetry and the engines' fit checks read it (psutil)."""
-    import psutil
-
-    return psutil.virtual_memory().available
-
-
 def memory_refusal(server: LocalServer, new_flags: list[str], available: int | None = None,
                    private: int | None = None) -> str | None:
     """Why the trial server cannot start beside the original (with the arithmetic), or None when it fits. The trial
-    needs what the original holds now plus the KV cache it adds; a 10% margin keeps the host out of the OOM killer."""
-    available = mem_available_bytes() if available is None else available
+    needs what the original holds now plus the KV cache it adds; a 10% margin keeps the host out of the OOM killer.
+    Available is the host's MemAvailable, read through psutil as the telemetry and the engines' fit checks read it."""
+    import psutil
+
+    available = psutil.virtual_memory().available if available is None else available
     private = group_private_bytes(server.pgid) if private is None else private
-    if available is None or not private:
+    if not private:
         return None
     extra = max(0, _kv_bytes(new_flags) - _kv_bytes(server.flags))
     need = int((private + extra) * 1.1)
