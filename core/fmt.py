@@ -71,6 +71,16 @@ def fmt_rate(bytes_s: float) -> str:
     return f"{x:.1f} {unit}" if x < 10 and scale > 1 else f"{x:.0f} {unit}"
 
 
+def fmt_per_s(per_s: float | None, unit: str) -> str:
+    """A speed with its unit, never rounded to zero: "0.38 tokens/s", "4.2 tokens/s", "1,234 prompt tokens/s". Two
+    significant digits below 10, whole numbers above: 0.4 tokens/s printed as "0" reads as a hung run."""
+    if per_s is None or per_s != per_s:
+        return "N/A"
+    if per_s == 0 or abs(per_s) >= 10:
+        return f"{per_s:,.0f} {unit}/s"
+    return f"{float(f'{per_s:.2g}'):g} {unit}/s"
+
+
 # --- Markdown -----------------------------------------------------------------------------------------------------
 
 # Only what changes the rendering: emphasis (* _ ~), links and images ([ ] -- without them "(" and "!" are plain
