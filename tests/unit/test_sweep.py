@@ -173,6 +173,13 @@ def test_a_prefill_judgement_is_pure_and_shared():
     assert behind.bound and behind.queued_behind and "behind other prompts' prefill" in behind.reason
     assert not prefill_judgement(0.8, 0.1, 0.95, 1.9).bound  # short prompts queued for a slot: capacity's case
     assert not prefill_judgement(0.0, 0.3, 0.35, 3.0).bound  # most of TTFT but too short to matter
+    # The line is on the user's wait: 0.6 s prefills, each under a second, that keep the engine prefilling (1.5 req/s x
+    # 0.6 s = 0.9 in prefill at once) and hold a 2.1 s TTFT in the queue are prefill-bound; the same shares with a
+    # 0.9 s TTFT are not (nobody waits); the same wait with the engine mostly decoding is a queue for a slot.
+    short = prefill_judgement(1.5, 0.6, 2.1, 1.5)
+    assert short.bound and short.queued_behind, short.reason
+    assert not prefill_judgement(0.6, 0.25, 0.9, 3.6).bound
+    assert not prefill_judgement(1.5, 0.6, 2.1, 0.5).bound
     assert prefill_judgement(None, None, 1.0, 1.0) is None
     assert saturation_reason(0.7, 3, 0.05, in_prefill=0.99) is None  # they queue behind prefills, not for a slot
 
