@@ -32,56 +32,22 @@ import argparse
 import json
 import math
 import os
-import platform
 import signal
 import sys
 import threading
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.recording import (host_description, load_until, log, log_changes, server_machine, utc_now,
+                             write_recording)
+
 REPLAY_HZ = 1.0  # the monitor recording keeps one row a second: a few minutes stay well under 100 KB
 GPU_KEYS = ("util_pct", "mem_busy_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "dram_bw_util_pct",
             "sm_util_pct", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
             "temp_c", "throttle_reasons")
 HOST_KEYS = ("mem_available_bytes", "mem_total_bytes", "cpu_pct", "load1", "swap_used_bytes", "disk_read_bytes_s",
              "disk_write_bytes_s", "net_rx_bytes_s", "net_tx_bytes_s")
-
-
-def log(*a) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def host_description() -> str:
-    return f"{os.cpu_count()}-core {cpu_model()}"
-
-
-def write_recording(out: Path, name: str, kind: str, title: str, machine: str, recorded_at: str, captured_by: str,
-                    payload: dict) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.json"
-    rec = {"kind": kind, "title": title, "machine": machine, "recorded_at": recorded_at, "captured_by": captured_by,
-           "payload": payload}
-    # Paths of the capturing checkout (a vLLM Python the checklist read flags through) shown relative to it.
-    path.write_text(json.dumps(rec, separators=(",", ":"), default=str).replace(f"{ROOT}/", ""))
-    log(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
-    return path
 
 
 # --- h200: telemetry under a real decode load, and the checklist on that GPU --------------------------------------
@@ -393,36 +359,6 @@ class OwnPrometheus:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _load(url: str, until: float, clients: int, prompt: int, new: int, errors: list) -> None:
-    """The console's own probe, over and over: `clients` streamed requests at a time until `until`."""
-    from core.deployment.probe import probe
-
-    while time.time() < until:
-        try:
-            probe(url, n=clients, prompt_tokens=prompt, max_new_tokens=new, concurrency=clients, timeout_s=180)
-        except Exception as exc:  # keep loading; the snapshot shows what the server did
-            errors.append(f"{url}: {type(exc).__name__}: {str(exc)[:160]}")
-            time.sleep(1)
-
-
-def vllm_description() -> str:
-    from core.engines.vllm_engine import vllm_flavor, vllm_python
-
-    flavor, version = vllm_flavor(str(vllm_python()))
-    return f"{flavor} {version}" if flavor else "vLLM"
-
-
-def _log_changes(prefix: str):
-    """A progress callback that logs a message once, not at every tick."""
-    last = [None]
-
-    def report(fraction: float, message: str) -> None:
-        if message != last[0]:
-            last[0] = message
-            log(f"{prefix}{message}")
-    return report
-
-
 def record_sweep_from(url: str, out: Path, machine: str, captured_by: str, args) -> None:
     from core.deployment.sweep import sweep
 
@@ -431,7 +367,7 @@ def record_sweep_from(url: str, out: Path, machine: str, captured_by: str, args)
         f"SLO TTFT p99 {args.slo_ttft_p99} s, budget {args.sweep_seconds:g} s")
     res = sweep(url, "concurrency", None, prompt_tokens=args.prompt_tokens, max_new_tokens=args.new_tokens,
                 slo_ttft_p99=args.slo_ttft_p99, max_seconds=args.sweep_seconds,
-                progress=_log_changes("  sweep: "))
+                progress=log_changes("  sweep: "))
     payload = res.to_dict()  # what the deployment page saves to History for a sweep
     log(f"sweep: {payload.get('verdict', {}).get('headline')}")
     write_recording(out, "cpu-sweep", "sweep",
@@ -447,7 +383,7 @@ def record_fleet(args) -> int:
     from diagnostics.report import summary_line
 
     out = Path(args.out)
-    machine = f"{host_description()}, {vllm_description()}"
+    machine = server_machine()
     engines = {"steady": VllmEngine(None, Precision.BF16, KVDtype.AUTO, start_timeout_s=420),
                "queued": VllmEngine(None, Precision.BF16, KVDtype.AUTO, start_timeout_s=420,
                                     extra_args=["--max-num-seqs", "1"])}
@@ -465,8 +401,8 @@ def record_fleet(args) -> int:
         log(f"prometheus {prom.version()} at {prom.url} scraping {targets}")
         until = time.time() + args.load_seconds
         errors: list[str] = []
-        threads = [threading.Thread(target=_load, args=(e.server.base_url, until, args.clients, args.prompt_tokens,
-                                                        args.new_tokens, errors), daemon=True)
+        threads = [threading.Thread(target=load_until, args=(e.server.base_url, until, args.clients,
+                                                             args.prompt_tokens, args.new_tokens, errors), daemon=True)
                    for e in engines.values()]
         for th in threads:
             th.start()
@@ -507,7 +443,7 @@ def record_fleet(args) -> int:
 
 
 def record_sweep(args) -> int:
-    record_sweep_from(args.url, Path(args.out), f"{host_description()}, {vllm_description()}",
+    record_sweep_from(args.url, Path(args.out), server_machine(),
                       f"python -m bench.record_demo sweep --url {args.url}", args)
     return 0
 
@@ -517,7 +453,7 @@ def record_remedy(args) -> int:
     remedies on servers started again with their flags, the same sweep; saved as History saves a tried remedy."""
     from bench.remedy_grid import record_remedy as run
 
-    return run(args, write_recording, f"{host_description()}, {vllm_description()}")
+    return run(args)
 
 
 def record_incident(args) -> int:

