@@ -7,16 +7,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from core import speedup, textfile
+from core import textfile
 from core.engines.pool import Setup
-from core.fmt import GIB
 from core.long_context import charts as lc
 from core.long_context import document as longdoc
-from core.long_context import kvcache as kv
 from core.long_context import runs as longrun
 from core.models import ModelSpec, embedded_converted_dir
 from core.precision import Precision
 from views.common import inputs
+from views.common import long_context_panels as lcp
 from views.common import long_context_view as lcv
 from views.common import runs as ui
 from views.common import session
@@ -120,29 +119,9 @@ if over:
     st.warning(over)
 st.plotly_chart(lc.section_tokens(s.sections), key="lc_sections", config=ui.NOBAR)
 
-with st.expander("KV cache calculator (vLLM arithmetic)", expanded=True):
-    k = [*st.columns(3), *st.columns(3)]  # two rows: six in one cut the choices short
-    own = "loaded model" if engine is not None else "embedded model"
-    src = k[0].selectbox("Config", [own, *kv.BUILTIN_CONFIGS])
-    config = text_model.config if src == own else kv.BUILTIN_CONFIGS[src]
-    dtype = k[1].selectbox("KV dtype", list(kv.DTYPE_BYTES))
-    block = inputs.number("Block size", 1, 256, kv.DEFAULT_BLOCK_SIZE, where=k[2], help="vLLM --block-size")
-    run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
-    tokens = inputs.number("Tokens", 1, 10**7, run_tokens, where=k[3], key=f"lc_kv_{run_tokens}")
-    cap_bytes, cap_what = kv.default_capacity(session.device())  # the device present, not an assumed GPU
-    gpu = inputs.number(f"Memory (GiB): {cap_what}", 0.1, 4096.0, round(cap_bytes / GIB, 1) or 80.0, where=k[4],
-                        help=f"Default: this machine's {cap_what}. Set another size to size a different device.")
-    est = round((kv.estimate_weight_bytes(config) or 0) / GIB, 2)
-    weights = inputs.number("Weights (GiB)", 0.0, 2048.0, est, where=k[5], key=f"lc_w_{src}",
-                            help="Default: estimated from the config at 2 bytes per parameter")
-    try:
-        if not inputs.refused(block, tokens, gpu, weights):
-            r = kv.report(kv.shape_from_config(config), dtype, int(tokens.value), int(block.value), gpu.value * GIB,
-                          weights.value * GIB, gpu_memory_utilization=0.9, memory_kind=cap_what)  # vLLM's default
-            ui.metrics(kv.headline(r))
-            st.caption(kv.formula(r))
-    except kv.KVConfigError as exc:
-        st.error(str(exc))
+run_tokens = len(ids) + s.special_tokens + new_tokens  # after truncation: what a run here holds in its cache
+lcp.kv_calculator(text_model.config, "loaded model" if engine is not None else "embedded model", run_tokens,
+                  session.device())
 
 if engine is None:
     st.info("Load a model (the button above, or the Model page) to time prefill and decode on this document.")
@@ -199,18 +178,4 @@ with tabs[3]:
                longrun.batch_sweep(engine, filler, n, new_tokens, progress=p, on_result=keep), hint(13 * n))
     results("batch")
 
-if (ctx := speedup.by_context(setup.kv_dtype.value)) is not None:
-    short, long, rows, notes = ctx
-    with st.expander(f"FP8 vs BF16 decode at {short:,} and {long:,} tokens of context: H200 measurements, "
-                     "not this machine's", expanded=False):
-        st.dataframe(rows, hide_index=True)
-        st.caption(" ".join([speedup.source_line(context=True), *(n[0].upper() + n[1:] + "." for n in notes),
-                             "At long context the KV cache is read every step, so FP8 weights save a smaller share "
-                             f"of the bytes. This page's own runs are measured on {engine.device.name}."]))
-if ttft := speedup.prefill_rows():
-    with st.expander(f"Time to first token at {ttft[0]['prompt tokens']} to {ttft[-1]['prompt tokens']} tokens, "
-                     "FP8 vs BF16: H200 measurements, not this machine's"):
-        st.dataframe(ttft, hide_index=True)
-        st.caption(speedup.prefill_source_line() + " The prompt pass is compute-bound: FP8 W8A8 halves the linears' "
-                   "time, but causal attention (BF16 in both) grows with the square of the prompt, so the gain "
-                   "shrinks on long prompts. FlashAttention-3 is built by scripts/build_fa3.sh (Hopper only).")
+lcp.h200_measurements(setup.kv_dtype.value, engine.device.name)

@@ -10,6 +10,8 @@ import is still a dependency). The rules:
 - the product never imports bench/ or tests/;
 - bench/ imports no streamlit and does not edit sys.path (it runs as `python -m bench.NAME` from the checkout);
 - core basics import no torch, triton or pynvml at module level (importing core stays cheap and GPU-free);
+- a page (views/*.py) is at most PAGE_LINES lines: it reads widgets, makes one call and renders; what it draws at
+  length lives in views/common/;
 - above the engines (features, the checklist and CLI, pages), core.engines is entered only by its doors (ENGINE_DOORS);
   telemetry is a layer below the engines.
 Each rule is a function of a root folder, so tests/unit/test_layout.py also shows each one failing on a made-up tree.
@@ -24,6 +26,7 @@ PACKAGES = ("app", "views", "diagnostics", "core")  # the product
 OUTSIDE = ("bench", "tests", "scripts", "docs")  # code beside the product, never imported by it
 HEAVY = ("torch", "triton", "pynvml")  # what core basics may import only inside functions
 STREAMLIT_ALLOWED = ("app", "views")
+PAGE_LINES = 200  # docs/DESIGN.md: pages stay thin
 
 # Top to bottom. A module belongs to the first layer with a prefix it starts with; a module may import its own layer
 # and any layer below it.
@@ -231,6 +234,14 @@ def heavy_basics(root: Path = ROOT) -> list[str]:
     return sorted(out)
 
 
+def long_pages(root: Path = ROOT) -> list[str]:
+    """Pages over PAGE_LINES lines, counted as `wc -l` counts them (blank lines and comments too); views/common/
+    holds no pages."""
+    counts = {p.relative_to(root).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+              for p in (root / "views").glob("*.py")}
+    return sorted(f"{page} has {n} lines" for page, n in counts.items() if n > PAGE_LINES)
+
+
 def test_every_top_level_folder_has_a_place():
     assert not unplaced_folders(), f"top-level folders in no layer (add them to PACKAGES and LAYERS, or OUTSIDE): " \
                                    f"{unplaced_folders()}"
@@ -246,6 +257,10 @@ def test_bench_runs_without_streamlit_or_sys_path_edits():
 
 def test_core_basics_import_no_torch_triton_or_pynvml_at_module_level():
     assert not heavy_basics(), "move the module under core/engines/ or import lazily:\n" + "\n".join(heavy_basics())
+
+
+def test_every_page_is_at_most_200_lines():
+    assert not long_pages(), f"move a panel or a render helper into views/common/: {long_pages()}"
 
 
 def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
@@ -267,6 +282,9 @@ def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
         "core/engines/base.py": "",
         "core/compare/__init__.py": "",
         "core/compare/run.py": "from core.engines.fast.kernels.int_gemv import gemv_linear\nfrom core.engines import base\n",
+        "views/long.py": "x = 1\n" * (PAGE_LINES + 1),
+        "views/thin.py": "x = 1\n" * PAGE_LINES,
+        "views/common/long_view.py": "x = 1\n" * (PAGE_LINES + 1),  # a helper, not a page
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +295,7 @@ def test_each_rule_fails_on_a_tree_that_breaks_it(tmp_path):
     assert heavy_basics(tmp_path) == ["core.fmt imports torch at module level"]  # triton inside a function is fine
     assert upward_imports(tmp_path) == ["core.telemetry.base (telemetry) imports core.engines.torch.engine (engines)"]
     assert engine_side_doors(tmp_path) == ["core.compare.run imports core.engines.fast.kernels.int_gemv"]
+    assert long_pages(tmp_path) == [f"views/long.py has {PAGE_LINES + 1} lines"]
 
 
 def test_a_precision_is_named_in_four_product_files():
