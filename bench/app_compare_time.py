@@ -6,7 +6,7 @@ Chromium, the phases read back from the run the page saved to history. --watcher
     .venv/bin/python -m bench.app_compare_time --runs 2 --watcher auto,config
 
 Each run starts a fresh server (both engines load on the first compare, then a second compare is timed with them
-loaded); watcher settings alternate. Prints one JSON line per run. Record results in docs/PERFORMANCE.md.
+loaded); watcher settings alternate. Prints one JSON line per run. Record results in docs/perf-log/fp8-cpu.md.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Each precision is loaded once. For every candidate the full flow of the page run
 both score the reference continuation teacher-forced, metrics). It also times teacher-forced scoring two ways on the
 reference: core.compare.run's batched scorer (continuation logits only) and TorchEngine.score once per prompt (logits for
 every position), to show what batching and skipping the prompt's logits buy. Prints a table; --json writes the numbers.
-Record results in docs/PERFORMANCE.md ("Precision compare") with the machine and date.
+Record results in docs/perf-log/precision-compare.md with the machine and date.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ process, with each of the torch engine's CPU paths:
 Each path's two engines are loaded once (as the console's engine pool keeps them); the repeats interleave the paths
 and keep the best total of each, with its phases. Also checks that the paths measured the same thing (reference
 tokens per prompt; candidate tokens and verdicts printed side by side).
-Record results in docs/PERFORMANCE.md with the machine and date.
+Record results in docs/perf-log/fp8-cpu.md with the machine and date.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ same way: decode tok/s = batch x (N - 1) / (time of an N-token run - time of a 1
 token drop out; best of --reps for each. The two engines do not run at the same time (vLLM loads after the torch runs,
 in a process of its own), so read the ratio with the load averages printed beside it.
 The torch engine runs twice, its reference path (TRIAGE_CPU_FAST=0: plain nn.Linear, SDPA) and its fast path
-(core/engines/torch/cpu_fast.py). Record results in docs/PERFORMANCE.md with the machine and date.
+(core/engines/torch/cpu_fast.py). Record results in docs/perf-log/fp8-cpu.md with the machine and date.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ dequantized their weights before ("eager", `int_cpu.turned_off()`).
 Every repeat runs all rows back to back, so the shared machine's load hits every row alike; the best of the repeats is
 kept. Greedy, no EOS stop, the same prompt for every row of a batch. Also says whether kernel and eager gave the same
 tokens. --profile prints a torch profiler table (self CPU time by op) of one decode run per path.
-Record results in docs/PERFORMANCE.md ("FP8 on the CPU", "INT4 and INT8 weight-only on the CPU") with machine and date.
+Record results in docs/perf-log/fp8-cpu.md ("FP8 on the CPU", "INT4 and INT8 weight-only on the CPU") with machine
+and date.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ GPU (synthetic Llama-3-8B shape with random weights, up to 128K tokens, BF16 aga
         --lengths 1024,4096,16384,32768,65536,131072 --precisions bf16,fp8 --record
 
 Prompts are cut at exact lengths from the sample long document (core.long_context.document), repeated where needed. One warm-up
-run at the shortest length per precision is not reported. --record writes the table into docs/PERFORMANCE.md under
-"## Long context", replacing only this machine's subsection.
+run at the shortest length per precision is not reported. --record writes the table into
+docs/perf-log/long-context.md under "## Long context", replacing only this machine's subsection.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from core.fmt import fmt_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "PERFORMANCE.md"
+DOC = ROOT / "docs" / "perf-log" / "long-context.md"
 SECTION = "## Long context"
 
 

@@ -8,7 +8,7 @@ INT4 g128 and INT4 AWQ.
 Calibration (FP8 static scales, AWQ's search on its first 256 tokens): a 5,000-token sample document built by
 core.long_context.document.sample_document (seed 1: the shipped prose shuffled, with code and JSON records), not the
 evaluated text itself. Each precision is loaded fresh on the CPU torch engine and unloaded after its pass. Prints a
-Markdown table; record it in docs/PERFORMANCE.md ("Quantization quality") with the machine and date.
+Markdown table; record it in docs/perf-log/quality.md with the machine and date.
 """
 from __future__ import annotations
 

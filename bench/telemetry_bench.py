@@ -4,7 +4,7 @@ memory a full 10-minute buffer takes. Target: under 1% of one core at 10 Hz.
     python -m bench.telemetry_bench [--seconds 15] [--rates 10 20]
 
 Runs the real default sources (NVML where a driver is present, psutil host). Prints a Markdown table; record the
-results, with the machine and date, in docs/PERFORMANCE.md ("Telemetry").
+results, with the machine and date, in docs/perf-log/telemetry.md.
 """
 from __future__ import annotations
 

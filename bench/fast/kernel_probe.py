@@ -2,7 +2,7 @@
 (`--parts attention`, `splits`, `cuda`: attn_e4m3's CUDA kernel), weight-only FP8 linears at batch 8 and 64 against
 BF16 (`--parts wo`), the batch-1 W8A8 GEMVs against BF16's (`--parts gemv`), a torch-profiler table of where a long
 prompt pass spends its kernel time, and `ncu` of the attention kernels. Each part writes its results to --json as
-soon as it ends. Results: docs/fast-engine.md and docs/PERFORMANCE.md, "decode attention over the E4M3 cache". The
+soon as it ends. Results: docs/fast-engine.md and docs/perf-log/fp8-h200.md, "decode attention over the E4M3 cache". The
 variants that lost (on the CUDA cores, V transposed, byte planes, E4M3 words) are in git: bench/kernel_variants.py
 before #36.
 

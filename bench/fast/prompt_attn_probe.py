@@ -1,5 +1,5 @@
 """Causal prompt attention in E4M3 on FP8 tensor cores, one layer, against cuDNN's BF16 attention (what the prompt
-pass runs), on one GPU: a measured candidate, not used by the engine (docs/PERFORMANCE.md, 2026-12-03).
+pass runs), on one GPU: a measured candidate, not used by the engine (docs/perf-log/fp8-h200.md, 2026-12-03).
 
     python -m bench.fast.prompt_attn_probe [--len 32768] [--configs 64x128x4x3,...] [--json $OUT/probe.json]
 

@@ -56,8 +56,8 @@ def check_length(engine, n: int, new_tokens: int) -> None:
 # ---- memory on the CPU ------------------------------------------------------------------------------------------
 # On the CPU a run that outgrows memory raises nothing: the kernel's OOM killer ends the whole server. So a CPU run
 # is refused up front when one forward pass would not fit in the memory available now. The estimate is calibrated
-# on the embedded model (bench/needle_memory.py; docs/PERFORMANCE.md, "Long context"): one pass over 32K tokens
-# peaked 4.1 GiB above the loaded model at BF16 (0.15 GiB at 2K, 0.60 GiB at 8K) and 7.0 GiB at FP32. That fits
+# on the embedded model (bench/needle_memory.py; docs/perf-log/long-context.md, "Long context"): one pass over 32K
+# tokens peaked 4.1 GiB above the loaded model at BF16 (0.15 GiB at 2K, 0.60 GiB at 8K) and 7.0 GiB at FP32. That fits
 # 2 bytes per (query, key) pair (transformers' SDPA path materializes an n x n boolean mask for the sliding-window
 # layers, and more while building it) plus about 17 activation elements per token and MLP intermediate unit. The
 # guard counts 26 of those (half again), the whole KV cache, and 1 byte a pair without sliding layers (a padded

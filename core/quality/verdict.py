@@ -6,7 +6,7 @@ The thresholds, in nats of mean KL(reference || candidate) and in candidate / re
 - degraded: mean KLD >= 0.05, or perplexity ratio >= 1.05 beyond the reference's noise floor;
 - fine: below both.
 Anchors: llama.cpp on Llama-3-8B against FP16 has Q8_0 at 0.00136 nats and Q4_K_M at 0.031, so "fine" holds 8-bit
-formats and well-made 4-bit ones; on the embedded Gemma 3 270M (docs/PERFORMANCE.md) BF16, FP8, INT8 and INT8
+formats and well-made 4-bit ones; on the embedded Gemma 3 270M (docs/perf-log/quality.md) BF16, FP8, INT8 and INT8
 weight-only read fine, INT4 AWQ (0.195 nats, perplexity x1.22) degraded and plain INT4 (0.55 nats, x1.88) broken.
 
 The noise floor: the reference's perplexity is itself a mean over the document's positions, known only to within

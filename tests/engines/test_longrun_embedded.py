@@ -113,7 +113,8 @@ def test_a_cpu_run_that_would_not_fit_in_memory_is_refused_before_it_starts(engi
     import psutil
 
     # the needle at the model's full length fits with room to spare on a 24 GiB machine (measured peaks 5.2 GiB
-    # in all at BF16, 7.7 GiB at FP32, docs/PERFORMANCE.md); the estimate stays above what the pass itself took
+    # in all at BF16, 7.7 GiB at FP32, docs/perf-log/long-context.md); the estimate stays above what the pass itself
+    # took
     assert 4.1 * 2**30 < longrun.pass_bytes(engine.config, 32768) < 8 * 2**30
     assert 7.0 * 2**30 < longrun.pass_bytes(engine.config, 32768, act_bytes=4) < 12 * 2**30
     # a batch whose pass needs more than twice the memory free now: refused with what would fit, nothing run

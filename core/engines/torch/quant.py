@@ -64,7 +64,7 @@ FLOAT32_ROUTE = "torch._int_mm for one row, exact float32 GEMMs for several (thi
 def cpu_has_int8_dot() -> bool:
     """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX-INT8; aarch64 asimddp/i8mm).
     Without them torch._int_mm runs a plain loop: [128 x 640] x [640 x 2048] took 94.7 ms on an AVX2-only AMD EPYC,
-    where the same int8 values as float32 took 3.0 ms (docs/PERFORMANCE.md, "INT8 W8A8 on a CPU without VNNI")."""
+    where the same int8 values as float32 took 3.0 ms (docs/perf-log/fp8-cpu.md, "INT8 W8A8 on a CPU without VNNI")."""
     flags = cbuild.cpu_flags()
     return flags is None or any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"))
 

@@ -1,7 +1,7 @@
 """FlashAttention-3's Hopper forward kernel for the fast engine's prompt pass: causal attention in BF16.
 
 FA3 (Dao-AILab/flash-attention, hopper/) is what vLLM attends with on Hopper. On the H200 its BF16 kernel took 8-17%
-less time than cuDNN's (SDPA's fastest there) for the same error against float32 (docs/PERFORMANCE.md), which took
+less time than cuDNN's (SDPA's fastest there) for the same error against float32 (docs/perf-log/fp8-h200.md), which took
 the 125K-token prompt pass under 10 s in BF16 and under 8 s in FP8 W8A8. torch does not ship it, so
 scripts/build_fa3.sh builds it from FA3's sources into a small C library (fa3_shim.cu: one causal head-dim-128
 configuration per element type, no torch inside, so no torch version to match) that this module loads with ctypes.

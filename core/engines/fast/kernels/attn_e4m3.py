@@ -3,8 +3,8 @@
 
 Why not Triton: Triton feeds E4M3 tiles to the tensor cores through shared memory one byte at a time, so its split
 kernel read the FP8 cache at ~2.7 TB/s on the H200 against ~4.1 TB/s for the bf16 cache, and the FP8 cache saved
-far less than half of attention's time (docs/PERFORMANCE.md). Here each thread loads 16-byte vectors of K and V and
-turns them into the tensor cores' f16 operands in registers (one cvt per two values), never through shared memory:
+far less than half of attention's time (docs/perf-log/fp8-h200.md). Here each thread loads 16-byte vectors of K and V
+and turns them into the tensor cores' f16 operands in registers (one cvt per two values), never through shared memory:
 
 - Q·Kᵀ: mma m16n8k16 with the G query heads of one KV head as rows (padded to 16) and 8 tokens as columns. The
   contraction runs over head dims in an order of our choosing (a sum does not care), picked so that thread c of a

@@ -7,7 +7,7 @@
 METHODS maps each precision the fast engine runs to its method class; core/engines/fast/support.py's
 fast_precisions() are its keys. INT8 W8A8 has a method (Int8W8A8: kernels, tuner candidates, tests) but no entry:
 compiled on the H200 its per-token activation quantization does not yet give torch._int_mm's result bit for bit
-(docs/PERFORMANCE.md), so the eager engine runs it.
+(docs/perf-log/integer.md), so the eager engine runs it.
 
 Adding a precision: its value in core/precision.py, its method class (here, or a file beside these), its kernel
 module under kernels/, its quantizer (the torch engine's), and one line in METHODS.
