@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.record_demo import host_description
+from bench.recording import host_description
 from tests.e2e.helpers import CHROMIUM, CHROMIUM_ARGS, AppServer, IDLE_JS, app_pages, url_path
 
 OBSERVER = """

@@ -23,13 +23,14 @@ from core.deployment.server_config import flags_of, server_config
 from core.engines.base import GenerationParams
 from core.engines.remote import RemoteEngine
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.conftest import MAX_MODEL_LEN, SERVER_FLAGS, phase_sums
+from tests.serving.conftest import MAX_MODEL_LEN, PREFILL_BUDGET, SERVER_FLAGS, phase_sums
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 16
 PREFILL_ALONE_S = 2.5  # clearly slow: the verdict's line is 1 s, and prefill under load is slower than alone
 PREFILL_ALONE_MIN_S = 2.0  # below this even at the longest prompt the server takes, the case cannot be built here
+SHORT_ALONE_S = 0.35  # the other side of the line: prefills well under a second each
 
 
 def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -72,7 +73,25 @@ def prefill_case(queued_server):
     if alone < PREFILL_ALONE_MIN_S:
         pytest.skip(f"A lone prefill of {tokens} tokens takes {alone:.2f} s on this machine, under "
                     f"{PREFILL_ALONE_MIN_S:g} s even at the server's longest prompt: no prefill-bound case here")
-    return SimpleNamespace(eng=eng, tokens=tokens, alone_s=alone)
+    return SimpleNamespace(eng=eng, tokens=tokens, alone_s=alone, per_token_s=per_token)
+
+
+def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens: int, finished: list[float]):
+    """`clients` threads, each sending a new prompt as soon as its last one is answered; each answer's end time is
+    appended to `finished` (the load's own count). Returns the event that stops them and the threads."""
+    params = GenerationParams(max_new_tokens=new_tokens, top_logprobs=0, stop_at_eos=False)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            gen = eng.stream_completion(fresh(), params, should_stop=stop.is_set)
+            if len(gen.token_ids) == new_tokens:
+                finished.append(time.time())
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return stop, threads
 
 
 def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_force(queued_server, prefill_case):
@@ -102,18 +121,8 @@ def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_fo
 
 def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_case):
     url = queued_server.base_url
-    eng = prefill_case.eng
-    fresh = FreshPrompts(prefill_case.tokens, 3)
-    params = GenerationParams(max_new_tokens=NEW_TOKENS, top_logprobs=0, stop_at_eos=False)
-    stop = threading.Event()
-
-    def client() -> None:  # a closed loop: the next long prompt, a new one, as soon as the last one is answered
-        while not stop.is_set():
-            eng.stream_completion(fresh(), params, should_stop=stop.is_set)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(3)]
-    for t in threads:
-        t.start()
+    finished: list[float] = []
+    stop, threads = closed_loop(prefill_case.eng, FreshPrompts(prefill_case.tokens, 3), 3, NEW_TOKENS, finished)
     try:
         out = _cli("run", "--vllm-url", url, "--quick", "--duration", "25", "--json", timeout=300)
     finally:
@@ -128,4 +137,31 @@ def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_
     assert pre["status"] == "WARN", pre
     assert pre["evidence"]["prefill_mean_ms"] >= 1000 and pre["evidence"]["remedy_flags"] == []
     # requests wait behind prefills, not for a free slot: vllm.saturation does not call it capacity
+    assert findings["vllm.saturation"]["status"] != "FAIL", findings["vllm.saturation"]["verdict"]
+
+
+def test_short_prefills_the_engine_is_always_busy_with_are_prefill_bound_too(queued_server, prefill_case):
+    """The other side of the line (vllm_anatomy.PREFILL_SLOW_S): prompts whose prefill alone is well under a second,
+    six clients on two slots and four new tokens each, so the engine prefills nearly all the time and requests wait
+    behind other prompts' prefill. Prefill-bound (no flag proposed), not capacity-bound: a larger --max-num-seqs would
+    only share the same prefill budget among more prompts."""
+    url = queued_server.base_url
+    tokens = max(PREFILL_BUDGET, int(SHORT_ALONE_S / prefill_case.per_token_s))
+    finished: list[float] = []
+    stop, threads = closed_loop(prefill_case.eng, FreshPrompts(tokens, 4), 6, 4, finished)
+    try:
+        time.sleep(3)  # the queue forms before the window opens
+        out = _cli("run", "--vllm-url", url, "--duration", "20", "--json", timeout=300)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    findings = {f["id"]: f for f in json.loads(out.stdout)["findings"]}
+    pre = findings["vllm.prefill"]
+    print(f"\nshort prompts of {tokens} tokens, {len(finished)} of the load's requests finished: {pre['verdict']}")
+    ev = pre["evidence"]
+    assert ev["prefill_mean_ms"] < 1000, pre  # each prefill is short: the case of the line, built
+    assert pre["status"] == "WARN" and ev["remedy_flags"] == [], pre
+    assert "behind other prompts' prefill" in pre["verdict"]
     assert findings["vllm.saturation"]["status"] != "FAIL", findings["vllm.saturation"]["verdict"]
