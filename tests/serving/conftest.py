@@ -48,6 +48,9 @@ def _server_precision() -> Precision:
     and FP32 1.3 s. These tests load the server; what they check does not depend on the weights' type."""
     from core.engines.torch.cbuild import packs_bf16
 
+    forced = os.environ.get("TRIAGE_TESTS_SERVING_PRECISION")  # "fp32" on a bf16 CPU runs what an AVX2 host runs
+    if forced:
+        return Precision(forced)
     return Precision.BF16 if packs_bf16() else Precision.FP32
 
 
