@@ -38,9 +38,12 @@ text_model = engine
 if engine is None:
     model_dir = embedded_converted_dir()
     text_model = embedded_tokenizer_only(str(model_dir)) if model_dir else None
-    st.info("No model is loaded in this session. "
-            + ("Token counts and the KV cache calculator use the embedded model's tokenizer and config; timed runs "
-               "need a loaded model." if text_model else "Token counts and runs need one."))
+    needs = ("Token counts and the KV cache calculator use the embedded model's tokenizer and config; timed runs "
+             "need a model chosen in this tab." if text_model else "Token counts and runs need one.")
+    if session.offer_loaded_elsewhere():  # the sidebar lists the same models: both say what the process holds
+        st.caption(needs)
+    else:
+        st.info("No model is loaded yet. " + needs)
     if st.button("Load the embedded model (Gemma 3 270M) at BF16", type="primary"):
         try:
             session.load_with_progress(Setup(ModelSpec("embedded"), Precision.BF16))

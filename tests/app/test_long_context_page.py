@@ -160,3 +160,18 @@ def test_opened_directly_it_counts_tokens_and_sizes_the_kv_cache_without_loading
     loaded.text_area(key="lc_text").set_value(doc).run()
     assert not loaded.exception, loaded.exception
     assert {m.label: m.value for m in loaded.metric}["Tokens"] == metrics["Tokens"]
+
+
+def test_a_model_loaded_by_another_tab_is_named_and_taken_with_one_click(embedded_dir):
+    """The sidebar lists what the process has loaded; this page, in a tab that chose none, says the same and offers
+    it (it used to say "No model is loaded in this session" beside a sidebar that said "Loaded: ...")."""
+    from views.common import session
+
+    session._pool().load(BF16)  # another tab's load: the pool is the process's
+    at = page(None)
+    assert any("loaded by another tab or a comparison: Gemma 3 270M · BF16" in i.value for i in at.info)
+    assert not any("No model is loaded" in i.value for i in at.info)
+    at.button(key=f"adopt-{BF16.label}").click().run()
+    assert not at.exception, at.exception
+    assert at.session_state["setup"] == BF16
+    assert any("Model: **Gemma 3 270M" in m.value for m in at.markdown)

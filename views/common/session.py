@@ -78,6 +78,21 @@ def current():
     return setup, engine if engine is not None else load(setup)
 
 
+def offer_loaded_elsewhere() -> bool:
+    """On a page that needs this tab's model when the tab has chosen none: say which models the process has loaded
+    (the sidebar lists the same ones) and offer each with a button that makes it this tab's at once. True when any."""
+    others = _pool().loaded()
+    if not others:
+        return False
+    names = ", ".join(f"{s.model_short} · {s.precision.label}" for s, _ in reversed(others))
+    st.info(f"This tab has not chosen a model; loaded by another tab or a comparison: {names}.")
+    for s, _ in reversed(others):
+        if st.button(f"Use {s.model_short} · {s.precision.label} here", key=f"adopt-{s.label}"):
+            load(s)  # already in the pool: no load, the tab just takes it
+            st.rerun()
+    return True
+
+
 def headline(setup: Setup, engine) -> str:
     """The loaded setup in a few words: "Gemma 3 270M · FP8 W8A8 · torch eager · CPU"."""
     return f"{setup.model_short} · {setup.short_label(engine)}"
