@@ -272,11 +272,14 @@ def teacher_forced(ref_topk: Sequence[TopK], cand_topk: Sequence[TopK], k: int =
 class Band:
     metric: str
     value: float | None
-    name: str  # "fine", "watch", "low agreement", "n/a"
+    name: str  # "fine", "watch", "low agreement", "n/a", "not judged" (a side is broken)
+    why: str = ""  # for "not judged": the broken side
 
     @property
     def label(self) -> str:
         """Says which metric the seed's band is applied to, as the UI must."""
+        if self.name == NOT_JUDGED:
+            return f"{NOT_JUDGED}: {self.why}"
         return f"{self.name} (seed band for the {BANDED_METRICS[self.metric]}: {BAND_RULE})"
 
 
@@ -299,6 +302,17 @@ _SEVERITY = {"n/a": 0, "fine": 0, "watch": 1, LOW: 2}
 INCONCLUSIVE = "inconclusive"
 # Statuses where one side's own output shows it is broken: the comparison then says which, and judges nothing else.
 BROKEN = ("reference broken", "candidate broken", "broken")
+# What every band, card, table cell, chart and diff colour says instead of a judgement when a side is broken: an
+# agreement measured against a broken side means nothing, so none of them may read as a verdict on the other side.
+NOT_JUDGED = "not judged"
+_BROKEN_SIDE = {"reference broken": "the reference is broken", "candidate broken": "the candidate is broken",
+                "broken": "a side is broken (see the verdict)"}
+
+
+def not_judged(status: str) -> str | None:
+    """"not judged: the reference is broken" when the status names a broken side; None when the measures judge."""
+    why = _BROKEN_SIDE.get(status)
+    return None if why is None else f"{NOT_JUDGED}: {why}"
 STATUSES = ("n/a", "identical", "fine", "watch", INCONCLUSIVE, LOW, *BROKEN)
 
 
@@ -439,6 +453,8 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
     )
     s.bands = {"top3_match": band(s.top3_match, "top3_match"), "same_top": band(s.same_top, "same_top")}
     s.status, s.verdict = verdict(s, ref_label, cand_label, text_of)
+    if s.status in BROKEN:
+        s.bands = {k: Band(b.metric, b.value, NOT_JUDGED, _BROKEN_SIDE[s.status]) for k, b in s.bands.items()}
     return s
 
 

@@ -88,12 +88,15 @@ def tooltip(res: CompareResult, title: str, left: tuple[str, dict], right: tuple
 def _column(res: CompareResult, p: PromptResult, side: str) -> str:
     ids = p.ref_ids if side == "ref" else p.cand_ids
     div = p.free.first_divergence
+    judged = ag.not_judged(res.summary.status) is None  # against a broken side no colour may read as a verdict
     spans = []
     for i, tok in enumerate(ids):
-        classes = ["cmp-tok", "cmp-same" if div is None or i < div else "cmp-first" if i == div else "cmp-after"]
+        classes = ["cmp-tok"]
+        if judged:
+            classes.append("cmp-same" if div is None or i < div else "cmp-first" if i == div else "cmp-after")
         if side == "ref":
             has_tf = i < len(p.tf.kl)
-            if has_tf and not p.tf.top1_agree[i]:
+            if judged and has_tf and not p.tf.top1_agree[i]:
                 classes.append("cmp-tfmiss")
             title = (f"Position {i} · teacher-forced on the reference text · KL {p.tf.kl[i]:.4g} nats · "
                      f"top-{res.top_k} overlap {p.tf.topk_overlap[i]:.2f}" if has_tf else f"Position {i}")
@@ -113,12 +116,15 @@ def side_by_side_html(res: CompareResult, index: int) -> str:
     """The reference and candidate outputs of one prompt, tokens coloured by agreement, top-k on hover."""
     p = res.prompts[index]
     div = p.free.first_divergence
-    where = "identical outputs" if div is None else f"first divergence at token {div}"
+    why = ag.not_judged(res.summary.status)
+    where = why or ("identical outputs" if div is None else f"first divergence at token {div}")
     legend = ('<div class="cmp-legend"><span class="cmp-same">&nbsp;same as the other side&nbsp;</span>'
               '<span class="cmp-first">&nbsp;first divergence&nbsp;</span>'
               '<span class="cmp-after">after divergence (contexts differ)</span>'
               '<span class="cmp-tfmiss">candidate would pick another token here (teacher-forced)</span>'
-              '<span>hover a token for both sides\' top-k</span></div>')
+              '<span>hover a token for both sides\' top-k</span></div>') if why is None else (
+        '<div class="cmp-legend"><span>tokens are not coloured by agreement: an agreement with a broken side means '
+        'nothing</span><span>hover a token for both sides\' top-k</span></div>')
     cols = []
     for side, label in (("ref", f"Reference: {res.reference.short_label}"),
                         ("cand", f"Candidate: {res.candidate.short_label}")):
@@ -138,10 +144,12 @@ def most_divergent(res: CompareResult) -> int:
     return min(range(len(res.prompts)), key=key) if res.prompts else 0
 
 
-def prompt_choice(p: PromptResult) -> str:
-    """A prompt as the picker lists it: its name and where it diverged."""
+def prompt_choice(p: PromptResult, status: str = "") -> str:
+    """A prompt as the picker lists it: its name and where it diverged (`status`: the comparison's; with a broken
+    side, nothing diverged from anything)."""
     div = p.free.first_divergence
-    where = "identical" if div is None else f"diverged at token {div}, top-1 agreement {p.free.top1_agreement:.2f}"
+    where = ag.NOT_JUDGED if ag.not_judged(status) else "identical" if div is None else (
+        f"diverged at token {div}, top-1 agreement {p.free.top1_agreement:.2f}")
     return f"{p.name} · {where}"
 
 
@@ -150,11 +158,13 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def prompt_table(res: CompareResult) -> list[dict]:
-    """Per-prompt metrics; plain values (the page shows them, the CLI prints them)."""
+    """Per-prompt metrics; plain values (the page shows them, the CLI prints them). With a broken side every
+    agreement cell reads "not judged": a number or a FAIL against a broken side would read as a verdict."""
     rows = []
+    judged = ag.not_judged(res.summary.status) is None
     for p in res.prompts:
         kl = p.tf.kl
-        rows.append({
+        row = {
             "prompt": p.name,
             "tokens (ref/cand)": f"{len(p.ref_ids)}/{len(p.cand_ids)}",
             "top-3 match": p.free.top3_match,
@@ -165,7 +175,9 @@ def prompt_table(res: CompareResult) -> list[dict]:
             f"top-{res.top_k} overlap": sum(p.tf.topk_overlap) / len(kl) if kl else None,
             "mean KLD (nats)": sum(kl) / len(kl) if kl else None,
             "max KLD (nats)": max(kl) if kl else None,
-        })
+        }
+        rows.append(row if judged else {k: v if k in ("prompt", "tokens (ref/cand)") else ag.NOT_JUDGED
+                                        for k, v in row.items()})
     return rows
 
 

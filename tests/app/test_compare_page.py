@@ -4,6 +4,7 @@ is saved to a temporary history database (TRIAGE_DB), never the user's."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,33 @@ def test_an_unwritable_history_still_shows_the_comparison(tmp_path, monkeypatch)
     assert not at.error, [e.value for e in at.error]
     assert any(m.value.startswith("Identical") for m in at.success)
     assert any("not saved to History" in c.value for c in at.caption)
+
+
+def test_a_broken_fp16_reference_is_named_and_nothing_judges_the_candidate(db):
+    # Gemma 3 really overflows in FP16 (core.compare.known): its logits are NaN, so the FP8 candidate measured against
+    # it is not judged anywhere on the page (cards, table, diff colours, charts), and History's bands say so too.
+    at = _page()
+    at.selectbox(key="cmp_ref_prec").set_value(Precision.FP16)
+    at.selectbox(key="cmp_cand_prec").set_value(Precision.FP8)
+    at.multiselect[0].set_value([])
+    at.text_area[0].input("The capital of France is")
+    at.number_input(key="cmp_max_new_tokens").set_value(6)
+    at.button[0].click()
+    at = at.run(timeout=600)
+    assert not at.exception, at.exception
+    assert any(e.value.startswith("Reference broken") for e in at.error), [e.value for e in at.error]
+    cards = {m.label: (m.value, m.proto.delta) for m in at.metric}
+    assert len(cards) == 6 and all(v == ("not judged", "the reference is broken") for v in cards.values()), cards
+    table = at.dataframe[0].value
+    judged = [c for c in table.columns if c not in ("prompt", "tokens (ref/cand)")]
+    assert (table[judged] == "not judged").all().all(), table.to_dict("records")
+    body = at.get("html")[0].proto.body
+    assert "not judged: the reference is broken" in body
+    assert not re.search(r'class="[^"]*cmp-(same|first|after|tfmiss)', body)  # no token coloured by agreement
+    assert "first divergence" not in body
+    assert not at.get("plotly_chart")
+    assert any("Agreement charts: not judged: the reference is broken" in c.value for c in at.caption)
+    timing = next(c.value for c in at.caption if "Measured when it ran" in c.value)
+    assert ", of which load " in timing, timing
+    s = db.list_runs("compare")[0].summary
+    assert s["verdict_band"] == "reference broken" and s["top3_match_band"] == s["same_top_band"] == "not judged"
