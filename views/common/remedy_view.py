@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core.deployment.remedy import command_text
 from core.fmt import markdown_literal
+from views.common.sweep import dashed, summary_cell
 from views.common.wide_table import dataframe_fit
 
 VERDICT_BOX = {"helped": st.success, "no change": st.warning, "worse": st.error, "refused": st.error,
@@ -15,17 +17,6 @@ PER_LOAD = (("rps", "req/s", 1.0), ("ttft_p50", "TTFT p50 ms", 1000.0), ("ttft_p
             ("itl_p50", "ITL p50 ms", 1000.0), ("itl_p99", "ITL p99 ms", 1000.0),
             ("queue_share", "queue % of TTFT", 100.0), ("prefill_share", "prefill % of TTFT", 100.0))
 
-
-# what a summary cell without a number means (a sweep that never reached its knee has none), instead of "None"
-NO_VALUE = {"knee_load": "none in the sweep"}
-
-
-def _r(v, scale: float = 1.0, nd: int = 3):
-    return None if v is None else round(scale * v, nd)
-
-
-def _cell(v, row: str = "", nd: int = 3) -> str:
-    return NO_VALUE.get(row, "-") if v is None else f"{round(v, nd):g}"
 
 
 def flag_text(flags: dict) -> str:
@@ -39,22 +30,24 @@ def trial(t: dict, key: str) -> None:
     cmp = t.get("comparison") or {}
     if not cmp:
         return
-    st.dataframe([{"": ROWS[k], "before": _cell(r["before"], k), "after": _cell(r["after"], k),
-                   "change %": _cell(r["change_pct"], nd=1)} for k, r in cmp["rows"].items()],
-                 hide_index=True, key=f"{key}_rows")
+    before, after = t.get("before") or {}, t.get("after") or {}
+    st.dataframe([{"": ROWS[k], "before": summary_cell(r["before"], k, before),
+                   "after": summary_cell(r["after"], k, after), "change %": summary_cell(r["change_pct"], nd=1)}
+                  for k, r in cmp["rows"].items()], hide_index=True, key=f"{key}_rows")
     rows = []
     for row in cmp.get("loads", []):
         out = {"load": row["load"]}
         for name, label, scale in PER_LOAD:
             cell = row[name]
-            out[f"{label} before"] = _r(cell["before"], scale, 1)
-            out[f"{label} after"] = _r(cell["after"], scale, 1)
+            for side in ("before", "after"):
+                out[f"{label} {side}"] = None if cell[side] is None else round(scale * cell[side], 1)
         rows.append(out)
+    rows, empty = dashed(rows)
     if rows:
         st.caption("At each load both sweeps ran: client latencies (measured here) and the server's anatomy shares "
-                   "(vLLM /metrics histograms over the step).")
+                   "(vLLM /metrics histograms over the step)" + ('; "-" where that step has no number (no request '
+                   "finished, or the server's /metrics lacked the phase)." if empty else "."))
         dataframe_fit(rows, keep=["load"], key=f"{key}_loads")  # before/after pairs: parts that fit 1400 px
-    before, after = t.get("before") or {}, t.get("after") or {}
     loads = ", ".join(f"{s['load']:g}" for s in before.get("steps", []))
     kind = (lambda d: (d.get("verdict") or {}).get("kind"))
     st.caption(markdown_literal(
@@ -75,7 +68,7 @@ def show(doc: dict, key: str) -> None:
     elif trials:
         trial(trials[0], f"{key}_first")
     st.caption("The command line that won (the original's when nothing helped), to copy into the real deployment:")
-    st.code(doc.get("command", ""), language="bash")
+    st.code(command_text(doc), language="bash")
     if len(trials) > 1:
         for i, t in enumerate(trials):
             with st.expander(f"Try {i + 1}: {flag_text(t.get('flags_changed'))}: "

@@ -26,14 +26,18 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(1000.0 * v, 1)
 
 
-def step_rows(res: dict) -> list[dict]:
-    """One flat row per step: the table on the page and the CSV export."""
+def step_rows(res: dict, why: dict[str, str] | None = None) -> list[dict]:
+    """One flat row per step: the table on the page and the CSV export (None where a step has no number). `why`, when
+    given, gets the reason for each column with an empty cell, as the page says it under the table."""
     rows = []
     for s in res.get("steps", []):
         srv = s.get("server") or {}
         phase = (lambda k: _ms(((srv.get("phases") or {}).get(k) or {}).get("mean_s")))
         share = srv.get("queue_share_ttft")
         pct = (lambda v: None if v is None else round(100 * v, 1))
+        if why is not None:
+            for column, reason in _empty_reasons(res, s).items():
+                why.setdefault(column, reason)
         rows.append({
             "load": s["load"], "requests": s["requests"], "errors": s["errors"],
             "achieved req/s": round(s["achieved_rps"], 3), "output tok/s": round(s["output_tok_s"], 1),
@@ -47,6 +51,51 @@ def step_rows(res: dict) -> list[dict]:
             "meets SLO": s.get("meets_slo"),
         })
     return rows
+
+
+_SERVER_COLUMNS = ("queue ms", "prefill ms", "decode ms", "queue % of TTFT", "prefill % of TTFT",
+                   "before engine % of TTFT")
+
+
+def _empty_reasons(res: dict, s: dict) -> dict[str, str]:
+    """Why a step's cells hold no number, by column: a table cell says "-", the line under the table says why."""
+    srv, client = s.get("server"), (s.get("client") or {}).get("ttft") or {}
+    out = {}
+    if s.get("meets_slo") is None:
+        out["meets SLO"] = "no SLO was given for this sweep" if not res.get("slo") else "no request of the step finished"
+    if not srv:
+        out.update(dict.fromkeys(_SERVER_COLUMNS, "the server's /metrics were not read for this step"))
+    else:
+        missing = ", ".join(srv.get("missing") or ())
+        phases = (f"this vLLM does not export {missing}" if missing else
+                  "no request finished within the step's /metrics window")
+        out.update(dict.fromkeys(_SERVER_COLUMNS, phases))
+        if "before_engine_share_ttft" not in srv:
+            out["before engine % of TTFT"] = "not in this saved sweep: the version that ran it did not measure it"
+    out["requests timed"] = ("not in this saved sweep: the version that ran it did not count it" if "n" not in client
+                             else "no request finished")
+    out["max running"] = out["max waiting"] = "the server's /metrics were not read during the step"
+    return out
+
+
+def _text(v) -> str:
+    return "-" if v is None else ("yes" if v else "no") if isinstance(v, bool) else f"{v:,g}"
+
+
+def dashed(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """`rows` for a table with no None in it (a grid prints None, pandas nan): a column with an empty cell, or with
+    yes/no values, becomes text with "-" in the empty cells; other columns stay numbers. Also the columns that had an
+    empty cell, for the line that says why."""
+    empty = [c for c in (rows[0] if rows else {}) if any(r[c] is None for r in rows)]
+    text = set(empty) | {c for c in (rows[0] if rows else {}) if any(isinstance(r[c], bool) for r in rows)}
+    return [{c: _text(v) if c in text else v for c, v in r.items()} for r in rows], empty
+
+
+def shown_rows(res: dict) -> tuple[list[dict], str]:
+    """The steps as the page shows them (dashed) and the line that says why each column with a "-" has one."""
+    why: dict[str, str] = {}
+    shown, empty = dashed(step_rows(res, why))
+    return shown, "; ".join(f"{c}: {why.get(c, 'no request of the step finished')}" for c in empty)
 
 
 def show(res: dict, key: str) -> None:
@@ -83,7 +132,10 @@ def show(res: dict, key: str) -> None:
     c[1].plotly_chart(dc.sweep_anatomy(steps), key=f"{key}_anat", config=NOBAR)
     c[2].plotly_chart(dc.sweep_throughput(steps, knee), key=f"{key}_tput", config=NOBAR)
     rows = step_rows(res)
-    dataframe_fit(rows, keep=[next(iter(rows[0]))], key=f"{key}_table")  # the load column starts every part
+    shown, empty = shown_rows(res)
+    dataframe_fit(shown, keep=[next(iter(shown[0]))], key=f"{key}_table")  # the load column starts every part
+    if empty:
+        st.caption(markdown_literal(f'A "-" in the steps is a number the step does not have. {empty}.'))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
     writer.writeheader()
@@ -98,12 +150,23 @@ def show(res: dict, key: str) -> None:
                                   f"{workload} -> {res.get('max_new_tokens')} new tokens per request"))
 
 
+def summary_cell(v: float | None, row: str = "", sweep: dict | None = None, nd: int = 3) -> str:
+    """A cell of the goodput / peak throughput / knee summary of a sweep (`row` names it): the number, or what its
+    absence means ("none in the sweep" for a knee it never reached, "no SLO given" or "none met the SLO" for goodput,
+    "-" for a change with a side missing), never None."""
+    if v is not None:
+        return f"{round(v, nd):g}"
+    if row == "goodput_rps":
+        return "no SLO given" if sweep is not None and not sweep.get("slo") else "none met the SLO"
+    return {"knee_load": "none in the sweep"}.get(row, "-")
+
+
 def show_comparison(before: dict, after: dict, labels: tuple[str, str]) -> None:
     """Goodput, peak throughput and knee of two sweeps, with the change in percent."""
     cmp = compare_sweeps(before, after)
     names = {"goodput_rps": "goodput (req/s)", "max_rps": "peak throughput (req/s)", "knee_load": "knee (load)"}
-    st.dataframe([{"": names[k], labels[0]: r["before"], labels[1]: r["after"],
-                   "change %": None if r["change_pct"] is None else round(r["change_pct"], 1)}
+    st.dataframe([{"": names[k], labels[0]: summary_cell(r["before"], k, before),
+                   labels[1]: summary_cell(r["after"], k, after), "change %": summary_cell(r["change_pct"], nd=1)}
                   for k, r in cmp["rows"].items()], hide_index=True, key="sweep_cmp")
     v = cmp["verdicts"]
     st.caption(markdown_literal(f"Verdict: {v['before']} -> {v['after']}."))
