@@ -33,6 +33,33 @@ def fmt_s(s: float | None) -> str:
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def fmt_change(pct: float, only: bool = False) -> str:
+    """A relative change in words: 'grew 12%' ('grew only 12%' with `only`), 'fell 11%', 'held level' within half a
+    percent; never 'grew -11%'."""
+    if abs(pct) < 0.5:
+        return "held level"
+    return f"fell {-pct:.0f}%" if pct < 0 else f"grew {'only ' if only else ''}{pct:.0f}%"
+
+
+def fmt_liveness(state: str, kind: str = "") -> str:
+    """A liveness verdict's state as a user reads it: 'STALLED (deadlock)', 'SERVING'; a dead engine is 'DEAD (the
+    engine process exited)', not a stall: nothing resumes it, the server must be restarted."""
+    if kind == "engine_dead":
+        return "DEAD (the engine process exited)"
+    return state.upper() + (f" ({kind})" if kind else "")
+
+
+RATIO_CAP = 1000.0  # a ratio this large says "against next to nothing", not "that many times slower"
+
+
+def fmt_times(a: float | None, b: float | None, floor: float) -> str | None:
+    """'7.9x' for `a` against `b`, or None where either is missing, `b` is under `floor` (16 s against a 23 µs queue
+    is a ratio against noise) or the ratio reaches RATIO_CAP: the caller then says both values instead."""
+    if a is None or b is None or b < floor or b <= 0 or a / b >= RATIO_CAP:
+        return None
+    return f"{a / b:.1f}x"
+
+
 def fmt_ms_cell(s: float | None, decimals: int = 1) -> str:
     """Seconds as a bare number of milliseconds, for a table column whose header names the unit."""
     return "N/A" if s is None else f"{1000 * s:.{decimals}f}"

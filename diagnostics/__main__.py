@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMAND_MODULES:
         module.add_parser(sub)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(fleet.join_time_args(sys.argv[1:] if argv is None else argv))
     if extra and not hasattr(args, "vllm_flags"):  # only `serve` passes the flags it does not know on to vLLM
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:

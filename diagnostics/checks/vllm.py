@@ -1,6 +1,7 @@
 """vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure, saturation, prefill, liveness."""
 from __future__ import annotations
 
+from core.fmt import fmt_liveness
 from diagnostics.context import CheckContext, Series
 from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -122,9 +123,9 @@ def decide_liveness(ctx: CheckContext) -> Outcome:
     evidence = {"state": v.state, "kind": v.kind, "rounds": len(rounds),
                 "rounds_span_s": round(rounds[-1].t - rounds[0].t, 1), **v.evidence}
     if v.state == STALLED:
-        return fail(f"Stalled ({v.kind}): {v.headline}", v.remedy, evidence=evidence)
+        return fail(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}", v.remedy, evidence=evidence)
     if v.state == DEGRADED:
-        return warn(f"Degraded ({v.kind}): {v.headline}", v.remedy, evidence=evidence)
+        return warn(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}", v.remedy, evidence=evidence)
     return passed(v.headline, evidence=evidence)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 
 def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -23,6 +24,31 @@ def add_prometheus_args(p: argparse.ArgumentParser, required: bool) -> None:
                    "post-incident review of 02:50-03:10 is --since 2026-12-06T02:50 --at 2026-12-06T03:10")
 
 
+TIME_OPTIONS = ("--at", "--since")
+TIME_COMMANDS = ("fleet", "run")
+
+
+def join_time_args(argv: list[str]) -> list[str]:
+    """`--at -2m` as `--at=-2m`: argparse takes a next argument that starts with '-' (and is not a plain number) for
+    an option of its own and stops with "expected one argument", though -2m is the documented form. Only in the
+    commands that have these options, and never after `--`."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in TIME_COMMANDS:
+        return list(argv)
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return out + argv[i:]
+        if tok in TIME_OPTIONS and i + 1 < len(argv) and re.fullmatch(r"-\d.*", argv[i + 1]):
+            out.append(f"{tok}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def window_and_at(args: argparse.Namespace) -> tuple[str, float | None]:
     """--window, --at and --since as fleet.run's window and instant (None: now)."""
     import time
@@ -38,7 +64,10 @@ def window_and_at(args: argparse.Namespace) -> tuple[str, float | None]:
     if end - start < 10:
         raise InputError(f"--since {args.since} must be at least 10 s before {'--at' if at else 'now'}: rates need "
                          "two scrapes inside the window.")
-    return f"{int(end - start)}s", at
+    seconds = int(end - start)
+    # said as it was asked: a 02:50-03:10 review is "the 20m up to 03:10", not "the 1200s"
+    n, unit = next((seconds // k, u) for u, k in (("h", 3600), ("m", 60), ("s", 1)) if seconds % k == 0)
+    return f"{n}{unit}", at
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 
@@ -42,7 +43,8 @@ def _line(s: servers.LocalServer) -> str:
     owner = "this console" if s.owned_here else ("orphan: its console exited" if s.orphaned else
                                                  f"console pid {s.owner_pid}")
     return (f"{s.base_url}  pid {s.pgid}  model {s.model}  flags: {' '.join(s.flags) or '(none)'}\n"
-            f"    log {s.log_path}  started {time.strftime('%H:%M:%S', time.localtime(s.started_at))}  ({owner})")
+            f"    log {s.log_path}  started {time.strftime('%H:%M:%S', time.localtime(s.started_at))}  ({owner})\n"
+            f"    command: {s.command_line()}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,11 +122,10 @@ def run_remedy(args: argparse.Namespace, res, started: float) -> int | None:
         return _not_ours(args, res, chosen)
     say = (lambda m: None) if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     trials = []
-    for r in chosen:
+    for r in chosen:  # each trial's verdict is printed once, with its numbers, by _print_trials
         say(f"Trying {r.flag_text()}")
         trials.append(remedy.try_remedy(before, server, r, check_flags=flag_errors, api_key=args.api_key,
                                         progress=lambda f, m: None))
-        say(trials[-1].verdict.get("headline", ""))
     doc = remedy.result_of(trials, server)
     doc["history_id"] = None if args.no_history else remedy.record(doc, started_at=started)
     if args.json:
@@ -134,11 +135,28 @@ def run_remedy(args: argparse.Namespace, res, started: float) -> int | None:
     return 0
 
 
+def launch_with(launch_cmd: str | None, change: dict[str, str]) -> str | None:
+    """The user's own launch command with the flag change made (its old values dropped), or None where the console
+    was not told how the server is launched (--launch-cmd): then it names the flags to change and no command."""
+    from core.deployment.remedy import apply_flags
+
+    if not launch_cmd:
+        return None
+    try:
+        return shlex.join(apply_flags(shlex.split(launch_cmd), change))
+    except ValueError:  # a launch command shlex cannot split: the flags alone are said
+        return None
+
+
 def _not_ours(args, res, chosen) -> int:
-    """A server the console did not launch: the exact change to make, and the next sweep of the URL compares."""
+    """A server the console did not launch: the exact change to make (the whole command line where --launch-cmd
+    says how it is launched), and the next sweep of the URL compares."""
     change = "; ".join(r.flag_text() for r in chosen) or "(no remedy names a flag change)"
-    msg = (f"{res.base_url} was not started by the console, so it is not restarted here. Restart it with: {change}. "
-           "Then sweep the same URL again with the same settings: History compares the two sweeps.")
+    commands = [c for r in chosen if r.flags and (c := launch_with(getattr(args, "launch_cmd", None), r.flags))]
+    how = (" with " + " or ".join(f"`{c}`" for c in commands) if commands else
+           " (give --launch-cmd with the command it runs under, and the whole command line is printed)")
+    msg = (f"{res.base_url} was not started by the console, so it is not restarted here. Restart it with this change: "
+           f"{change}{how}. Then sweep the same URL again with the same settings: History compares the two sweeps.")
     if args.json:
         print(json.dumps({"before": res.to_dict(), "after": None, "flags_changed": [r.flags for r in chosen],
                           "verdict": {"kind": "not launched here", "headline": msg}}, indent=2, default=str))
@@ -155,8 +173,10 @@ def _print_trials(doc: dict) -> None:
             print(f"    at {row['load']:g}: {_num(r['before'])} -> {_num(r['after'])} req/s, TTFT p50 "
                   f"{fmt_ms_cell(ttft['before'], 0)} -> {fmt_ms_cell(ttft['after'], 0)} ms")
         print(f"    {t['verdict'].get('headline', '')}")
-    print(doc["summary"])
-    print(f"command: {doc['command']}")
+    if doc["summary"] not in (t["verdict"].get("headline") for t in doc["trials"]):  # each sentence once
+        print(doc["summary"])
+    print(f"command that won: {doc['command']}" if doc.get("best") is not None else
+          f"command (the original's: no change helped): {doc['command']}")
 
 
 def _num(v) -> str:

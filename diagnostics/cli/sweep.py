@@ -65,12 +65,18 @@ def run(args: argparse.Namespace) -> int:
                 max_seconds=args.max_seconds, min_requests=args.min_requests, api_key=args.api_key,
                 timeout_s=args.timeout, progress=progress, launch_flags=flags_of(args.launch_cmd))
     run_id = None if args.no_history else res.record(started_at=started)
+    if not args.json:  # the sweep's own table first, also when remedies are tried after it
+        _print_sweep(res, args.launch_cmd)
     tried = serve.run_remedy(args, res, started)  # a remedy tried prints its own before/after
     if tried is not None:
         return tried
     if args.json:
         print(json.dumps({**res.to_dict(), "history_id": run_id}, indent=2, default=str))
         return 0
+    return 0 if res.status != "failed" else 1
+
+
+def _print_sweep(res, launch_cmd: str | None) -> None:
     unit = "clients" if res.mode == "concurrency" else "req/s"
     print(f"{res.base_url}  model {res.model}: {res.mode} sweep, {len(res.steps)} step(s) in {res.wall_s:.0f} s")
     print(f"{unit:>8}{'req/s':>8}{'tok/s':>8}{'err':>5}{'TTFT p50':>10}{'p99':>7}{'ITL p50':>9}{'p99':>6}"
@@ -93,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     for i, r in enumerate(res.verdict.get("remedies") or [], 1):
         flags = " ".join(f"{k} {v}".strip() for k, v in r["flags"].items())
         print(f"remedy {i} ({r['kind']}{': ' + flags if flags else ''}): {r['text']}")
+        if r["flags"] and (command := serve.launch_with(launch_cmd, r["flags"])):  # only where the launch is known
+            print(f"    command: {command}")
     if not res.verdict.get("remedies") and res.verdict.get("remedy"):  # a sweep saved before remedies had flags
         print(f"remedy: {res.verdict['remedy']}")
     print(f"stopped: {res.stopped}")
-    return 0 if res.status != "failed" else 1

@@ -10,6 +10,7 @@ import sys
 import time
 
 from core.errors import InputError
+from core.fmt import fmt_liveness
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +35,7 @@ def _line(verdict, t_s: float, as_json: bool) -> str:
     stamp = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     if as_json:
         return json.dumps({"time": stamp, "t_s": round(t_s, 1), **verdict.to_dict()}, default=str)
-    kind = f" ({verdict.kind})" if verdict.kind else ""
-    text = f"{stamp} +{t_s:.0f}s {verdict.state.upper()}{kind}: {verdict.headline}"
+    text = f"{stamp} +{t_s:.0f}s {fmt_liveness(verdict.state, verdict.kind)}: {verdict.headline}"
     return text + (f"\n    do: {verdict.remedy}" if verdict.remedy else "")
 
 

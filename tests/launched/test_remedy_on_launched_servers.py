@@ -14,10 +14,13 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -73,11 +76,39 @@ def launched(request, browser, tmp_path_factory):
     assert not dialogs, f"JavaScript dialogs opened: {dialogs}"
 
 
-def sweep_cli(url: str, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "diagnostics", "sweep", "--url", url, *CLI_SWEEP, *extra],
-                         capture_output=True, text=True, cwd=REPO, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+def sweep_cli(url: str, *extra: str) -> tuple[dict, dict[str, dict]]:
+    """The sweep CLI's JSON, and each server it started as seen from outside while it ran: base URL -> the argv
+    in /proc/PID/cmdline of its API server (read once /health answered 200) and whether /health answered."""
+    proc = subprocess.Popen([sys.executable, "-m", "diagnostics", "sweep", "--url", url, *CLI_SWEEP, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    seen: dict[str, dict] = {}
+    done = threading.Event()
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def look() -> None:
+        while not done.is_set():
+            for s in owned_by(proc.pid):
+                rec = seen.setdefault(s.base_url, {"argv": None, "health": False})
+                if rec["health"]:
+                    continue
+                try:
+                    rec["health"] = no_proxy.open(s.base_url + "/health", timeout=2).status == 200
+                    rec["argv"] = [a.decode() for a in Path(f"/proc/{s.pgid}/cmdline").read_bytes().split(b"\0")[:-1]]
+                except OSError:
+                    pass
+            done.wait(0.5)
+
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=1200)
+    finally:
+        done.set()
+        watcher.join(10)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out), seen
 
 
 def test_the_page_started_a_listed_server_with_its_flags(launched):
@@ -91,7 +122,7 @@ def test_try_remedy_measures_more_throughput_and_a_change_that_cannot_help_is_sa
     _, _, server = launched
     # The verdict's first remedy, then one chosen by hand (--try-flags) that can only cost throughput: one sequence at
     # a time instead of two. Both against the same before-sweep, in turn; the best wins.
-    res = sweep_cli(server.base_url, "--try-remedy", "1", "--try-flags", "--max-num-seqs 1")
+    res, seen = sweep_cli(server.base_url, "--try-remedy", "1", "--try-flags", "--max-num-seqs 1")
     before = res["before"]
     assert before["verdict"]["kind"] == "capacity-bound", before["verdict"]
     helped, hand = res["trials"]
@@ -112,6 +143,14 @@ def test_try_remedy_measures_more_throughput_and_a_change_that_cannot_help_is_sa
     assert res["best"] == 0 and res["flags_changed"] == helped["flags_changed"] and res["after"] == after
     assert res["before"]["steps"] and res["goodput_change"] and res["verdict"]["kind"] == "helped"
     assert "--max-num-seqs " + helped["flags_changed"]["--max-num-seqs"] in res["command"] and res["history_id"]
+    # the command to copy is the one that ran: the winner's API server had exactly this argv and answered /health
+    ran = seen[after["base_url"]]
+    assert ran["health"] and shlex.split(res["command"]) == ran["argv"] == res["argv"], (res["command"], ran)
+    argv = ran["argv"]
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and Path(argv[0]).is_file()
+    assert Path(argv[argv.index("--model") + 1]).is_dir()  # the model's path, not its served name
+    assert argv[-2:] == ["--max-num-seqs", helped["flags_changed"]["--max-num-seqs"]]
+    assert {"--max-model-len", "--enforce-eager", "--dtype", "--kv-cache-memory-bytes"} <= set(argv)
     for t in res["trials"]:  # the trial servers went with the CLI; the launched one still serves
         assert servers.find_server(t["after"]["base_url"]) is None
     assert server.alive

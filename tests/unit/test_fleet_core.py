@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from core.errors import InputError
-from core.fleet.fleet import FleetSnapshot, Replica, _join, _missing_notes, rank
+from core.fleet.fleet import FleetSnapshot, Replica, _join, _missing_notes, instant_text, rank
 from core.fleet.prom import Sample
 from core.fleet.prom import Cost, Prometheus, auth_from_env
 from core.fleet.promql import Builder, Names, discovery_query, host_of, parse_window
@@ -19,6 +19,7 @@ from core.telemetry.exporter import TelemetryCollector, reasons_to_mask, registr
 from core.telemetry.host import HostSource
 from core.telemetry.nvml import NvmlSource, decode_throttle
 from diagnostics.checks.fleet import CHECKS
+from diagnostics.report import summary_line
 from diagnostics.runner import evaluate
 from tests.fakes.nvml import FakeClock, FakeNvml
 
@@ -200,8 +201,12 @@ def test_saturation_flags_queueing_with_room_in_the_kv_cache_per_replica():
 
 
 def test_two_replicas_are_compared_with_each_other():
-    f = {f.check_id: f for f in evaluate(_snap([_replica("a", 0.5), _replica("b", 8.5)]), CHECKS)}["fleet.slow_replica"]
-    assert f.status.value == "FAIL" and "b's p99 TTFT 8.50 s is 17.0x a's 500.0 ms" in f.verdict
+    a, b = _replica("a", 0.5), _replica("b", 8.5)
+    a.buckets, b.buckets = {"ttft_p99_s": [0.25, 0.5]}, {"ttft_p99_s": [7.5, 10.0]}
+    f = {f.check_id: f for f in evaluate(_snap([a, b]), CHECKS)}["fleet.slow_replica"]
+    # the p99s as the table shows them, their buckets, and the one ratio two buckets support: floor over ceiling
+    assert f.status.value == "FAIL" and "b's p99 TTFT is in the 7.5-10 s bucket, a's in the 250-500 ms bucket, at " \
+        "least 15.0x" in f.verdict and "8.50" not in f.verdict
     close = _snap([_replica("a", 0.01), _replica("b", 0.05)])  # 5x, but 40 ms: the buckets' resolution
     assert {f.check_id: f for f in evaluate(close, CHECKS)}["fleet.slow_replica"].status.value == "PASS"
 
@@ -271,8 +276,9 @@ def test_slow_replica_judges_the_means_first_and_says_when_two_p99s_share_a_buck
     waited.buckets = {"ttft_p99_s": [20.0, 40.0], "itl_p99_s": [0.04, 0.06]}
     f = {f.check_id: f for f in evaluate(_snap([gap, waited]), CHECKS)}["fleet.slow_replica"]
     assert f.status.value == "FAIL" and f.verdict.startswith("Of the two replicas, one is much slower: waited's mean")
-    assert "gap's mean" not in f.verdict and "In the tail only (means alike): gap's p99 inter-token latency" in f.verdict
-    assert "both p99 ttfts fall in the 20-40 s bucket and cannot be told apart" in f.verdict.lower()
+    assert "gap's mean" not in f.verdict and "In the tail only (its means are not slower): gap's p99 inter-token " \
+        "latency is in the 10-20 s bucket, waited's in the 40-60 ms bucket" in f.verdict
+    assert "both replicas' p99 ttft falls in the 20-40 s bucket, so it cannot tell them apart" in f.verdict.lower()
     # three or more: the mean's outlier is flagged, a tail-only outlier named apart, worst first by the means
     fleet = [_replica(f"r{i}", 0.1, ttft_mean_s=0.05 + 0.001 * i, e2e_mean_s=1.0) for i in range(6)]
     fleet += [_replica("waited", 0.1, ttft_mean_s=2.5, e2e_mean_s=3.5),
@@ -312,6 +318,45 @@ def test_a_past_instant_is_parsed_or_refused_with_what_to_give():
     for bad, words in (("yesterday", "not an instant"), ("-2x", "not an instant"), ("2030-01-01T00:00Z", "future")):
         with pytest.raises(InputError, match=words):
             parse_instant(bad, now)
+
+
+@pytest.mark.parametrize("argv", [
+    ["fleet", "--at", "-2m"], ["fleet", "--at=-2m"], ["fleet", "--at", "-2h", "--window", "1m"],
+    ["run", "--since", "-2h", "--at", "-1h"], ["run", "--since=-2h", "--at=-1h"],
+    ["fleet", "--since", "1764990000", "--at", "2025-12-06T05:00"]])
+def test_at_and_since_take_every_documented_form_through_the_real_cli(argv, capsys):
+    """argparse reads "-2m" after --at as an option of its own ("expected one argument", a SystemExit); the CLI
+    takes it, both spelled apart and with '=', and gets as far as asking the (absent) Prometheus."""
+    from diagnostics.__main__ import main
+
+    assert main([*argv, "--prometheus-url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "expected one argument" not in err and "Prometheus is not reachable" in err, err
+
+
+def test_relative_times_are_joined_to_their_option_only_where_they_belong():
+    import time
+    from types import SimpleNamespace
+
+    from diagnostics.cli.fleet import join_time_args, window_and_at
+
+    assert join_time_args(["fleet", "--at", "-2m", "--since", "-2h"]) == ["fleet", "--at=-2m", "--since=-2h"]
+    assert join_time_args(["fleet", "--at", "2026-12-06T03:00"]) == ["fleet", "--at", "2026-12-06T03:00"]
+    assert join_time_args(["serve", "--at", "-2m"]) == ["serve", "--at", "-2m"]  # not a command with --at
+    assert join_time_args(["run", "--", "--at", "-2m"]) == ["run", "--", "--at", "-2m"]
+    window, at = window_and_at(SimpleNamespace(window="5m", at="-1h", since="-2h"))
+    assert window == "1h" and at == pytest.approx(time.time() - 3600, abs=5)  # as asked, not "3600s"
+
+
+def test_a_past_instant_review_says_its_instant_and_window_not_when_it_ran():
+    from diagnostics.findings import RunResult
+
+    done = RunResult("2026-12-06T09:00:00+00:00", 20.0, 20.0, False, "console-host",
+                     {"window": "20s", "at": "2026-12-06T03:10:00+00:00"}, ())
+    line = summary_line(done)
+    assert "over the 20s up to 2026-12-06T03:10:00+00:00 (a past instant)" in line and "09:00" not in line
+    snap = _snap([_replica("a")], at=1_765_000_000.0, t=1_765_000_000.0, window="20s")
+    assert snap.over() == f"the 20s up to {instant_text(1_765_000_000.0)}" and _snap([]).over() == "the last 5m"
 
 
 def test_a_prefill_bound_replica_is_named_per_replica():

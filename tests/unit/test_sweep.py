@@ -55,7 +55,7 @@ def test_a_dataset_that_is_empty_binary_or_missing_is_refused(tmp_path):
 def test_the_knee_is_where_throughput_stops_while_latency_turns_up():
     steps = [step(1, 1.0, 0.1), step(2, 1.8, 0.12), step(4, 1.9, 0.9, queue=0.8), step(8, 1.9, 2.0, queue=1.9)]
     knee = _knee(steps)
-    assert knee["load"] == 2 and "+6%" in knee["how"]
+    assert knee["load"] == 2 and "throughput grew only 6%" in knee["how"]
     assert _knee(steps[:2]) is None  # still growing
 
 
@@ -64,7 +64,7 @@ def test_a_queue_that_holds_most_of_ttft_marks_the_knee_through_noisy_throughput
     # 89% of TTFT at 4 clients: the slots were full.
     steps = [step(1, 1.0, 0.1), step(2, 1.6, 0.12), step(4, 1.92, 0.9, queue=0.8)]
     knee = _knee(steps)
-    assert knee["load"] == 2 and "+20%" in knee["how"] and "queueing was 89% of TTFT" in knee["how"]
+    assert knee["load"] == 2 and "grew only 20%" in knee["how"] and "queueing was 89% of TTFT" in knee["how"]
     assert _knee([step(1, 1.0, 0.1), step(2, 1.6, 0.12), step(4, 1.92, 0.9, queue=0.02)]) is None  # no queue: growing
 
 
