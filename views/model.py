@@ -1,17 +1,19 @@
 """Model page: pick a source, precision and KV cache dtype; load with progress; memory; a streaming prompt box."""
+import threading
 import time
 
 import streamlit as st
 
 from core.engines.pool import DEFAULT_SETUP, Setup
 from core.errors import TriageError
-from core.engines.base import Cancelled
+from core.engines.base import Cancelled, InProcessEngine
 from core.fmt import fmt_bytes
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
 from views.common import generate_view, inputs, runs, session
 
+ss = st.session_state
 st.title("Model")
 st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
 
@@ -111,7 +113,6 @@ with st.form("prompt"):
     go = st.form_submit_button("Generate", type="primary")
 
 
-
 def run_prompt() -> None:
     if not prompt.strip():
         st.warning("The prompt is empty: type some text first.")
@@ -120,37 +121,50 @@ def run_prompt() -> None:
         return
     n_new, temp = int(max_new.value), float(temperature.value)
     hint = runs.speed_hint("decode", setup.label, n_new, "tokens")
-    progress, out = runs.RunProgress(f"Expected: {hint}" if hint else None), st.empty()
+    progress = runs.RunProgress(f"Expected: {hint}" if hint else None)
     streamed, started = [""], time.time()
 
     def show(text: str) -> None:
         streamed[0] = text
         out.code(text, language=None, wrap_lines=True)
 
-    control = None
+    # Set before the run and changed in place: a stop ends the script at its next page update, and a session state
+    # write is one. The rerun after a stop starts beside this unwinding run (Streamlit's fast reruns): "ended" tells
+    # it when this run's outcome is known.
+    last = ss.model_run = {"stopped": False, "saved": None, "ended": threading.Event()}
+
+    def save_stopped(stopped_at: float) -> None:
+        last.update(stopped=True, saved=session.record_stopped_generation(setup, engine, prompt, n_new, temp,
+                                                                          streamed[0], started, stopped_at))
+
     try:
-        with runs.stoppable(progress) as control:
+        with runs.stoppable(progress, button="model_stop", on_stop=save_stopped):  # Stop under the bar
+            out = st.empty()
             runs.wait_for_engine(engine, progress)
+            if isinstance(engine, InProcessEngine):  # the clock ticks on the prompt's first chunk
+                progress.step(0, len(engine.encode(prompt)), "prompt tokens", "Prefill")
             gen = session.stream_generate(engine, prompt, n_new, temp, show,
                                           on_token=lambda i: progress.step(i, n_new, "tokens", "Decode"))
+            saved = session.record_generation(setup, engine, prompt, n_new, temp, gen)  # before the next page update
     except Cancelled:
-        # saved before any st call: a stop by a widget change ends the script at its next one
-        session.record_stopped_generation(setup, engine, prompt, n_new, temp, streamed[0], started,
-                                          control.stopped_at if control else None)
-        st.warning("Stopped: the engine was handed back at the stop; History has the run as cancelled.")
-        return
+        return  # the page reruns at once (the click or the widget change that stopped it) and says so
     except TriageError as exc:
         st.error(str(exc))
         return
     finally:
+        last["ended"].set()
         progress.clear()
     if (warning := session.non_finite_warning(gen, setup)) is not None:
         st.warning(warning)
-    if session.record_generation(setup, engine, prompt, n_new, temp, gen) is None:
+    if saved is None:
         st.caption("This run could not be saved to History (see the server log).")
     generate_view.timing(gen.timing_summary())
 
 
+if (last_run := ss.pop("model_run", None)) and last_run["ended"].wait(5.0) and last_run["stopped"]:
+    st.warning("The last generation was stopped before its end: the engine was handed back at the stop and "
+               + ("History has it as cancelled, with the text generated until then." if last_run["saved"] else
+                  "it could not be saved to History (see the server log)."))
 if go:
     run_prompt()
 show_memory()

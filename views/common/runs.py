@@ -2,17 +2,20 @@
 page's runs kept in session state (ss["lc_<test>"]) and saved to the history (core.long_context.history).
 
 - RunProgress: a bar with the time since the start, work done of its total in its unit (prompt tokens, tokens,
-  prompts, windows, steps) and the time left, estimated from the speed measured so far in this run.
-- stoppable(): engine calls in the block stop at a Cancel, a widget change, a page switch or a closed tab. Streamlit
-  asks a running script to stop by flagging its script thread, which it only reads at the next page update; the
-  block hands that flag to the engine (core.engines.base.RunControl), which reads it between prefill chunks and
-  decode steps, so the CPU is free within about a second of the stop.
+  prompts, windows, steps) and the time left, estimated from the speed measured so far in this run. Its clock ticks
+  every second even while one step (a prefill chunk, a slow decode step, a load) holds the script thread.
+- stoppable(): engine calls in the block stop at a Stop (or Cancel) button it shows while the block runs, a widget
+  change, a page switch or a closed tab. Streamlit asks a running script to stop by flagging its script thread, which
+  it only reads at the next page update; the block hands that flag to the engine (core.engines.base.RunControl),
+  which reads it between prefill chunks and decode steps, so the CPU is free within about a second of the stop.
+  Its on_stop saves what the run did before anything else reaches the page, whichever way the stop came.
 - wait_for_engine(): a run that must wait for another run on the same model says so and counts the seconds.
 - speed_hint(): the time a run should take, from this machine's recent speed (core.store speeds), before it starts.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -20,6 +23,7 @@ import streamlit as st
 
 from core import store
 from core.engines import base, pool
+from core.fmt import fmt_per_s
 from core.long_context import history as hist
 from core.throttle import throttled
 
@@ -40,44 +44,100 @@ def _elapsed(seconds: float) -> str:
 class RunProgress:
     """A run's progress on the page. step(done, total, unit, what) for work counted in units; fraction(f, msg) for
     callers that only know a share (a model load, a feature's own progress(fraction, message)); waiting(seconds)
-    while another run holds the engine. Page updates are throttled (core/throttle.py): they cost the run time."""
+    while another run holds the engine. Page updates are throttled (core/throttle.py): they cost the run time. A
+    ticker thread redraws the last state once a second when nothing else did, so the elapsed time never stands
+    still while a long step runs."""
+
+    TICK_S = 1.0
 
     def __init__(self, hint: str | None = None):
         self._bar = st.progress(0.0, hint or "Starting")
         self._t0 = time.monotonic()
         self._first: dict[tuple, tuple[float, float]] = {}  # per kind of work: when it was first seen, done then
         self._show = throttled(self._draw, is_last=lambda f, text: f >= 1.0)
+        # what the bar shows now, as a function of the time: the ticker redraws it
+        self._now: Callable[[], tuple[float, str]] = lambda: (0.0, f"{hint or 'Starting'} · "
+                                                                   f"{_elapsed(time.monotonic() - self._t0)} elapsed")
+        self._lock, self._drawn, self._done = threading.Lock(), time.monotonic(), threading.Event()
+        _start_ticker(self)
 
     def text(self, done: float, total: float, unit: str, what: str = "") -> str:
         """"Prefill: 4,096 of 22,241 prompt tokens · 12 s elapsed · about 50 s left at 340 prompt tokens/s measured
-        now": the estimate is this kind of work's own speed so far in the run, shown once it has run a second."""
+        now": the estimate is this kind of work's own speed so far in the run, shown once it has run a second. Before
+        the first prompt tokens are done: "Prefill: first chunk of the 22,241 prompt tokens · 3.0 s elapsed"."""
         now = time.monotonic()
         key = (unit, total) if unit == "%" else (what, unit, total)
         t_first, done_first = self._first.setdefault(key, (now, done))
-        head = (f"{what}: {done:.0f}%" if unit == "%"
-                else f"{what + ': ' if what else ''}{done:,.0f} of {total:,.0f} {unit}")
+        if unit == "%":
+            head = f"{what}: {done:.0f}%"
+        elif done == 0 and unit == "prompt tokens":  # a chunk's forward pass is running: nothing to count yet
+            head = f"{what + ': ' if what else ''}first chunk of the {total:,.0f} {unit}"
+        else:
+            head = f"{what + ': ' if what else ''}{done:,.0f} of {total:,.0f} {unit}"
         parts = [head, f"{_elapsed(now - self._t0)} elapsed"]
         ran, did = now - t_first, done - done_first
         if ran >= 1.0 and did > 0 and done < total:
-            rate = "" if unit == "%" else f" at {did / ran:,.0f} {unit}/s measured now"
+            rate = "" if unit == "%" else f" at {fmt_per_s(did / ran, unit)} measured now"
             parts.append(f"about {_elapsed((total - done) * ran / did)} left{rate}")
         return " · ".join(parts)
 
     def step(self, done: float, total: float, unit: str, what: str = "") -> None:
-        self._show(min(max(done / total if total else 1.0, 0.0), 1.0), self.text(done, total, unit, what))
+        f = min(max(done / total if total else 1.0, 0.0), 1.0)
+        self._now = lambda: (f, self.text(done, total, unit, what))
+        self._show(*self._now())
 
     def fraction(self, f: float, msg: str) -> None:
         self.step(round(100 * min(max(f, 0.0), 1.0)), 100, "%", msg)
 
     def waiting(self, seconds: float) -> None:
-        self._bar.progress(0.0, f"Waiting for the run before this one to release the engine: {_elapsed(seconds)} "
-                                "(a stopped run lets go within about a second)")
+        since = time.monotonic() - seconds
+        self._now = lambda: (0.0, "Waiting for the run before this one to release the engine: "
+                                  f"{_elapsed(time.monotonic() - since)} (a stopped run lets go within about a second)")
+        self._draw(*self._now())
 
     def clear(self) -> None:
-        self._bar.empty()
+        self._done.set()
+        with self._lock:
+            self._bar.empty()
 
     def _draw(self, f: float, text: str) -> None:
-        self._bar.progress(f, text)
+        with self._lock:
+            if not self._done.is_set():
+                self._bar.progress(f, text)
+                self._drawn = time.monotonic()
+
+    def _tick(self) -> None:
+        """From the ticker thread: redraw the bar if nothing drew it for a second."""
+        if time.monotonic() - self._drawn >= self.TICK_S:
+            self._draw(*self._now())
+
+
+def _start_ticker(progress: RunProgress) -> None:
+    """Tick `progress` once a second until it is cleared or its script run ends (a stop, an error, the last line).
+    The thread joins the script run's context, as Streamlit's own helper threads do, and only while that run is
+    executing: a tick after it would draw a stale bar into the next run's page. The checks read Streamlit's private
+    state (the runner's _execing flag, the run's cursors, new at each run); tests/e2e cover them."""
+    from streamlit.runtime.scriptrunner_utils.script_run_context import add_script_run_ctx, get_script_run_ctx
+
+    ctx = get_script_run_ctx(suppress_warning=True)
+    runner = getattr(getattr(ctx, "_enqueue", None), "__self__", None)
+    if ctx is None or not hasattr(runner, "_execing"):  # not in a script run (a bare call in a test)
+        return
+    cursors = ctx.cursors
+
+    def running() -> bool:
+        return not progress._done.is_set() and runner._execing and ctx.cursors is cursors
+
+    def tick() -> None:
+        while not progress._done.wait(progress.TICK_S) and running():
+            try:
+                progress._tick()
+            except BaseException:  # noqa: BLE001 - the run is ending (Streamlit's stop): the ticker ends with it
+                return
+
+    thread = threading.Thread(target=tick, name="RunProgress ticker", daemon=True)
+    add_script_run_ctx(thread, ctx)
+    thread.start()
 
 
 def _script_stop_probe() -> Callable[[], bool]:
@@ -103,13 +163,37 @@ def _script_stop_probe() -> Callable[[], bool]:
     return asked
 
 
+STOP_HELP = ("Stops the run within about a second; what it did so far is saved to History as cancelled. Leaving "
+             "the page or closing the tab stops it the same way.")
+
+
 @contextlib.contextmanager
-def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt tokens") -> Iterator[base.RunControl]:
+def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt tokens", *, button: str | None = None,
+              label: str = "Stop", on_stop: Callable[[float], None] | None = None) -> Iterator[base.RunControl]:
     """Engine calls in the block stop when the user stops the script (Cancelled within about a second on the torch
-    engine, a closed stream on a server); the prefill's chunks count on `progress`."""
+    engine, a closed stream on a server); the prefill's chunks count on `progress`.
+
+    button: the key of a `label` button shown here while the block runs (outside any form: its click reruns the
+    script, which is the stop). on_stop(stopped_at): called once when the block ends by a stop, before anything else
+    reaches the page, whether the engine saw it (Cancelled) or Streamlit ended the script at a page update inside the
+    block (a page switch or a closed tab ends it there, not as Cancelled); the stop goes on after it."""
+    box = None
+    if button:
+        box = st.empty()
+        box.button(label, key=button, icon=":material/stop_circle:", help=STOP_HELP)
     on_prefill = (lambda done, total: progress.step(done, total, prefill_unit, "Prefill")) if progress else None
-    with base.controlled(base.RunControl(should_stop=_script_stop_probe(), on_prefill=on_prefill)) as control:
-        yield control
+    control = base.RunControl(should_stop=_script_stop_probe(), on_prefill=on_prefill)
+    try:
+        with base.controlled(control):
+            yield control
+    except BaseException as exc:
+        # a stop is Cancelled, or Streamlit's own stop/rerun (not an Exception); any other error is not a stop
+        if on_stop is not None and (isinstance(exc, base.Cancelled) or not isinstance(exc, Exception)):
+            on_stop(control.stopped_at or time.time())
+        raise
+    finally:
+        if box is not None:
+            box.empty()
 
 
 def wait_for_engine(engine, progress: RunProgress) -> None:
@@ -122,7 +206,7 @@ def speed_hint(what: str, setup_key: str, amount: float, unit: str) -> str | Non
     per_s = store.recent_speed(what, setup_key)
     if not per_s:
         return None
-    return f"about {_elapsed(amount / per_s)} at this machine's recent {per_s:,.0f} {unit}/s on this setup"
+    return f"about {_elapsed(amount / per_s)} at this machine's recent {fmt_per_s(per_s, unit)} on this setup"
 
 
 def metrics(rows: list[tuple[str, str, str]], per_row: int = 5) -> None:
@@ -147,20 +231,18 @@ def run(test: str, model: str, params: dict, engine, fn: Callable, hint: str | N
     ss[f"lc_{test}"], ss.lc_running = [], test
     if hint:
         st.caption(f"Expected: {hint}.")
-    progress, cancel = RunProgress(), st.empty()
-    cancel.button("Cancel", key=f"cancel_{test}")
+    progress = RunProgress()
 
     def go(keep):
         wait_for_engine(engine, progress)
         return fn(progress.fraction, keep)
 
-    with stoppable(progress):
+    with stoppable(progress, button=f"cancel_{test}", label="Cancel"):  # run_recorded saves a stopped run itself
         out = hist.run_recorded(test, model, params, go, ss[f"lc_{test}"].append)
     if out.message:
         (st.warning if out.status == "cancelled" else st.error)(out.message)
     ss[f"lc_{test}_warning"] = out.warning
     progress.clear()
-    cancel.empty()
     ss.lc_running = None
 
 
