@@ -7,7 +7,7 @@ import streamlit as st
 from core.engines.pool import DEFAULT_SETUP, Setup
 from core.errors import TriageError
 from core.engines.base import Cancelled, InProcessEngine
-from core.fmt import fmt_bytes
+from core.fmt import fmt_bytes, fmt_per_s
 from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, parse_model, shown_path
 from core.precision import KVDtype, Precision
 from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
@@ -100,7 +100,7 @@ if speedups:
         mine = [r for r in speedups if r.get("precision") == setup.precision.value]
         if mine:
             st.markdown("This setup's precision there: " + ", ".join(
-                f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({r['tok_s']:.0f} tok/s)" for r in mine))
+                f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({fmt_per_s(r['tok_s'], 'tok')})" for r in mine))
         st.dataframe([display_row(r) for r in speedups], hide_index=True)
         st.caption(source_line())
 

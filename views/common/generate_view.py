@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.fmt import fmt_s, markdown_literal
+from core.fmt import fmt_per_s, fmt_s, markdown_literal
 
 
 def timing(t: dict) -> None:
@@ -13,7 +13,7 @@ def timing(t: dict) -> None:
     cols = st.columns(4)
     cols[0].metric("TTFT", fmt_s(t.get("ttft_s")), help="Request start to first token, measured here (prefill).")
     cols[1].metric("ITL median", fmt_s(t.get("itl_median_s")), help="Median gap between consecutive tokens.")
-    cols[2].metric("Decode", f"{t['decode_tok_s']:.1f} tok/s" if t.get("decode_tok_s") else "N/A",
+    cols[2].metric("Decode", fmt_per_s(t.get("decode_tok_s"), "tok"),
                    help="Tokens after the first, divided by their time.")
     cols[3].metric("Tokens", f"{t.get('prompt_tokens', '?')} in / {t.get('new_tokens', '?')} out")
     if t.get("itl_max_s") and t.get("itl_median_s") and t["itl_max_s"] > 2 * t["itl_median_s"]:

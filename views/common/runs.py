@@ -169,17 +169,18 @@ STOP_HELP = ("Stops the run within about a second; what it did so far is saved t
 
 @contextlib.contextmanager
 def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt tokens", *, button: str | None = None,
-              label: str = "Stop", on_stop: Callable[[float], None] | None = None) -> Iterator[base.RunControl]:
+              label: str = "Stop", where=None, on_stop: Callable[[float], None] | None = None
+              ) -> Iterator[base.RunControl]:
     """Engine calls in the block stop when the user stops the script (Cancelled within about a second on the torch
     engine, a closed stream on a server); the prefill's chunks count on `progress`.
 
-    button: the key of a `label` button shown here while the block runs (outside any form: its click reruns the
-    script, which is the stop). on_stop(stopped_at): called once when the block ends by a stop, before anything else
+    button: the key of a `label` button shown here (or in the container `where`) while the block runs (outside any
+    form: its click reruns the script, which is the stop). on_stop(stopped_at): called once when the block ends by a stop, before anything else
     reaches the page, whether the engine saw it (Cancelled) or Streamlit ended the script at a page update inside the
     block (a page switch or a closed tab ends it there, not as Cancelled); the stop goes on after it."""
     box = None
     if button:
-        box = st.empty()
+        box = (where or st).empty()
         box.button(label, key=button, icon=":material/stop_circle:", help=STOP_HELP)
     on_prefill = (lambda done, total: progress.step(done, total, prefill_unit, "Prefill")) if progress else None
     control = base.RunControl(should_stop=_script_stop_probe(), on_prefill=on_prefill)
