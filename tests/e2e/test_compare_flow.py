@@ -135,6 +135,13 @@ def test_an_fp16_reference_on_gemma_3_is_warned_then_named_as_the_broken_side(ap
     text = verdict.inner_text()
     assert "the FP16 reference overflowed: its logits are not finite at 100% of positions" in text, text
     assert "candidate was not judged" in text and "alibration" not in text
+    # one truth: no card, diff colour or chart judges the candidate against the broken reference
+    assert metric_value(page, "Top-3 token match") == "not judged" and metric_value(page, "vLLM rule") == "not judged"
+    deltas = page.locator('[data-testid="stMetricDelta"]').all_inner_texts()
+    assert len(deltas) == 6 and {d.strip() for d in deltas} == {"the reference is broken"}, deltas
+    main = page.inner_text('[data-testid="stMain"]')
+    assert "first divergence" not in main, main[-3000:]
+    assert "of which load" in main and not page.locator('[data-testid="stPlotlyChart"]').count()
     screenshot(page, "flow-compare-fp16-reference-broken")
 
 
