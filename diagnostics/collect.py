@@ -20,7 +20,7 @@ from core.errors import InputError
 from diagnostics.context import CheckContext, GpuWindow, Series
 
 SCRAPE_EVERY_S = 1.0
-LIVENESS_EVERY_S = 3.0  # a round sends a 1-token canary: often enough to time a stall, rare enough to cost nothing
+LIVENESS_EVERY_S = 3.0  # a round; its canary only where canary_due says so, at the rate canary_gap_s allows
 # Prometheus's default scrape_timeout. vLLM's API server answers /metrics from the same event loop that streams
 # tokens, so under load it answers late (over 3 s on a loaded 2-core CPU host), not never.
 SCRAPE_TIMEOUT_S = 10.0
@@ -138,8 +138,11 @@ class WindowCollector:
             return
         try:
             while not self._liveness_stop.is_set():
+                # a round that began inside the window is kept even if it ends after it: its canary may be in the
+                # window's last scrape, and the checks account for every canary the server counted
+                inside = self._t1_wall is None
                 obs = observer.observe()
-                if self._t1_wall is None:
+                if inside:
                     self.liveness.append(dataclasses.replace(obs, t=obs.t - self._t0_mono))
                 self._liveness_stop.wait(LIVENESS_EVERY_S)
         finally:

@@ -67,8 +67,8 @@ paused = st.toggle("Pause live panels", key="dep_paused", help=f"Panels refresh 
 
 @st.fragment(run_every=None if paused else REFRESH_S)
 def liveness():
-    """Serving, idle, stalled or degraded, from core.deployment.liveness; the checks run on a thread of their own,
-    because a stalled server's canary takes its whole timeout."""
+    """Serving, idle, stalled, degraded or checking, from core.deployment.liveness; the checks run on a thread of
+    their own, because a stalled server's canary takes its whole timeout."""
     watch = ss.get("dep_watch")
     if watch is None or not watch.alive or watch.base_url != info.base_url:
         if watch is not None:
@@ -78,7 +78,8 @@ def liveness():
     if v is None:
         st.info("Liveness: checking (counters on /metrics, /health, a 1-token canary, the engine's processes)...")
         return
-    show = {"serving": st.success, "idle": st.info, "stalled": st.error, "degraded": st.warning}[v.state]
+    show = {"serving": st.success, "idle": st.info, "stalled": st.error, "degraded": st.warning,
+            "checking": st.info}[v.state]
     text = f"**Liveness: {fmt_liveness(v.state, v.kind).lower()}.** {markdown_literal(v.headline)}"
     show(text + (f"  \n**What to do:** {markdown_literal(v.remedy)}" if v.remedy else ""))
     st.caption("Evidence: " + markdown_literal("; ".join(f"{k} {val}" for k, val in v.evidence.items())))

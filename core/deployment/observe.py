@@ -1,12 +1,14 @@
 """The impure half of the liveness verdict: look at one vLLM server once per round (liveness.py judges).
 
-A round: scrape /metrics, GET /health, send the 1-token canary (after the scrape, so the scrape's gauges never count
-the canary), read the server's processes when it runs on this host, and the GPU's activity where NVML sees the
-server's processes. Every step records its failure as evidence instead of raising: a dead server is a verdict, not
-an error. Only `connect()` raises, for a URL that is not a vLLM server at all.
+A round: scrape /metrics, GET /health, read the server's processes when it runs on this host, send the 1-token canary
+where canary_due says so (after the scrape, so the scrape's gauges never count it; dated within the round, so the
+checks can tell which scrapes count it), and read the GPU's activity where NVML sees the server's processes. Every
+step records its failure as evidence instead of raising: a dead server is a verdict, not an error. Only `connect()`
+raises, for a URL that is not a vLLM server at all.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 import threading
@@ -16,8 +18,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from core.deployment.liveness import (STOPPED_STATES, Canary, GpuActivity, Observation, Proc, Tracker, Verdict,
-                                      canary_due)
+from core.deployment.liveness import Canary, GpuActivity, Observation, Proc, Tracker, Verdict, canary_due
 from core.errors import RemoteError, TriageError
 from core.http import http_get, new_session, normalize_base_url, request
 
@@ -25,6 +26,7 @@ CANARY_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 5.0
 SCRAPE_TIMEOUT_S = 5.0
 CANARY_PROMPT = "Hello"
+KEEP_S = 120.0  # the rounds canary_due looks back on (the canary's rate, the last progress)
 
 
 def is_local(base_url: str) -> bool:
@@ -149,9 +151,7 @@ class Observer:
         port = urlsplit(self.base_url).port or (443 if self.base_url.startswith("https") else 80)
         self.processes = ProcessWatch(port) if is_local(self.base_url) else None
         self.gpus = GpuWatch(nvml)
-        self._previous = None  # the last round's snapshot, to see progress
-        self._last_canary: Canary | None = None
-        self._last_canary_t: float | None = None
+        self.rounds: list[Observation] = []  # this observer's rounds of the last KEEP_S: when a canary is due
 
     def connect(self) -> str:
         from core.engines.remote import RemoteEngine
@@ -174,21 +174,19 @@ class Observer:
             health = http_get(self.base_url + "/health", HEALTH_TIMEOUT_S, self.api_key, self._session).status_code
         except RemoteError as exc:
             health_error = str(exc)
-        # The processes before the canary: a stopped engine core cannot answer one, and waiting out its timeout
-        # would only delay the round that names the stop (and leave a queued request behind).
+        # The processes before the canary: a stopped engine core cannot answer one (canary_due sends none), and
+        # waiting out its timeout would only delay the round that names the stop (and leave a queued request behind).
         procs, why = self.processes.read() if self.processes else (None, "the server is not on this host")
-        stopped = any(p.state in STOPPED_STATES and p.role != "API server" for p in procs or ())
-        canary = None
-        age = None if self._last_canary_t is None else t - self._last_canary_t
-        if not stopped and canary_due(self._previous, snap, self._last_canary, age):
-            canary = self.canary()
-            self._last_canary, self._last_canary_t = canary, t
-        if snap is not None:
-            self._previous = snap
+        obs = Observation(t, health, health_error, snap, scrape_error, None, None, procs, why)
+        self.rounds = [o for o in self.rounds if o.t >= t - KEEP_S]
+        if canary_due([*self.rounds, obs]):
+            obs = dataclasses.replace(obs, canary=self.canary(round_t=t))
+        self.rounds.append(obs)
         gpu = self.gpus.read({p.pid for p in procs or () if p.state != "gone"})
-        return Observation(t, health, health_error, snap, scrape_error, canary, gpu, procs, why)
+        return dataclasses.replace(obs, gpu=gpu)
 
-    def canary(self) -> Canary | None:
+    def canary(self, round_t: float | None = None) -> Canary | None:
+        """One 1-token completion; `round_t` (the round's start) dates its sending as sent_after_s."""
         if self.model is None:
             try:
                 self.connect()
@@ -197,17 +195,18 @@ class Observer:
         url = self.base_url + "/v1/completions"
         body = {"model": self.model, "prompt": CANARY_PROMPT, "max_tokens": 1, "temperature": 0.0}
         t0 = time.monotonic()
+        after = 0.0 if round_t is None else t0 - round_t
         try:
             resp = request("POST", url, self.canary_timeout_s, self.api_key, self._session, json=body)
         except RemoteError as exc:
             took = time.monotonic() - t0
             if isinstance(exc.__cause__, requests.ReadTimeout):
-                return Canary(False, took, f"no token within {self.canary_timeout_s:g} s", timed_out=True)
-            return Canary(False, took, str(exc))
+                return Canary(False, took, f"no token within {self.canary_timeout_s:g} s", True, after)
+            return Canary(False, took, str(exc), sent_after_s=after)
         took = time.monotonic() - t0
         if resp.status_code != 200:
-            return Canary(False, took, f"HTTP {resp.status_code}: {resp.text[:160]}")
-        return Canary(True, took)
+            return Canary(False, took, f"HTTP {resp.status_code}: {resp.text[:160]}", sent_after_s=after)
+        return Canary(True, took, sent_after_s=after)
 
     def close(self) -> None:
         self.gpus.close()

@@ -8,7 +8,6 @@ from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fai
 KV_FULL = 0.95  # kv_cache_usage_perc (a 0-1 fraction) at or above this is "near 100%"
 KV_HIGH = 0.90
 
-CANARY_SLACK_S = 5.0  # a liveness round's scrape and /health before its canary: a busy server answers them late
 SLOW_ANSWER_S = 1.0  # a /metrics answer slower than the checklist's scrape interval is worth a word
 
 NO_URL = "vLLM URL: none given (--vllm-url, or the URL field on the page)"
@@ -112,7 +111,8 @@ def decide_kv_pressure(ctx: CheckContext) -> Outcome:
 
 
 def decide_liveness(ctx: CheckContext) -> Outcome:
-    from core.deployment.liveness import DEGRADED, STALLED, classify
+    from core.deployment.liveness import (CANARY_GAP_FACTOR, CANARY_MIN_GAP_S, CHECKING, DEGRADED, STALLED,
+                                          canary_trips, classify)
 
     if not ctx.vllm_url:
         return skip(NO_URL)
@@ -120,13 +120,22 @@ def decide_liveness(ctx: CheckContext) -> Outcome:
         return skip(f"liveness of {ctx.vllm_url}: {ctx.vllm_liveness_reason}")
     rounds = list(ctx.vllm_liveness)
     v = classify(rounds)
-    evidence = {"state": v.state, "kind": v.kind, "rounds": len(rounds),
-                "rounds_span_s": round(rounds[-1].t - rounds[0].t, 1), **v.evidence}
+    trips = canary_trips(rounds)
+    span = rounds[-1].t - rounds[0].t
+    evidence = {"state": v.state, "kind": v.kind, "rounds": len(rounds), "rounds_span_s": round(span, 1),
+                **v.evidence}
+    rate = (f" Canaries: {len(trips)} sent over {span:.0f} s ({sum(not c.finished for c in trips)} without a token), "
+            f"only where the counters could not speak, at most one every {v.evidence['canary_every_s']:g} s here "
+            f"({CANARY_GAP_FACTOR:g}x the server's time to first token, {CANARY_MIN_GAP_S:g} s at least).")
     if v.state == STALLED:
-        return fail(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}", v.remedy, evidence=evidence)
+        return fail(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}{rate}", v.remedy, evidence=evidence)
     if v.state == DEGRADED:
-        return warn(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}", v.remedy, evidence=evidence)
-    return passed(v.headline, evidence=evidence)
+        return warn(f"{fmt_liveness(v.state, v.kind).capitalize()}: {v.headline}{rate}", v.remedy, evidence=evidence)
+    if v.state == CHECKING:  # not settled when the window closed: said as such, with what would settle it
+        return warn(f"Not settled at the window's end, {fmt_liveness(v.state, v.kind).lower()}: {v.headline}{rate}",
+                    v.remedy or f"`python -m diagnostics watch --url {ctx.vllm_url}` follows it until it settles.",
+                    evidence=evidence)
+    return passed(v.headline + rate, evidence=evidence)
 
 
 def _window_anatomy(ctx: CheckContext):
@@ -147,27 +156,38 @@ def _window_anatomy(ctx: CheckContext):
     return (a, snaps), None
 
 
-def _canaries(ctx: CheckContext, t0: float, t1: float) -> list:
-    """The liveness rounds that sent the console's own 1-token canary between two scrapes: real requests, counted in
-    the server's histograms and gauges like any other."""
-    return [o for o in ctx.vllm_liveness if o.canary is not None and t0 <= o.t <= t1]
+def _canary_account(ctx: CheckContext, snaps) -> dict:
+    """The console's own canaries against the window's two end scrapes: the server counts each one it finished like
+    any request, and none that timed out (it aborted those). A scrape is read by the server up to the slowest
+    /metrics answer after it was sent, so a canary near an end may or may not be in the window: `at_most` counts
+    those, `surely` does not."""
+    from core.deployment.liveness import canaries_finished_in, canary_trips
+
+    trips = canary_trips(ctx.vllm_liveness)
+    t0, t1 = snaps[0].t, snaps[-1].t
+    surely, at_most = canaries_finished_in(trips, t0, t1, ctx.vllm_slowest_answer_s or 0.0)
+    sent = [c for c in trips if t0 <= c.sent_t <= t1]
+    return {"trips": trips, "sent": len(sent), "no_token": sum(not c.finished for c in sent), "surely": surely,
+            "at_most": at_most}
 
 
-def _canary_at(ctx: CheckContext, t: float) -> bool:
-    """A canary may have been in flight at a scrape at `t` (its round started before and ended after)."""
-    rounds = list(ctx.vllm_liveness)
-    for o, nxt in zip(rounds, rounds[1:] + [None]):
-        end = o.t + (o.canary.seconds if o.canary else 0.0) + CANARY_SLACK_S
-        if o.canary is not None and o.t <= t <= (end if nxt is None else min(end, nxt.t)):
-            return True
-    return False
+def _canary_words(acc: dict, requests: float) -> str:
+    """' (2 of the 10 the console's 1-token canaries)', 'at most' where the window's ends leave it open."""
+    n = acc["at_most"]
+    if not n:
+        return ""
+    exact = "" if acc["surely"] == n else "at most "
+    return f" ({exact}{n} of the {requests:.0f} the console's 1-token {'canary' if n == 1 else 'canaries'})"
 
 
-def _anatomy_evidence(a, snaps, canaries: list) -> dict:
+def _anatomy_evidence(a, snaps, acc: dict) -> dict:
     ms = (lambda k: None if a.mean(k) is None else round(1000 * a.mean(k), 1))
     pct = (lambda v: None if v is None else round(100 * v, 1))
     kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
-    return {"requests_finished": a.requests, "console_canaries": len(canaries), "queue_mean_ms": ms("queue"),
+    return {"requests_finished": a.requests, "console_canaries": acc["at_most"],
+            "console_canaries_surely": acc["surely"], "console_canaries_sent": acc["sent"],
+            "console_canaries_without_token": acc["no_token"], "load_requests_finished": a.requests - acc["at_most"],
+            "queue_mean_ms": ms("queue"),
             "prefill_mean_ms": ms("prefill"), "decode_mean_ms": ms("decode"), "ttft_mean_ms": ms("ttft"),
             "queue_share_of_ttft_pct": pct(a.queue_share_ttft), "prefill_share_of_ttft_pct": pct(a.prefill_share_ttft),
             "before_engine_share_of_ttft_pct": pct(a.before_engine_share_ttft),
@@ -182,33 +202,55 @@ def _in_prefill(a) -> float | None:
     return p.mean_s * p.count / a.window_s if p is not None and p.mean_s is not None and a.window_s > 0 else None
 
 
+def _load_waiting(ctx: CheckContext, snaps, trips: list) -> tuple[float | None, float | None, int]:
+    """(the load's peak of requests waiting for capacity, the gauge at that scrape, the console's canaries that may
+    have been in it): a canary outstanding at a scrape is in its gauges, and is no request of the load's."""
+    from core.deployment.liveness import canaries_outstanding_at
+
+    if not any(s.waiting_by_reason for s in snaps):
+        return None, None, 0
+    answer = ctx.vllm_slowest_answer_s or 0.0
+    rows = [(max(0.0, s.waiting_by_reason.get("capacity", 0.0) - (k := canaries_outstanding_at(trips, s.t, answer))),
+             s.waiting_by_reason.get("capacity", 0.0), k) for s in snaps]
+    return max(rows, key=lambda r: (r[0], -r[2]))
+
+
 def decide_saturation(ctx: CheckContext) -> Outcome:
     """Requests wait for a scheduling slot while the KV cache has room: the anatomy of the window's requests."""
-    from core.telemetry.vllm_anatomy import SATURATION_REMEDY, saturation_reason
+    from core.telemetry.vllm_anatomy import (KV_ROOM, PREFILL_BUSY, QUEUE_SHARE_SATURATED, SATURATION_REMEDY,
+                                             saturation_reason)
 
     got, out = _window_anatomy(ctx)
     if out is not None:
         return out
     a, snaps = got
-    canaries = _canaries(ctx, snaps[0].t, snaps[-1].t)
+    acc = _canary_account(ctx, snaps)
     kv_peak = max((s.kv_cache_usage for s in snaps if s.kv_cache_usage is not None), default=None)
-    waiting, peak_t = None, None
-    if any(s.waiting_by_reason for s in snaps):
-        peak = max(snaps, key=lambda s: s.waiting_by_reason.get("capacity", 0.0))
-        waiting, peak_t = peak.waiting_by_reason.get("capacity", 0.0), peak.t
-    evidence = {**_anatomy_evidence(a, snaps, canaries), "max_waiting_for_capacity": waiting}
-    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak, in_prefill=_in_prefill(a))
+    waiting, gauge, in_gauge = _load_waiting(ctx, snaps, acc["trips"])
+    evidence = {**_anatomy_evidence(a, snaps, acc), "max_waiting_for_capacity": waiting}
+    if in_gauge:
+        evidence.update(waiting_for_capacity_gauge_at_peak=gauge, console_canaries_in_gauge_at_peak=in_gauge)
+    in_prefill = _in_prefill(a)
+    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak, in_prefill=in_prefill)
+    over = f"over {a.requests:.0f} request(s){_canary_words(acc, a.requests)}"
     if why:
-        if waiting and peak_t is not None and _canary_at(ctx, peak_t):
-            why = why.replace(" waiting for capacity", " waiting for capacity (1 of them may be the console's "
-                              "canary)", 1)
-            evidence["canary_in_flight_at_peak"] = True
-        return fail("Saturated: " + why, SATURATION_REMEDY + " `python -m diagnostics sweep --url URL` finds the "
-                    "load where it starts and what the server serves within an SLO.", evidence=evidence)
-    share = "N/A" if a.queue_share_ttft is None else f"{100 * a.queue_share_ttft:.0f}%"
-    own = f" ({len(canaries)} of them the console's canary)" if canaries else ""
-    return passed(f"Queueing is {share} of the mean time to first token over {a.requests:.0f} request(s){own}: "
-                  "requests do not wait for a slot.", evidence=evidence)
+        if in_gauge and waiting:
+            mine = "the console's canary" if in_gauge == 1 else f"the console's {in_gauge} canaries"
+            why = why.replace(" waiting for capacity", f" of the load waiting for capacity (the gauge read "
+                              f"{gauge:.0f}, less {mine} outstanding then)", 1)
+        return fail(f"Saturated {over}: " + why, SATURATION_REMEDY + " `python -m diagnostics sweep --url URL` "
+                    "finds the load where it starts and what the server serves within an SLO.", evidence=evidence)
+    share = a.queue_share_ttft
+    said = "N/A" if share is None else f"{100 * share:.0f}%"
+    head = f"Queueing is {said} of the mean time to first token {over}"
+    if share is not None and share >= QUEUE_SHARE_SATURATED and in_prefill is not None and in_prefill >= PREFILL_BUSY:
+        return passed(f"{head}, but not for a slot: the engine prefills nearly all the time ({in_prefill:.1f} "
+                      "request(s) in prefill at once on average), so requests wait behind other prompts' prefill. "
+                      "That is vllm.prefill's finding.", evidence=evidence)
+    if share is not None and share >= QUEUE_SHARE_SATURATED and kv_peak is not None and kv_peak >= KV_ROOM:
+        return passed(f"{head}, but not for a slot: the KV cache peaked at {100 * kv_peak:.0f}%, so requests wait "
+                      "for memory. That is vllm.kv_pressure's finding.", evidence=evidence)
+    return passed(f"{head}: requests do not wait for a slot.", evidence=evidence)
 
 
 def decide_prefill(ctx: CheckContext) -> Outcome:
@@ -222,23 +264,22 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
     if out is not None:
         return out
     a, snaps = got
-    canaries = _canaries(ctx, snaps[0].t, snaps[-1].t)
-    evidence = {**_anatomy_evidence(a, snaps, canaries), "in_prefill": _in_prefill(a)}
+    acc = _canary_account(ctx, snaps)
+    evidence = {**_anatomy_evidence(a, snaps, acc), "in_prefill": _in_prefill(a)}
     pj = prefill_judgement(a.mean("queue"), a.mean("prefill"), a.mean("ttft"),
                            a.requests / a.window_s if a.window_s > 0 else None)
     if pj is None:
         return skip("prefill's share of TTFT: this vLLM exports no prefill or TTFT histogram")
-    own = (f" ({len(canaries)} of the {a.requests:.0f} request(s) the console's 1-token "
-           f"{'canary' if len(canaries) == 1 else 'canaries'})") if canaries else ""
+    over = f"over {a.requests:.0f} request(s){_canary_words(acc, a.requests)}"
     if not pj.bound:
-        return passed(f"Not prefill-bound over {a.requests:.0f} request(s){own}: {pj.reason}.", evidence=evidence)
+        return passed(f"Not prefill-bound {over}: {pj.reason}.", evidence=evidence)
     cfg = server_config(snaps[-1], None, flags_of(ctx.launch_cmd))
     rem = remedies("prefill-bound", Facts(prefill_lone_s=None), cfg)
     evidence["remedy_flags"] = [r["flags"] for r in rem if r["flags"]]
     text = " ".join(r["text"] for r in rem) + (" `python -m diagnostics sweep --url URL --prompt-tokens N` measures "
                                                "it at growing load.")
     head = "Requests queue behind prefills" if pj.queued_behind else "Prefill-bound"
-    return warn(f"{head}{own}: {pj.reason}.", text, evidence=evidence)
+    return warn(f"{head} {over}: {pj.reason}.", text, evidence=evidence)
 
 
 CHECKS = (

@@ -26,8 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the precision you asked for, when the launch command does not say")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.add_argument("--quick", action="store_true",
-                   help="with --vllm-url: a first answer within seconds from the server's counters since it started "
-                        "and a 5 s window, before the full window refines it")
+                   help="with --vllm-url: a first answer within seconds from the server's counters since it started, "
+                        "beside a 5 s window's own, before the full window refines it (and says what it revised)")
     add_prometheus_args(p, required=False)  # given: the fleet checklist from Prometheus instead of this host
     p.add_argument("--report-dir", metavar="D", help="also write Markdown, JSON and HTML reports into D "
                    "(HTML needs plotly; without it the other two are written and the run still exits 0)")
@@ -66,13 +66,17 @@ def main(args: argparse.Namespace) -> int:
             print(f"[{fraction:4.0%}] {message}", file=sys.stderr)
 
     started = time.time()
-    if args.quick and args.vllm_url:
-        _first_answer(args)
+    first = _first_answer(args) if args.quick and args.vllm_url else None
     try:
         result = runner.run(args.duration, vllm_url=args.vllm_url, launch_cmd=args.launch_cmd,
                             requested_precision=args.precision, progress=progress, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, previous)
+    if first is not None:
+        from diagnostics.quick import revisions
+
+        for line in revisions(first, result.findings, result.window_s):
+            print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
     store.record("checklist", report.history_title(result.inputs, args.duration), result.to_dict(),
                  report.history_summary(result), started_at=started)
     if args.report_dir:
@@ -88,16 +92,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_answer(args: argparse.Namespace) -> None:
-    """Print the quick answer (on stderr with --json, so the JSON stays whole); a failure is said, not raised."""
+def _first_answer(args: argparse.Namespace):
+    """Print the quick answer (on stderr with --json, so the JSON stays whole) and return it, for the full window to
+    revise; a failure is said, not raised (None)."""
     from core.errors import TriageError
     from diagnostics.quick import first_answer, format_first_answer
 
     t0 = time.monotonic()
     out = sys.stderr if args.json else sys.stdout
     try:
-        findings, judged = first_answer(args.vllm_url, launch_cmd=args.launch_cmd)
+        answer = first_answer(args.vllm_url, launch_cmd=args.launch_cmd)
     except (TriageError, ValueError) as exc:
         print(f"No first answer: {exc}", file=out, flush=True)
-        return
-    print(format_first_answer(findings, judged, time.monotonic() - t0), file=out, flush=True)
+        return None
+    print(format_first_answer(answer, time.monotonic() - t0), file=out, flush=True)
+    return answer

@@ -9,17 +9,21 @@ import signal
 import sys
 import time
 
+from core.deployment.liveness import CANARY_GAP_FACTOR, CANARY_MIN_GAP_S
 from core.errors import InputError
 from core.fmt import fmt_liveness
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "watch", help="watch one vLLM server: serving, idle, stalled or degraded, a line per change",
-        description="Checks a vLLM server every interval (counters on /metrics, /health, a 1-token canary, and on "
-                    "this host its processes and GPU) and prints a line whenever its state changes: serving, idle, "
-                    "stalled (which kind, with the evidence and what to do) or degraded. Runs until Ctrl-C or "
-                    "--max-seconds; exits 0 then.")
+        "watch", help="watch one vLLM server: serving, idle, stalled, degraded or checking, a line per change",
+        description="Checks a vLLM server every interval (counters on /metrics, /health, and on this host its "
+                    "processes and GPU; a 1-token canary only where the counters cannot speak, at most one every "
+                    f"{CANARY_MIN_GAP_S:g} s or {CANARY_GAP_FACTOR:g}x the server's time to first token, whichever is "
+                    "longer) and prints a line whenever its state changes: serving, idle (a canary got its token "
+                    "after the last progress), stalled (which kind, with the evidence and what to do), degraded, or "
+                    "checking (the evidence fits both a live and a stopped engine until the next rounds decide). "
+                    "Runs until Ctrl-C or --max-seconds; exits 0 then.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between checks (default 2)")
     p.add_argument("--max-seconds", type=float, metavar="S", help="stop after S seconds (default: run until Ctrl-C)")
@@ -51,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--canary-timeout must be 0.5 to 120 s; got {args.canary_timeout:g}.")
     observer = Observer(args.url, args.api_key, args.canary_timeout)
     model = observer.connect()  # a URL that is no vLLM server fails here, with the reason, before any verdict
-    print(f"watching {observer.base_url} (model {model}) every {args.interval:g} s"
-          + ("" if observer.processes else "; not on this host, so its processes are not read"), file=sys.stderr)
+    print(f"watching {observer.base_url} (model {model}) every {args.interval:g} s; canaries only where the counters "
+          f"cannot speak, at most one every {CANARY_MIN_GAP_S:g} s or {CANARY_GAP_FACTOR:g}x the server's time to "
+          "first token" + ("" if observer.processes else "; not on this host, so its processes are not read"),
+          file=sys.stderr)
     tracker, t0, shown = Tracker(), time.monotonic(), None
     # Ctrl-C ends a watch even where it was started with SIGINT ignored (a background job), and so does SIGTERM (a
     # service manager's stop): both end it cleanly, with exit code 0.

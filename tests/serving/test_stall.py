@@ -21,7 +21,7 @@ import psutil
 import pytest
 import requests
 
-from core.deployment.liveness import DEGRADED, IDLE, SERVING, STALLED, Tracker
+from core.deployment.liveness import CHECKING, DEGRADED, IDLE, SERVING, STALLED, Tracker
 from core.deployment.observe import Observer
 from core.engines.vllm_engine import VllmEngine
 from core.precision import KVDtype
@@ -230,6 +230,116 @@ def test_an_idle_server_is_idle_and_never_stalled(server):
     assert "engine core" in seen[-1][1].evidence["processes"]
 
 
+def test_the_checklist_counts_its_own_canaries_exactly(server):
+    """The field test's 'Prefill-bound (6 of the 10 request(s) the console's 1-token canaries)' when at most 2 could
+    be: the checklist's counts against this test's own requests. The load (2 clients x 3 short requests) runs inside
+    the window, which is ended only after it: every load request the server finished in the window is this test's,
+    and every other one is a canary the console sent."""
+    from diagnostics.runner import run
+
+    url, load_n = server.base_url, 6
+    cancel, out, done = threading.Event(), {}, []
+    window = threading.Thread(target=lambda: out.update(result=run(120.0, vllm_url=url, cancel=cancel)), daemon=True)
+    window.start()
+    time.sleep(5)  # the window's first scrapes are in
+
+    def client() -> None:
+        rng = random.Random()
+        for _ in range(load_n // 2):
+            body = {"model": "gemma-3-270m", "prompt": [rng.randrange(1000, 200_000) for _ in range(64)],
+                    "max_tokens": 8, "ignore_eos": True}
+            requests.post(url + "/v1/completions", json=body, timeout=300).raise_for_status()
+            done.append(time.monotonic())
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join(300)
+    time.sleep(12)  # quiet: the liveness rounds prove the server idle again with a canary
+    cancel.set()
+    window.join(120)
+    assert len(done) == load_n and "result" in out
+    findings = {f.check_id: f for f in out["result"].findings}
+    ev = findings["vllm.prefill"].evidence
+    m, surely, at_most = ev["requests_finished"], ev["console_canaries_surely"], ev["console_canaries"]
+    print(f"\nchecklist: {findings['vllm.prefill'].verdict}\n  the server's histograms: {m:.0f} requests finished in "
+          f"the window; this test's own: {load_n}; canaries sent {ev['console_canaries_sent']}, without a token "
+          f"{ev['console_canaries_without_token']}, counted {surely} to {at_most}\n  liveness: "
+          f"{findings['vllm.liveness'].verdict}")
+    assert surely <= m - load_n <= at_most, ev  # the canaries the server finished, bounded by the console's count
+    assert ev["load_requests_finished"] <= load_n and ev["console_canaries_sent"] >= at_most
+    if surely == at_most:
+        assert ev["load_requests_finished"] == load_n
+    if surely == at_most > 0:
+        assert f"({at_most} of the {m:.0f} the console's" in \
+            findings["vllm.prefill"].verdict
+
+
+def _rounds(observer: Observer, tracker: Tracker, seconds: float, until=None, interval_s: float = 2.0):
+    """[(round's monotonic start, verdict)] for `seconds`, or until `until(verdict)` holds."""
+    seen, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        obs = observer.observe()
+        v = tracker.add(obs)
+        seen.append((obs.t, v))
+        if until is not None and until(v):
+            break
+        time.sleep(max(0.0, interval_s - (time.monotonic() - obs.t)))
+    return seen
+
+
+def _contradictions(seen, resumed_at: float) -> list[str]:
+    """Each change of state that the next change denies within 5 s: a live state (serving, idle) then a stall that
+    takes time to show, or such a stall then a live state with no SIGCONT in between."""
+    changes = [(t, v) for i, (t, v) in enumerate(seen) if i == 0 or v.state != seen[i - 1][1].state]
+    bad = []
+    for (t0, a), (t1, b) in zip(changes, changes[1:]):
+        timed = (lambda v: v.state == STALLED and v.kind not in ("engine_dead", "api_down"))
+        if t1 - t0 < 5 and ((a.state in (SERVING, IDLE) and timed(b))
+                            or (timed(a) and b.state in (SERVING, IDLE) and not t0 < resumed_at <= t1)):
+            bad.append(f"{a.state}/{a.kind} then {b.state}/{b.kind} {t1 - t0:.1f} s later")
+    return bad
+
+
+def test_sigstop_right_after_requests_are_sent_is_never_idle(server):
+    """The field case: 2.7-3.5 s after `kill -STOP` of the engine core, with two requests just sent (they waited 27 s),
+    watch printed 'IDLE: Idle: no requests in flight; the canary got its token.' and STALLED 2 s later. A stopped
+    engine is checked, then stalled: never idle, and no state is denied by the next within 5 s."""
+    observer = Observer(server.base_url)
+    observer.connect()
+    tracker = Tracker()
+    seen = _rounds(observer, tracker, 40.0, until=lambda v: v.state == IDLE)
+    assert seen[-1][1].state == IDLE, [f"{v.state}/{v.kind}" for _, v in seen]  # idle, proven by a canary
+    core = engine_core(server)
+    before = scrape(server.base_url).requests_finished
+    load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)
+    time.sleep(0.3)  # sent: the engine's gauges may not show them yet
+    os.kill(core.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        seen += _rounds(observer, tracker, DETECT_S + 10, until=lambda v: v.state == STALLED)
+        frozen = scrape(server.base_url)
+        done_while_stopped = load.done
+    finally:
+        os.kill(core.pid, signal.SIGCONT)
+    resumed_at = time.monotonic()
+    seen += _rounds(observer, tracker, 60.0, until=lambda v: v.state in (SERVING, IDLE) and load.done == 2)
+    load.end()
+    after = scrape(server.base_url).requests_finished
+    lines = [f"{t - stopped_at:+.1f}s {v.state}/{v.kind}: {v.headline}" for t, v in seen if t > stopped_at - 6]
+    print("\nSIGSTOP with 2 requests just sent:\n  " + "\n  ".join(lines))
+    print(f"  ground truth: the test's 2 requests finished {done_while_stopped} while stopped, {load.done} after "
+          f"SIGCONT; the server's requests_finished {before:.0f} before, {frozen.requests_finished:.0f} while stopped "
+          f"(gauges {frozen.running:.0f} running, {frozen.waiting:.0f} waiting), {after:.0f} after")
+    stall = next(((t, v) for t, v in seen if t > stopped_at and v.state == STALLED), None)
+    assert stall is not None and stall[1].kind == "engine_stopped", lines
+    between = [f"{v.state}/{v.kind}" for t, v in seen if stopped_at < t < stall[0]]
+    assert IDLE not in {s.split("/")[0] for s in between}, between
+    assert not _contradictions(seen, resumed_at), _contradictions(seen, resumed_at)
+    assert done_while_stopped == 0 and load.done == 2, load.errors
+
+
 def test_long_prompts_under_steady_load_are_serving_never_stalled(server):
     observer = Observer(server.base_url)
     observer.connect()
@@ -244,8 +354,10 @@ def test_long_prompts_under_steady_load_are_serving_never_stalled(server):
           f"slowest canary {max(_secs(v) for _, v in seen):.2f} s")
     assert not [s for s in states(seen) if STALLED in s], states(seen)
     # A canary that lands beside a long prefill can wait past its timeout on a busy host: degraded (slow_canary) is the
-    # honest verdict for those rounds, never any other degradation, and serving is the rule.
+    # honest verdict for those rounds, never any other degradation; checking is said while no sign of life has come
+    # for longer than the server's longest step so far, never of a stopped engine; serving is the rule.
     assert all(v.kind == "slow_canary" for _, v in seen if v.state == DEGRADED), states(seen)
+    assert all(v.kind in ("no_progress", "canary_failed") for _, v in seen if v.state == CHECKING), states(seen)
     assert counts.get(SERVING, 0) >= 0.6 * len(seen), states(seen)
     assert load.done > 0 and not load.errors, load.errors[:3]
 

@@ -437,14 +437,15 @@ def grown(h, n: int, seconds: float):
     return Histogram([(le, c + n) for le, c in h.buckets], h.count + n, h.sum + seconds)
 
 
-def anatomy_ctx(queue_s: float, prefill_s: float, kv: float = 0.01, waiting_capacity: float = 3.0) -> CheckContext:
-    """The recorded page, then 4 more requests with the given total queue and prefill seconds."""
+def anatomy_ctx(queue_s: float, prefill_s: float, kv: float = 0.01, waiting_capacity: float = 3.0,
+                n: int = 4) -> CheckContext:
+    """The recorded page, then `n` more requests over 10 s with the given total queue and prefill seconds."""
     h = AFTER_3.histograms
     after = dataclasses.replace(AFTER_3, t=10.0, kv_cache_usage=kv, waiting_by_reason={"capacity": waiting_capacity},
-                                histograms={**h, "queue": grown(h["queue"], 4, queue_s),
-                                            "prefill": grown(h["prefill"], 4, prefill_s),
-                                            "ttft": grown(h["ttft"], 4, queue_s + prefill_s + 0.04),
-                                            "e2e": grown(h["e2e"], 4, queue_s + prefill_s + 3.0)})
+                                histograms={**h, "queue": grown(h["queue"], n, queue_s),
+                                            "prefill": grown(h["prefill"], n, prefill_s),
+                                            "ttft": grown(h["ttft"], n, queue_s + prefill_s + 0.04),
+                                            "e2e": grown(h["e2e"], n, queue_s + prefill_s + 3.0)})
     return CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(AFTER_3, after))
 
 
@@ -476,15 +477,62 @@ def test_prefill_warns_when_prefill_holds_ttft_or_requests_queue_behind_it():
     assert decide("vllm.prefill", anatomy_ctx(queue_s=8.0, prefill_s=0.4)).status is Status.PASS
 
 
-def test_the_consoles_canary_is_accounted_in_the_anatomy_checks():
+def test_the_consoles_canaries_are_counted_exactly_in_the_anatomy_checks():
+    """The field case: 10 requests finished in the window, 8 of them the load's. The console's liveness rounds sent 6
+    canaries; 4 timed out (the server aborted them: never finished, never counted) and 2 got their token inside the
+    window. The old count said '6 of the 10'."""
     from core.deployment.liveness import Canary, Observation
 
-    ctx = anatomy_ctx(queue_s=8.0, prefill_s=0.4)
-    ctx = dataclasses.replace(ctx, vllm_liveness=(Observation(t=8.0, canary=Canary(True, 0.5)),))
-    f = decide("vllm.saturation", ctx)
-    assert "(1 of them may be the console's canary)" in f.verdict and f.evidence["console_canaries"] == 1
+    timed_out = Canary(False, 5.0, "no token within 5 s", True, 0.3)
+    rounds = (Observation(0.5, canary=timed_out), Observation(2.0, canary=Canary(True, 0.4, sent_after_s=0.3)),
+              Observation(3.0, canary=timed_out), Observation(5.0, canary=Canary(True, 1.5, sent_after_s=0.3)),
+              Observation(7.0, canary=timed_out), Observation(8.5, canary=timed_out))
+    ctx = dataclasses.replace(anatomy_ctx(queue_s=1.0, prefill_s=30.0, n=10), vllm_liveness=rounds,
+                              vllm_slowest_answer_s=0.2)
     f = decide("vllm.prefill", ctx)
-    assert "(1 of the 4 request(s) the console's 1-token canary)" in f.verdict
+    assert "over 10 request(s) (2 of the 10 the console's 1-token canaries)" in f.verdict, f.verdict
+    ev = f.evidence
+    assert (ev["console_canaries"], ev["console_canaries_sent"], ev["console_canaries_without_token"]) == (2, 6, 4)
+    assert ev["load_requests_finished"] == 8
+    # a canary sent while the window's last scrape was being answered may or may not be in it: "at most"
+    late = (*rounds, Observation(9.8, canary=Canary(True, 0.3, sent_after_s=0.1)))
+    f = decide("vllm.prefill", dataclasses.replace(ctx, vllm_liveness=late))
+    assert "(at most 3 of the 10 the console's 1-token canaries)" in f.verdict, f.verdict
+    assert f.evidence["console_canaries_surely"] == 2
+
+
+def test_a_canary_waiting_for_capacity_is_not_counted_as_the_loads():
+    """The field case: 6 clients on 2 slots, the gauge read 5 waiting for capacity while a canary was outstanding:
+    the load had 4 waiting, and the headline says 4."""
+    from core.deployment.liveness import Canary, Observation
+
+    ctx = anatomy_ctx(queue_s=8.0, prefill_s=0.4, waiting_capacity=5.0)
+    outstanding = Observation(t=8.0, canary=Canary(True, 4.0, sent_after_s=0.2))  # 8.2 to 12.2: over the last scrape
+    f = decide("vllm.saturation", dataclasses.replace(ctx, vllm_liveness=(outstanding,)))
+    assert f.status is Status.FAIL
+    assert "with 4 request(s) of the load waiting for capacity (the gauge read 5, less the console's canary " \
+           "outstanding then)" in f.verdict, f.verdict
+    assert f.evidence["max_waiting_for_capacity"] == 4 and f.evidence["console_canaries_in_gauge_at_peak"] == 1
+    # its token came after the last scrape: the server may have finished it just before that read, or not
+    assert (f.evidence["console_canaries"], f.evidence["console_canaries_surely"]) == (1, 0)
+    assert "(at most 1 of the 4 the console's 1-token canary)" in f.verdict
+    done = Observation(t=8.0, canary=Canary(True, 0.5, sent_after_s=0.2))  # finished before the last scrape
+    f = decide("vllm.saturation", dataclasses.replace(ctx, vllm_liveness=(done,)))
+    assert "with 5 request(s) waiting for capacity" in f.verdict and "(1 of the 4 the console's" in f.verdict
+
+
+def test_queueing_behind_prefill_points_at_vllm_prefill_not_at_slots():
+    """Item 7 of the field test: 'Queueing is 51% ...: requests do not wait for a slot' on a prefill-bound server
+    read as a contradiction. The PASS now says where they wait, and which finding has it."""
+    behind = anatomy_ctx(queue_s=30.0, prefill_s=17.6)
+    f = decide("vllm.saturation", behind)
+    assert f.status is Status.PASS
+    assert "but not for a slot" in f.verdict and "behind other prompts' prefill" in f.verdict
+    assert "vllm.prefill's finding" in f.verdict and "do not wait for a slot" not in f.verdict
+    f = decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4, kv=0.97))
+    assert f.status is Status.PASS and "vllm.kv_pressure's finding" in f.verdict
+    f = decide("vllm.saturation", anatomy_ctx(queue_s=0.01, prefill_s=2.0))
+    assert f.status is Status.PASS and f.verdict.endswith("requests do not wait for a slot.")
 
 
 def test_the_first_answer_judges_the_servers_counters_since_it_started():
@@ -492,14 +540,41 @@ def test_the_first_answer_judges_the_servers_counters_since_it_started():
 
     # The recorded page (3 requests since the server started), read twice 2 s apart, an hour after its start
     snaps = [dataclasses.replace(AFTER_3, t=0.0), dataclasses.replace(AFTER_3, t=2.0)]
-    findings, judged = judge(snaps, AFTER_3.process_start_time_s + 3600, URL)
-    assert "since it started 60.0 min ago" in judged and sorted(f.check_id for f in findings) == sorted(QUICK_CHECKS)
-    sat = next(f for f in findings if f.check_id == "vllm.saturation")
+    answer = judge(snaps, AFTER_3.process_start_time_s + 3600, URL)
+    assert answer.since == "since the server started (60.0 min ago, 3 requests)"
+    assert sorted(f.check_id for f in answer.lifetime) == sorted(QUICK_CHECKS)
+    sat = next(f for f in answer.lifetime if f.check_id == "vllm.saturation")
     assert sat.evidence["requests_finished"] == 3  # the lifetime's requests, not the 2 s window's none
-    text = format_first_answer(findings, judged, 5.2)
-    assert text.startswith("First answer in 5.2 s") and "vllm.prefill" in text
+    window_sat = next(f for f in answer.window if f.check_id == "vllm.saturation")
+    assert window_sat.status is Status.SKIP and "no request finished" in window_sat.missing
+    text = format_first_answer(answer, 5.2)
+    assert text.startswith("First answer in 5.2 s") and "vllm.prefill since the server started (60.0 min ago" in text
+    assert "the 2 s window alone: SKIP" in text
     no_start = [dataclasses.replace(s, process_start_time_s=None) for s in snaps]
-    assert "no start time" in judge(no_start, 0.0, URL)[1]
+    assert "no start time" in format_first_answer(judge(no_start, 0.0, URL), 1.0)
+
+
+def test_a_first_answer_from_an_earlier_workload_is_revised_in_words():
+    """The field case: --quick said 'Prefill-bound ... (1.97 s of 3.11 s)' from the lifetime counters (an earlier
+    2,000-token workload); the full window said not prefill-bound, and nothing withdrew the first answer."""
+    from diagnostics.quick import format_first_answer, judge, revisions
+
+    h = AFTER_3.histograms
+    earlier = dataclasses.replace(AFTER_3, histograms={  # 158 more long prompts since the start: 161 in all
+        **h, "queue": grown(h["queue"], 158, 158 * 0.5), "prefill": grown(h["prefill"], 158, 158 * 2.0),
+        "ttft": grown(h["ttft"], 158, 158 * 3.1), "e2e": grown(h["e2e"], 158, 158 * 6.0)})
+    quick = [dataclasses.replace(earlier, t=0.0), dataclasses.replace(earlier, t=5.0)]
+    answer = judge(quick, AFTER_3.process_start_time_s + 14.9 * 60, URL)
+    text = format_first_answer(answer, 5.1)
+    assert "WARN  vllm.prefill since the server started (14.9 min ago, 161 requests): Prefill-bound" in text, text
+    assert "the 5 s window alone: SKIP" in text
+    full = [decide("vllm.prefill", anatomy_ctx(queue_s=0.01, prefill_s=0.4)),
+            decide("vllm.saturation", anatomy_ctx(queue_s=0.01, prefill_s=0.4))]
+    (line,) = revisions(answer, full, 60.0)
+    assert line.startswith("revised: vllm.prefill: since the server started (14.9 min ago, 161 requests) it read "
+                           "WARN Prefill-bound over 161 request(s)"), line
+    assert "Over the 60 s window it reads PASS Not prefill-bound" in line
+    assert not revisions(answer, [decide("vllm.prefill", anatomy_ctx(queue_s=1.0, prefill_s=17.6))], 60.0)
 
 
 def test_saturation_skips_without_requests_or_histograms():
