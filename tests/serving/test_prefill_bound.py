@@ -130,7 +130,9 @@ def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_
     stop, threads = closed_loop(prefill_case.eng, FreshPrompts(prefill_case.tokens, 3), 3, prefill_case.new_tokens,
                                  finished)
     try:
+        t0 = time.time()
         out = _cli("run", "--vllm-url", url, "--quick", "--duration", "25", "--json", timeout=300)
+        t1 = time.time()
     finally:
         stop.set()
         for t in threads:
@@ -142,6 +144,14 @@ def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_
     print("\n" + pre["verdict"])
     assert pre["status"] == "WARN", pre
     assert pre["evidence"]["prefill_mean_ms"] >= 1000 and pre["evidence"]["remedy_flags"] == []
+    # Canaries counted exactly: never more than were sent, and what is left for the load is no more than the load's
+    # own requests counted here as finished while the checklist ran (its window lies inside that span).
+    ev = pre["evidence"]
+    mine = sum(t0 <= t <= t1 for t in finished)
+    assert ev["console_canaries_surely"] <= ev["console_canaries"] <= ev["console_canaries_sent"], ev
+    assert ev["load_requests_finished"] == ev["requests_finished"] - ev["console_canaries"], ev
+    assert ev["load_requests_finished"] <= mine, (ev, mine)
+    assert "since the server started (" in out.stderr  # the first answer says what it rests on
     # requests wait behind prefills, not for a free slot: vllm.saturation does not call it capacity
     assert findings["vllm.saturation"]["status"] != "FAIL", findings["vllm.saturation"]["verdict"]
 
