@@ -42,45 +42,83 @@ def free_cached_engines(request) -> None:
     session._pool.clear()  # st.cache_resource: the pool and its engines go with it
 
 
-@pytest.fixture(scope="session")
-def vllm_servers(request):
-    flavor, detail = vllm_flavor(str(vllm_python()))
-    if flavor is None:
-        pytest.fail(f"The vLLM tests need the vLLM environment: {detail}", pytrace=False)
-    from core.models import embedded_model_dir
+class SessionServers:
+    """The two servers' start, begun early and joined by the fixture: tests/unit/conftest.py begins it when the unit
+    tests (the directory before this one, which need no server and little memory) start, so the ~60-90 s of start-up
+    on 2 cores runs beside them instead of before the first vLLM test."""
 
-    model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
-    free_cached_engines(request)
-    main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
-    second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
-    other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
-    errors: list[BaseException] = []
-    failed = threading.Event()  # one server failing stops the other's start: the run is lost anyway
+    def __init__(self):
+        self.threads: list[threading.Thread] = []
+        self.engines: list[VllmEngine] = []
+        self.errors: list[BaseException] = []
+        self.failed = threading.Event()  # one server failing stops the other's start: the run is lost anyway
+        self.stopped = False
 
-    def start(engine: VllmEngine) -> None:
-        try:
-            engine.load(should_stop=failed.is_set)
-        except BaseException as exc:  # reported below, after both threads ended
-            errors.append(exc)
-            failed.set()
+    @staticmethod
+    def wanted(session) -> bool:
+        """Whether this session runs any test of this directory."""
+        here = Path(__file__).parent
+        return any(Path(item.path).is_relative_to(here) for item in session.items)
 
-    threads = [threading.Thread(target=start, args=(e,)) for e in (main, other)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    try:
-        if errors:
-            pytest.fail(f"A vLLM server did not start: {errors[0]}", pytrace=False)
-        yield main, other
-    finally:
-        groups = [e.server.proc.pid for e in (main, other) if e.server is not None and e.server.proc is not None]
-        if errors or request.session.testsfailed:
-            _save_logs([main, other])
-        for e in (main, other):
+    def begin(self, request) -> None:
+        if self.threads:
+            return
+        flavor, detail = vllm_flavor(str(vllm_python()))
+        if flavor is None:
+            pytest.fail(f"The vLLM tests need the vLLM environment: {detail}", pytrace=False)
+        from core.models import embedded_model_dir
+
+        model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
+        free_cached_engines(request)
+        main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
+        second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
+        other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
+        self.engines = [main, other]
+
+        def start(engine: VllmEngine) -> None:
+            try:
+                engine.load(should_stop=self.failed.is_set)
+            except BaseException as exc:  # reported by join(), after both threads ended
+                self.errors.append(exc)
+                self.failed.set()
+
+        self.threads = [threading.Thread(target=start, args=(e,), daemon=True) for e in self.engines]
+        for t in self.threads:
+            t.start()
+        request.config.add_cleanup(lambda: self.stop(save_logs=False))  # a session that ends before tests/vllm
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join()
+
+    def stop(self, save_logs: bool) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.failed.set()  # a start still under way gives up
+        self.join()
+        groups = [e.server.proc.pid for e in self.engines if e.server is not None and e.server.proc is not None]
+        if save_logs or self.errors:
+            _save_logs(self.engines)
+        for e in self.engines:
             e.unload()
         left = {pgid: group_members(pgid) for pgid in groups}
         assert not any(left.values()), f"vLLM processes outlived stop(): {left}"  # nothing of either group
+
+
+SERVERS = SessionServers()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(request):
+    SERVERS.begin(request)  # at once where nothing began it early (this directory run alone)
+    try:
+        SERVERS.join()
+        if SERVERS.errors:
+            pytest.fail(f"A vLLM server did not start: {SERVERS.errors[0]}", pytrace=False)
+        yield tuple(SERVERS.engines)
+    finally:
+        SERVERS.stop(save_logs=bool(request.session.testsfailed))
 
 
 @pytest.fixture(scope="session")
