@@ -8,7 +8,7 @@ import streamlit as st
 from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_user_prompts, prompts_from_bytes
 from core.compare.agreement import BROKEN
 from core.compare.known import default_reference, known_failures, model_types
-from core.compare.result import Side, history_payload, last_run_hint, save_to_history
+from core.compare.result import Side, history_payload, last_run_hint, save_stopped, save_to_history
 from core.compare.run import LIMITS, load_engine, run
 from core import store
 from core.engines.pool import Setup
@@ -94,7 +94,9 @@ def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
         if side.engine == "torch" and side.precision in failures:
             st.warning(f"The {side.precision.label} {role} is known to fail on this model; the run goes ahead and "
                        "its verdict names the side that broke.")
-    with runs.stoppable():  # no prefill counts: the bar counts decode steps and prompts
+    # no prefill counts: the bar counts decode steps and prompts
+    with runs.stoppable(button="cmp_stop", key="cmp_run", on_stop=lambda at: save_stopped(ref, cand, len(prompts),
+                                                                                           started, at)):
         result = run(ref, cand, prompts, max_new_tokens=max_new.value, top_k=top_k.value, progress=progress.fraction,
                      loader=loader)
         floor = None
@@ -115,6 +117,10 @@ def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
     st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
 
 
+if (stopped := runs.last_stop("cmp_run")) is not None:
+    top.warning("The last comparison was stopped before its end: " + (
+        "History has it as cancelled, with its sides and prompts; a comparison keeps no numbers until every prompt "
+        "is scored." if stopped["saved"] else "it could not be saved to History (see the server log)."))
 if submitted and not inputs.refused(max_new, top_k, where=top):
     try:
         prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)

@@ -1,5 +1,4 @@
 """Model page: pick a source, precision and KV cache dtype; load with progress; memory; a streaming prompt box."""
-import threading
 import time
 
 import streamlit as st
@@ -12,8 +11,6 @@ from core.models import EMBEDDED, SYNTHETIC_CONFIGS, ModelError, ModelSpec, pars
 from core.precision import KVDtype, Precision
 from core.speedup import display_row, measured_speedups, recorded_here, recorded_on, source_line
 from views.common import generate_view, inputs, runs, session
-
-ss = st.session_state
 st.title("Model")
 st.caption("Load a model at a chosen precision, see where its memory goes, and time a prompt token by token.")
 
@@ -100,7 +97,8 @@ if speedups:
         mine = [r for r in speedups if r.get("precision") == setup.precision.value]
         if mine:
             st.markdown("This setup's precision there: " + ", ".join(
-                f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({fmt_per_s(r['tok_s'], 'tok')})" for r in mine))
+                f"batch {r['batch']}: **{r['speedup_vs_bf16']:.2f}x** BF16 ({fmt_per_s(r['tok_s'], 'tok')})"
+                for r in mine))
         st.dataframe([display_row(r) for r in speedups], hide_index=True)
         st.caption(source_line())
 
@@ -128,17 +126,11 @@ def run_prompt() -> None:
         streamed[0] = text
         out.code(text, language=None, wrap_lines=True)
 
-    # Set before the run and changed in place: a stop ends the script at its next page update, and a session state
-    # write is one. The rerun after a stop starts beside this unwinding run (Streamlit's fast reruns): "ended" tells
-    # it when this run's outcome is known.
-    last = ss.model_run = {"stopped": False, "saved": None, "ended": threading.Event()}
-
-    def save_stopped(stopped_at: float) -> None:
-        last.update(stopped=True, saved=session.record_stopped_generation(setup, engine, prompt, n_new, temp,
-                                                                          streamed[0], started, stopped_at))
+    def save_stopped(stopped_at: float) -> int | None:
+        return session.record_stopped_generation(setup, engine, prompt, n_new, temp, streamed[0], started, stopped_at)
 
     try:
-        with runs.stoppable(progress, button="model_stop", on_stop=save_stopped):  # Stop under the bar
+        with runs.stoppable(progress, button="model_stop", on_stop=save_stopped, key="model_run"):  # Stop under the bar
             out = st.empty()
             runs.wait_for_engine(engine, progress)
             if isinstance(engine, InProcessEngine):  # the clock ticks on the prompt's first chunk
@@ -152,7 +144,6 @@ def run_prompt() -> None:
         st.error(str(exc))
         return
     finally:
-        last["ended"].set()
         progress.clear()
     if (warning := session.non_finite_warning(gen, setup)) is not None:
         st.warning(warning)
@@ -161,9 +152,9 @@ def run_prompt() -> None:
     generate_view.timing(gen.timing_summary())
 
 
-if (last_run := ss.pop("model_run", None)) and last_run["ended"].wait(5.0) and last_run["stopped"]:
+if (stopped := runs.last_stop("model_run")) is not None:
     st.warning("The last generation was stopped before its end: the engine was handed back at the stop and "
-               + ("History has it as cancelled, with the text generated until then." if last_run["saved"] else
+               + ("History has it as cancelled, with the text generated until then." if stopped["saved"] else
                   "it could not be saved to History (see the server log)."))
 if go:
     run_prompt()

@@ -286,6 +286,19 @@ def save_to_history(result: CompareResult, noise: CompareResult | None = None,
                         history_summary(result, noise), started_at=start)
 
 
+def save_stopped(reference: Side, candidate: Side, prompts: int, started_at: float, stopped_at: float) -> int | None:
+    """A comparison stopped before its end, saved as cancelled with what was asked (its sides and prompt count): its
+    numbers are measured over every prompt at once, so a stopped one has none to keep. The run id, or None."""
+    from core import store
+
+    summary = {"reference": reference.label, "candidate": candidate.label, "prompts": prompts,
+               "reference_precision": reference.precision.value, "reference_kv_dtype": reference.kv_dtype.value,
+               "candidate_precision": candidate.precision.value, "candidate_kv_dtype": candidate.kv_dtype.value}
+    return store.record("compare", _title(reference, candidate, prompts), None, summary, started_at=started_at,
+                        status="cancelled", error="Stopped before the end: a comparison keeps no numbers until every "
+                        "prompt is scored.", finished_at=stopped_at)
+
+
 def last_run_hint(kind: str = "compare") -> str | None:
     """How long the last finished run of `kind` took on this machine, from History: a hint measured here, where a
     constant would be an idle machine's figure. None when there is none (or the history cannot be read)."""

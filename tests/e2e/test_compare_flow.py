@@ -145,6 +145,34 @@ def test_an_fp16_reference_on_gemma_3_is_warned_then_named_as_the_broken_side(ap
     screenshot(page, "flow-compare-fp16-reference-broken")
 
 
+def test_a_comparison_stopped_by_its_button_is_saved_as_cancelled(app_server, page, history_db):
+    """The Stop button shows under the progress while a comparison runs; a click stops it, History keeps the run as
+    cancelled with its sides, and the page says so."""
+    import time
+
+    from tests.e2e.test_long_context_flow import idle_after
+
+    before = {r.id for r in history_db.list_runs("compare")}
+    goto(page, app_server, "compare")
+    page.get_by_label("Max new tokens (1 to 512)").fill("64")
+    page.get_by_role("button", name="Compare").click()
+    page.get_by_text(re.compile(r"generating: token [1-9]")).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    stop = page.get_by_role("button", name="Stop")
+    stop.wait_for(timeout=60_000)
+    clicked = time.time()
+    stop.click()
+    print(f"\nStop button to idle CPU: {idle_after(app_server.proc.pid):.2f} s")
+    deadline = time.monotonic() + 30
+    while not (new := [r for r in history_db.list_runs("compare") if r.id not in before]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [r.status for r in new] == ["cancelled"], [(r.id, r.status) for r in new]
+    assert new[0].title.startswith("Compare FP32 vs FP8") and clicked - 1 <= new[0].finished_at <= time.time()
+    wait_idle(page, 60)
+    assert page.get_by_text("The last comparison was stopped before its end").count() and not errors_on(page)
+    assert not page.get_by_role("button", name="Stop").count()
+
+
 def select_nth(page, label: str, n: int, option: str) -> None:
     """Pick `option` in the n-th selectbox labelled `label` (the reference's and the candidate's share a label)."""
     page.get_by_role("combobox", name=label, exact=True).nth(n).click()

@@ -82,3 +82,28 @@ def test_the_clock_ticks_while_one_step_holds_the_script_thread():
     text = at.get("progress")[0].proto.text
     assert text.startswith("Expected: about 2 min · ") and text.endswith(" s elapsed") and " 0.0 s" not in text, text
 
+
+
+def test_the_next_script_run_learns_that_the_last_run_was_stopped_and_what_on_stop_saved():
+    def script():
+        import streamlit as st
+
+        from core.engines import base
+        from views.common import runs
+
+        last = runs.last_stop("k")  # once per script run, before a run starts
+        st.write(f"last: {None if last is None else last['saved']}")
+        stop = st.session_state.get("stop", True)
+        try:
+            with runs.stoppable(key="k", on_stop=lambda at: 7):
+                base.check_stop(lambda: stop)
+        except base.Cancelled:
+            pass
+
+    at = AppTest.from_function(script, default_timeout=60).run()
+    assert at.markdown[0].value == "last: None"
+    at.session_state["stop"] = False
+    at.run()
+    assert at.markdown[0].value == "last: 7"  # the first run was stopped, and its on_stop returned 7
+    at.run()
+    assert at.markdown[0].value == "last: None"  # the second ran to its end

@@ -163,21 +163,25 @@ def _script_stop_probe() -> Callable[[], bool]:
     return asked
 
 
-STOP_HELP = ("Stops the run within about a second; what it did so far is saved to History as cancelled. Leaving "
-             "the page or closing the tab stops it the same way.")
+STOP_HELP = ("Stops the run within about a second; History keeps it as cancelled. Leaving the page or closing the "
+             "tab stops it the same way.")
 
 
 @contextlib.contextmanager
 def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt tokens", *, button: str | None = None,
-              label: str = "Stop", where=None, on_stop: Callable[[float], None] | None = None
-              ) -> Iterator[base.RunControl]:
+              label: str = "Stop", where=None, on_stop: Callable[[float], object] | None = None,
+              key: str | None = None) -> Iterator[base.RunControl]:
     """Engine calls in the block stop when the user stops the script (Cancelled within about a second on the torch
     engine, a closed stream on a server); the prefill's chunks count on `progress`.
 
     button: the key of a `label` button shown here (or in the container `where`) while the block runs (outside any
-    form: its click reruns the script, which is the stop). on_stop(stopped_at): called once when the block ends by a stop, before anything else
-    reaches the page, whether the engine saw it (Cancelled) or Streamlit ended the script at a page update inside the
-    block (a page switch or a closed tab ends it there, not as Cancelled); the stop goes on after it."""
+    form: its click reruns the script, which is the stop). on_stop(stopped_at): called once when the block ends by a
+    stop, before anything else reaches the page, whether the engine saw it (Cancelled) or Streamlit ended the script
+    at a page update inside the block (a page switch or a closed tab ends it there, not as Cancelled); the stop goes
+    on after it. key: where the block leaves its outcome for last_stop(), in the session state."""
+    outcome = {"stopped": False, "saved": None, "ended": threading.Event()}
+    if key:
+        st.session_state[key] = outcome  # before the run: a session state write is a page update, where a stop ends it
     box = None
     if button:
         box = (where or st).empty()
@@ -189,12 +193,23 @@ def stoppable(progress: RunProgress | None = None, prefill_unit: str = "prompt t
             yield control
     except BaseException as exc:
         # a stop is Cancelled, or Streamlit's own stop/rerun (not an Exception); any other error is not a stop
-        if on_stop is not None and (isinstance(exc, base.Cancelled) or not isinstance(exc, Exception)):
-            on_stop(control.stopped_at or time.time())
+        if isinstance(exc, base.Cancelled) or not isinstance(exc, Exception):
+            outcome["stopped"] = True
+            if on_stop is not None:
+                outcome["saved"] = on_stop(control.stopped_at or time.time())
         raise
     finally:
+        outcome["ended"].set()
         if box is not None:
             box.empty()
+
+
+def last_stop(key: str, wait_s: float = 5.0) -> dict | None:
+    """Once per script run, before the page starts a run: the outcome stoppable(key=...) left if that run was stopped
+    ({"saved": what its on_stop returned}), else None. A stop reruns the script at once, beside the stopped run still
+    unwinding (Streamlit's fast reruns): this waits up to wait_s for that run to end."""
+    last = st.session_state.pop(key, None)
+    return last if last is not None and last["ended"].wait(wait_s) and last["stopped"] else None
 
 
 def wait_for_engine(engine, progress: RunProgress) -> None:

@@ -62,7 +62,8 @@ def _empty_reasons(res: dict, s: dict) -> dict[str, str]:
     srv, client = s.get("server"), (s.get("client") or {}).get("ttft") or {}
     out = {}
     if s.get("meets_slo") is None:
-        out["meets SLO"] = "no SLO was given for this sweep" if not res.get("slo") else "no request of the step finished"
+        out["meets SLO"] = ("no SLO was given for this sweep" if not res.get("slo") else
+                            "no request of the step finished")
     if not srv:
         out.update(dict.fromkeys(_SERVER_COLUMNS, "the server's /metrics were not read for this step"))
     else:
