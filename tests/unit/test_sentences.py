@@ -8,11 +8,11 @@ import re
 
 import pytest
 
+from bench.recording import remedy_derived, sweep_derived
 from core import recordings
 from core.deployment import remedy
 from core.deployment.step import Step
 from core.deployment.sweep import _knee
-from core.deployment.verdict import verdict
 from core.fleet import table
 from core.fleet.fleet import FleetSnapshot
 from diagnostics.checks.fleet import CHECKS
@@ -68,16 +68,14 @@ def recorded_texts(rec) -> list[str]:
     if rec.kind == "checklist":
         return finding_texts(Finding.from_dict(f) for f in p["findings"]) + [summary_line(RunResult.from_dict(p))]
     if rec.kind == "sweep":
-        steps = [Step(**s) for s in p["steps"]]
-        knee = _knee(steps)
-        v = verdict(steps, p.get("slo") or {}, knee, p.get("goodput"), None, None, p.get("prompt_tokens"))
-        return [v["headline"], *(r["text"] for r in v["remedies"]), (knee or {}).get("how", ""),
+        d = sweep_derived(p)
+        v = d["verdict"]
+        return [v["headline"], *(r["text"] for r in v["remedies"]), (d["knee"] or {}).get("how", ""),
                 p["verdict"]["headline"]]
     if rec.kind == "remedy":
-        judged = [remedy.judge(t["comparison"], (t["before"] or {}).get("slo") or {},
-                               " ".join(f"{k} {v}".strip() for k, v in t["flags_changed"].items()))
-                  for t in p["trials"] if t.get("comparison")]
-        return [p["summary"], remedy.command_text(p), *(j["headline"] for j in judged)]
+        d, _ = remedy_derived(p)
+        return [d["summary"], remedy.command_text(p),
+                *(t["verdict"]["headline"] for t in d["trials"] if t.get("comparison"))]
     return []
 
 
