@@ -96,7 +96,7 @@ CHECKLIST_NOTE = ("The checklist's findings are as it wrote them during the capt
                   "samples they were judged from are not saved, so no code can derive them again.")
 # said where both findings are there: their counts of waiting requests differ because they read different moments
 WAITING_NOTE = (" The waiting count in vllm.saturation is the peak over the window; the running and waiting in "
-                "vllm.liveness are the gauges at its last round, after the load's peak.")
+                "vllm.liveness are the gauges at its last round, a different moment.")
 NO_CONFIG_NOTE = ("The server's settings were not saved with this sweep: its remedies are derived knowing none of "
                   "them in force.")
 
