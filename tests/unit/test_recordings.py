@@ -224,3 +224,18 @@ def test_the_remedy_recording_follows_todays_guided_steps():
     assert p["trials"][1]["remedy"]["kind"] == "same direction" and p["best"] == 1
     assert p["summary"] == p["verdict"]["headline"] == p["trials"][1]["verdict"]["headline"]
     assert not recordings.get("cpu-remedy").note
+
+
+def test_the_banner_shows_what_a_recording_could_not_derive_again():
+    """A recording's note (e.g. the incident's two waiting counts, read at different moments) is on its banner."""
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        from core.recordings import available
+        from views.common.recorded import banner
+
+        banner(next(r for r in available("checklist") if r.note))
+
+    at = AppTest.from_function(script, default_timeout=60).run()
+    assert not at.exception, at.exception
+    assert "not live" in at.warning[0].value and "waiting" in at.warning[0].value.replace("\\", "")

@@ -80,3 +80,13 @@ def test_summary_cells_and_dashed_columns():
     assert summary_cell(None) == "-" and summary_cell(12.34567, nd=1) == "12.3"
     rows, empty = dashed([{"a": 1.5, "b": None, "c": True}, {"a": 2.0, "b": 3.0, "c": False}])
     assert rows == [{"a": 1.5, "b": "-", "c": "yes"}, {"a": 2.0, "b": "3", "c": "no"}] and empty == ["b"]
+
+
+def test_the_recorded_remedy_says_its_verdict_once():
+    """The summary above the best trial was its verdict's headline again ('The remedy helped ...' twice)."""
+    at = _render("remedy")
+    doc = available("remedy")[0].payload
+    best = doc["trials"][doc["best"]]["verdict"]["headline"]
+    said = [t for t in _texts(at) if t.replace("\\", "") == best or t.replace("\\", "") == f"**{best}**"]
+    assert len(said) == 1, said
+    assert len([e for e in at.expander if e.label.startswith("Try ")]) == len(doc["trials"]) - 1  # the others

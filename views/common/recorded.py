@@ -33,4 +33,5 @@ def pick(kind: str, key: str) -> Recording | None:
 def banner(rec: Recording) -> None:
     """The marker over every recorded view: where and when it was recorded, that it is not live, and how."""
     st.warning(f"**Recorded on {markdown_literal(rec.machine)}, {rec.date} — not live.**  \n"
-               f"{markdown_literal(rec.title)}. Captured by `{rec.captured_by}`.", icon=":material/history:")
+               f"{markdown_literal(rec.title)}. Captured by `{rec.captured_by}`."
+               + (f"  \n{markdown_literal(rec.note)}" if rec.note else ""), icon=":material/history:")

@@ -60,9 +60,10 @@ def trial(t: dict, key: str) -> None:
 def show(doc: dict, key: str) -> None:
     """The whole result: the best trial first, the command to copy, then every trial."""
     trials = doc.get("trials") or []
-    if len(trials) != 1:  # one trial's verdict box says it already
-        st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")
     best = doc.get("best")
+    shown = trials[best] if best is not None and 0 <= best < len(trials) else trials[0] if trials else {}
+    if doc.get("summary") != (shown.get("verdict") or {}).get("headline"):  # the trial's verdict box says it already
+        st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")
     if best is not None and 0 <= best < len(trials):
         trial(trials[best], f"{key}_best")
     elif trials:
@@ -71,6 +72,8 @@ def show(doc: dict, key: str) -> None:
     st.code(command_text(doc), language="bash")
     if len(trials) > 1:
         for i, t in enumerate(trials):
+            if t is shown:  # drawn above
+                continue
             with st.expander(f"Try {i + 1}: {flag_text(t.get('flags_changed'))}: "
                              f"{(t.get('verdict') or {}).get('kind', '')}"):
                 trial(t, f"{key}_t{i}")
