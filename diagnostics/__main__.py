@@ -6,10 +6,12 @@ import sys
 
 from diagnostics.cli import compare, exporter, fleet, generate, kv, lint_flags, probe, quality, run, serve, sweep, \
     watch
+from diagnostics.cli import golden
 
 # Each module defines add_parser(subparsers); the parser it adds sets func(args) -> exit code. This order is the
 # order of `--help`.
-COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, watch, sweep, serve, fleet, exporter)
+COMMAND_MODULES = (generate, run, lint_flags, kv, compare, quality, probe, watch, golden, sweep, serve, fleet,
+                   exporter)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,133 @@
+"""python -m diagnostics golden record --url URL [--prompts builtin|FILE] --out golden.json
+python -m diagnostics golden watch --url URL [--url URL ...] --golden golden.json [--every 60] [--rounds N] [--json]
+
+record keeps a reference deployment's greedy answers (token ids, top-k logprobs, teacher-forced scores) with what
+produced them and its noise floor; watch replays them on each replica, round after round, and says per replica
+fine / watch / low agreement / a broken side / inconclusive / no answer / refused, and names a drift with the round it
+changed in. Each record and each round is saved to History ("golden-record", "golden-watch") unless --no-history.
+
+Exit code 0 when the command ran (whatever the verdicts), 1 with --fail-on when a replica is not fine or drifted in the
+last round, 2 on errors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("golden", help="a golden set of a reference deployment, and a watch of replicas against it",
+                       description="Record a reference server's greedy answers once; replay them on replicas to "
+                                   "see whether a deployment still answers the same.")
+    verbs = p.add_subparsers(dest="golden_command", required=True)
+    r = verbs.add_parser("record", help="record a golden set from a reference server")
+    r.add_argument("--url", required=True, help="the reference server's base URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--prompts", default="builtin",
+                   help="'builtin' (the compare's six prompts) or a file: one prompt per line, or .jsonl/.json")
+    r.add_argument("--out", required=True, help="where to write the golden set (JSON)")
+    r.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
+    r.add_argument("--top-k", type=int, default=8, help="logprobs kept per position, 1-20 (default 8, vLLM's rule)")
+    r.add_argument("--temperature", type=float, default=0.0,
+                   help="must stay 0: a golden set is greedy (anything else is refused)")
+    _common(r)
+    r.set_defaults(func=run_record)
+    w = verbs.add_parser("watch", help="replay a golden set on replicas, round after round")
+    w.add_argument("--url", action="append", required=True, help="a replica's base URL (repeatable)")
+    w.add_argument("--golden", required=True, help="the golden set written by `golden record`")
+    w.add_argument("--every", type=float, default=60.0, help="seconds from one round's start to the next (default 60)")
+    w.add_argument("--rounds", type=int, default=1, help="rounds to run (default 1; 0 = until stopped)")
+    w.add_argument("--fail-on", action="store_true",
+                   help="exit 1 when a replica of the last round is not fine or drifted")
+    _common(w)
+    w.set_defaults(func=run_watch)
+
+
+def _common(p) -> None:
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"),
+                   help="the servers' --api-key (default: $VLLM_API_KEY)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any answer (default 120)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p.add_argument("--no-history", action="store_true", help="do not save to the history database")
+
+
+def _prompts(spec: str):
+    from core.compare.prompts import default_prompts, read_prompts_file
+
+    return default_prompts() if spec == "builtin" else read_prompts_file(spec)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def run_record(args) -> int:
+    from core.compare.golden.record import history, record
+
+    say = (lambda m: None) if args.json or not sys.stderr.isatty() else (lambda m: print(m, file=sys.stderr))
+    t0 = time.time()
+    golden = record(args.url, _prompts(args.prompts), max_new_tokens=args.max_new_tokens, top_k=args.top_k,
+                    temperature=args.temperature, api_key=args.api_key, timeout_s=args.timeout, progress=say)
+    golden.save(args.out)
+    saved = None if args.no_history else history(golden, args.out, t0)
+    nf, s = golden.noise_floor or {}, golden.server
+    if args.json:
+        print(json.dumps({"out": args.out, "server": s, "prompts": len(golden.prompts), "noise_floor": nf,
+                          "history_id": saved}))
+        return 0
+    print(f"golden set: {args.out}, {len(golden.prompts)} prompts x {golden.max_new_tokens} greedy tokens, top-"
+          f"{golden.top_k} logprobs, from {s['model']} at {s['url']} (vLLM {s.get('vllm_version') or 'unknown'}, "
+          f"max_model_len {s.get('max_model_len') or 'unknown'}, vocabulary {s.get('vocab_size') or 'not published'})")
+    print(f"noise floor (the reference replayed on itself): same top token {_pct(nf.get('same_top'))}, mean KLD "
+          f"{_num(nf.get('mean_kld'))} nats, p99 {_num(nf.get('p99_kld'))}, over {nf.get('positions')} positions; "
+          f"{nf['tokens']['total']:,} tokens in {nf['seconds']:.1f} s")
+    if not args.no_history:
+        print(f"history: saved as run #{saved}" if saved else "history: not saved (see the warning above)")
+    return 0
+
+
+def replica_line(r) -> str:
+    if r.summary is None:
+        return f"{r.url}  {r.status}: {r.verdict}"
+    s = r.summary
+    ci = s.get("same_top_ci95")
+    ci_txt = f" ({_pct(ci[0])}-{_pct(ci[1])} 95%)" if ci else ""
+    return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match "
+            f"{_num(s['top3_match'])}, KLD mean {_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared "
+            f"top-k), vLLM rule {s['vllm_passed']}/{s['vllm_total']}; "
+            f"{r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
+
+
+def run_watch(args) -> int:
+    from core.compare.golden.golden import GoldenSet
+    from core.compare.golden.watch import Watch
+
+    golden = GoldenSet.load(args.golden)
+    if args.rounds < 0 or args.every < 0:
+        raise ValueError("--rounds and --every must be 0 or more.")
+    watch = Watch(golden, args.url, args.api_key, args.timeout)
+    last = None
+    for rnd in watch.run(args.rounds, args.every):
+        last = rnd
+        saved = None if args.no_history else rnd.record(args.golden)
+        if args.json:
+            print(json.dumps({**rnd.to_dict(), "history_id": saved}), flush=True)
+            continue
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rnd.started_at))
+        print(f"round {rnd.number} ({when}): {len(golden.prompts)} golden prompts of {golden.model}")
+        for r in rnd.replicas:
+            print("  " + replica_line(r))
+            if r.drift:
+                print(f"  DRIFT {r.url}: {r.drift}")
+        print(f"cost: {rnd.tokens:,} tokens this round ({len(rnd.replicas)} replicas), {rnd.seconds:.1f} s; drift "
+              f"beyond {_pct(rnd.noise.same_top)} same top or {rnd.noise.mean_kld:.3g} nats mean KLD "
+              f"({rnd.noise.source})", flush=True)
+        if not args.no_history and not saved:
+            print("history: not saved (see the warning above)")
+    bad = last is not None and any(r.status != "fine" or r.drift for r in last.replicas)
+    return 1 if args.fail_on and bad else 0

