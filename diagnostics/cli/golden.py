@@ -93,12 +93,12 @@ def run_record(args) -> int:
 
 def replica_line(r) -> str:
     if r.summary is None:
-        return f"{r.url}  {r.status}: {r.verdict}"
+        return f"{r.url}  {r.verdict}"  # "No answer: ..." or "Refused: ..."
     s = r.summary
     ci = s.get("same_top_ci95")
     ci_txt = f" ({_pct(ci[0])}-{_pct(ci[1])} 95%)" if ci else ""
     return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match "
-            f"{_num(s['top3_match'])}, KLD mean {_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared "
+            f"{'n/a' if s['top3_match'] is None else format(s['top3_match'], '.2f')}, KLD mean {_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared "
             f"top-k), vLLM rule {s['vllm_passed']}/{s['vllm_total']}; "
             f"{r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
 

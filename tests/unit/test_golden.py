@@ -144,3 +144,20 @@ def test_a_round_is_saved_to_history(golden):
     rnd = Watch(golden, [URL]).step([judge(golden, replay_of("second"))])
     run_id = rnd.record("golden.json")
     assert run_id is not None and store.get_run(run_id).kind == "golden-watch"
+
+
+def test_the_command_refuses_a_sampled_recording_before_any_request(tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    out = tmp_path / "g.json"
+    assert main(["golden", "record", "--url", "http://127.0.0.1:9", "--out", str(out), "--temperature", "0.5"]) == 2
+    assert "recorded with sampling (temperature 0.5)" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_replica_line_says_its_numbers(golden):
+    from diagnostics.cli.golden import replica_line
+
+    line = replica_line(judge(golden, replay_of("second")))
+    assert line.startswith(f"{URL}  fine: same top token 9") and "95%), top-3 match " in line
+    assert "vLLM rule 6/6; 2,984 tokens" in line
+    assert replica_line(judge(golden, Replay(URL, error="refused"))) == f"{URL}  No answer: refused"
