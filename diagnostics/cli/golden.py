@@ -97,10 +97,10 @@ def replica_line(r) -> str:
     s = r.summary
     ci = s.get("same_top_ci95")
     ci_txt = f" ({_pct(ci[0])}-{_pct(ci[1])} 95%)" if ci else ""
-    return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match "
-            f"{'n/a' if s['top3_match'] is None else format(s['top3_match'], '.2f')}, KLD mean {_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared "
-            f"top-k), vLLM rule {s['vllm_passed']}/{s['vllm_total']}; "
-            f"{r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
+    top3 = "n/a" if s["top3_match"] is None else f"{s['top3_match']:.2f}"
+    return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match {top3}, KLD mean "
+            f"{_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared top-k), vLLM rule "
+            f"{s['vllm_passed']}/{s['vllm_total']}; {r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
 
 
 def run_watch(args) -> int:
