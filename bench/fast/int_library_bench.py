@@ -215,6 +215,8 @@ def main() -> None:
     ap.add_argument("--tuned", help="with --table-from: the shipped tuning table to add the device's section to "
                     "(core/engines/fast/tuned_linears.json)")
     ap.add_argument("--only", default="", help="decode candidates beside the engine's own (default: all)")
+    ap.add_argument("--table-device", help="the shipped tuning table's section to run the engine with (default: "
+                    "this GPU's), e.g. another card's library winners on a card that has none yet")
     args = ap.parse_args()
     if args.table_from:
         from bench.fast import int_library_step as step
@@ -233,7 +235,7 @@ def main() -> None:
     t0 = time.perf_counter()
     meta = step.run_meta()
     log(f"{meta['device']}: torch {meta['torch']}, triton {meta['triton']}, gemlite {meta['gemlite']}")
-    log(f"tuning table: {step.load_project_tables()}'s section")
+    log(f"tuning table: {step.load_project_tables(args.table_device)}'s section")
     batches = [int(b) for b in args.batches.split(",")]
     lin = linear_table([m for m in args.modes.split(",") if m], batches, args.layers)
     sums = step_sums(lin)

@@ -2,6 +2,7 @@
 bench/fast/int_library_bench.py prints (see its docstring)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -85,10 +86,11 @@ def all_candidates(iw) -> dict:
     return {"project": ProjectKernel, **library.candidates(iw)}
 
 
-def _routed_fast(kern, x, x_scale, out, silu_x: bool = False, x16=None):
+def _routed_fast(kern, x, x_scale, out, silu_x: bool = False, x16=None, x_div=None):
+    """Linear.fast's convention on a library candidate: its own output, read by the step as it is."""
     from core.engines.fast.kernels import library
 
-    return library.linear_into(kern, x, out, silu_x)
+    return library.linear_product(kern, x, silu_x, x_div)
 
 
 SHAPE_OF = {"qkv": "qkv", "o": "o", "gu": "gate_up", "down": "down"}
@@ -110,12 +112,15 @@ def route(model, choose) -> list:
         for n in LINS:
             lin = L[n]
             lin.__dict__.pop("fast", None)
+            lin.__dict__.pop("input_divisors", None)
             iw = _int_weight(lin)
             name = choose(SHAPE_OF[n]) if choose and iw is not None else None
             if name is None or name == "engine":
                 continue
             kern = library.candidates(iw)[name](iw)
             lin.fast = functools.partial(_routed_fast, kern)
+            # AWQ's folds read the rows the producing kernel divided (as the engine's library launches do)
+            lin.input_divisors = lambda rows, kern=kern: getattr(kern, "divisors", None)
             built.append(kern)
     torch.cuda.empty_cache()
     return built
@@ -132,16 +137,103 @@ def _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, describe)
         rows.append(dict(precision=p, kv="auto", prompt=prompt, batch=b, candidate=name,
                          status="ok" if r["finite"] else "non-finite", ms_per_step=r["ms_per_step"],
                          tok_s=1000 * b / r["ms_per_step"], floor_ms=fl, floor_frac=fl / r["ms_per_step"],
-                         engine=ENGINE_OF(None if name == "engine" else name), kernel=label, exact=bool(exact)))
+                         engine=ENGINE_OF(None if name.startswith("engine") else name), kernel=label,
+                         exact=bool(exact), date=time.strftime("%Y-%m-%d"),
+                         machine=torch.cuda.get_device_name(0)))
         log(f"decode {p:8s} {name:14s} b={b}: {r['ms_per_step']:.3f} ms/step ({100 * fl / r['ms_per_step']:.0f}% "
             f"of floor)")
     return rows
 
 
+# The engine's own route with one of this work's savings taken back, to measure each in the same run
+ENGINE_VARIANTS = {
+    "engine-copy": "; each library output [M, N] copied into the step's bf16 buffer first (as before 2026-12-06)",
+    "engine-noring": "; gemlite's one-row outputs zeroed per call (no output rings)",
+}
+
+
+@contextlib.contextmanager
+def engine_variant(model, name: str):
+    """The engine as it is ("engine"), or with a saving taken back (ENGINE_VARIANTS)."""
+    from core.engines.fast.kernels import library
+
+    patched = []
+    if name == "engine-copy":
+        for L in model.layers:
+            for n in LINS:
+                lin = L[n]
+                if _int_weight(lin) is not None:
+                    lin.fast = functools.partial(_copied_fast, lin)
+                    patched.append(lin)
+    ring = library.graph_outputs
+    if name == "engine-noring":
+        library.graph_outputs = lambda keep, layers: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        library.graph_outputs = ring
+        for lin in patched:
+            lin.__dict__.pop("fast", None)
+
+
+def _copied_fast(lin, x, x_scale, out, silu_x: bool = False, x16=None, x_div=None):
+    """Linear.fast with its product copied into the step's buffer, as the step did before it read library outputs
+    as they are (AWQ's row blocks, which had a gather launch, are left as they are)."""
+    from core.engines.fast.methods.base import Linear
+
+    got = Linear.fast(lin, x, x_scale, out, silu_x, x16, x_div)
+    if isinstance(got, tuple):  # AWQ split: one copy per projection
+        start = 0
+        for part in got:
+            out[:, start:start + part.shape[1]].copy_(part)
+            start += part.shape[1]
+        return out
+    return out.copy_(got) if got is not out and got.shape == out.shape else got
+
+
+@torch.inference_mode()
+def step_profile(model, cache, prompt: int, steps: int = 5) -> dict:
+    """What one batch-1 CUDA-graph step is made of (torch profiler over replays): kernel and memset time and count
+    per step, the step's wall time, and the largest kernel groups; idle = wall - busy (launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from core.engines.fast.graph import DecodeGraph
+
+    g = DecodeGraph(model, cache.rows(1), top_k=0)
+    g.set_state(torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), prompt, device="cuda"))
+    for _ in range(3):
+        g.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(steps):
+            g.graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+    wall = s.elapsed_time(e) / steps
+    groups: dict[str, list] = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+        if t <= 0:
+            continue
+        name = "Memset" if "Memset" in ev.key else "Memcpy" if "Memcpy" in ev.key else ev.key.split("(")[0][:60]
+        grp = groups.setdefault(name, [0.0, 0])
+        grp[0] += t / 1000 / steps
+        grp[1] += ev.count / steps
+    del g
+    busy = sum(v[0] for v in groups.values())
+    top = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    return {"ms_per_step": wall, "busy_ms_per_step": busy, "idle_ms_per_step": max(wall - busy, 0.0),
+            "launches_per_step": sum(v[1] for v in groups.values()),
+            "memsets_per_step": groups.get("Memset", [0, 0])[1], "memcpys_per_step": groups.get("Memcpy", [0, 0])[1],
+            "groups": {k: {"ms": v[0], "count": v[1]} for k, v in top[:14]}}
+
+
 def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log, winners: dict,
-                measured_exact: set, only) -> list[dict]:
+                measured_exact: set, only) -> tuple[list[dict], dict | None]:
     """Every candidate of precision p in the whole step; for integer precisions last 'tuned': each shape on its
-    winner (the fastest exact candidate at that batch in the linear table)."""
+    winner (the fastest exact candidate at that batch in the linear table). Also the engine's batch-1 step profile."""
     from bench.fast.fp8_speed import kernel_of
     from core.engines.fast.kernels import library
 
@@ -151,17 +243,31 @@ def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log,
     model.prefill(ids, cache, rows=slice(0, 1))
     cache.replicate_row0()
     iw = _int_weight(model.layers[0]["qkv"])
-    names = ["engine"] + ([n for n in library.candidates(iw) if n != "project" and n in only]
+    variants = [v for v in ENGINE_VARIANTS if v in only and library.gemlite_available() and p != "int8"
+                and (v != "engine-noring" or p != "int8-wo")]  # the rings are the INT4 one-row GEMVs'
+    names = ["engine"] + (variants + [n for n in library.candidates(iw) if n != "project" and n in only]
                           if iw is not None else [])
     rows = []
     for name in names:
         try:
-            built = route(model, lambda shape: name)
+            built = route(model, None if name.startswith("engine") else lambda shape: name)
             k = built[0] if built else None
-            desc = (k.label, k.exact or (p, name) in measured_exact) if k else (kernel_of(p), p != "int8")
-            rows += _time_rows(model, cache, p, name, batches, prompt, steps, bw, log, lambda b: desc)
+            desc = (k.label, k.exact or (p, name) in measured_exact) if k else \
+                (kernel_of(p) + ENGINE_VARIANTS.get(name, ""), p != "int8")
+            timed = [b for b in batches if b == 1 or name != "engine-noring"]
+            with engine_variant(model, name):
+                rows += _time_rows(model, cache, p, name, timed, prompt, steps, bw, log, lambda b: desc)
         except Exception as exc:
             log(f"decode {p} {name}: failed: {exc!r}"[:300])
+    prof = None
+    if 1 in batches and "profile" in only:
+        try:
+            route(model, None)
+            prof = step_profile(model, cache, prompt)
+            log(f"profile {p}: {prof['ms_per_step']:.3f} ms/step, busy {prof['busy_ms_per_step']:.3f}, "
+                f"{prof['launches_per_step']:.0f} launches ({prof['memsets_per_step']:.0f} memsets)")
+        except Exception as exc:
+            log(f"profile {p}: failed: {exc!r}"[:300])
     for b in (batches if iw is not None and "tuned" in only else []):
         pick = {s: winners.get(f"{p}|{b}|{s}", {}).get("exact", {}).get("kernel") for s in SHAPE_OF.values()}
         try:
@@ -173,7 +279,7 @@ def _decode_one(model, p: str, batches, prompt: int, steps: int, bw: float, log,
             log(f"decode {p} tuned b={b}: failed: {exc!r}"[:300])
     route(model, None)
     del cache
-    return rows
+    return rows, prof
 
 
 def ENGINE_OF(name) -> str:
@@ -182,7 +288,7 @@ def ENGINE_OF(name) -> str:
 
 def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, measured_exact: set, log,
                  only=frozenset({"tinygemm", "gemlite", "tinygemm+fold", "tinygemm+split", "gemlite+fold",
-                                 "gemlite+split", "torch._int_mm", "tuned"})) -> dict:
+                                 "gemlite+split", "torch._int_mm", "tuned", "profile", *ENGINE_VARIANTS})) -> dict:
     from bench.fast.fp8_speed import copy_bandwidth, random_awq_scales
     from core.engines.fast.model import Dims, FastLlama
     from core.models import synthetic_config
@@ -192,11 +298,14 @@ def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, me
     dims = Dims.from_config(config)
     master = FastLlama.random_weights(dims, "cuda", seed=0)
     awq = random_awq_scales(dims) if "int4-awq" in precisions else {}
-    rows = []
+    rows, profiles = [], {}
     for p in precisions:
         t0 = time.perf_counter()
         model = FastLlama(dims, master | awq if p == "int4-awq" else master, p, rotary=config)
-        rows += _decode_one(model, p, batches, prompt, steps, bw, log, winners, measured_exact, only)
+        got, prof = _decode_one(model, p, batches, prompt, steps, bw, log, winners, measured_exact, only)
+        rows += got
+        if prof:
+            profiles[p] = prof
         del model
         torch.cuda.empty_cache()
         log(f"decode {p}: {time.perf_counter() - t0:.0f} s")
@@ -204,7 +313,7 @@ def decode_table(precisions, batches, prompt: int, steps: int, winners: dict, me
     for r in rows:
         if r.get("tok_s") and r["batch"] in bf:
             r["speedup_vs_bf16"] = r["tok_s"] / bf[r["batch"]]
-    return {"copy_bandwidth_GBps": bw / 1e9, "steps": steps, "decode_candidates": rows}
+    return {"copy_bandwidth_GBps": bw / 1e9, "steps": steps, "decode_candidates": rows, "step_profiles": profiles}
 
 
 ENGINE_NOW = "torch fast path (CUDA graphs), its linears as the engine routes them (the tuning table's winners)"
@@ -216,20 +325,21 @@ W8A8_NOTE = ("; the app runs INT8 W8A8 on the eager torch engine (its fast-path 
 
 def recorded_rows(rows: list[dict]) -> list[dict]:
     """The rows the pages show, per (precision, batch): what the engine runs now (its own kernels; BF16 and FP8
-    always), and, where faster, the fastest library route whose weights are the torch engine's ('tuned': each shape
-    on its winner), named as a bench route. Kernels that are not the torch engine's numbers stay under
-    decode_candidates only. INT8 W8A8: the torch engine's own ops in a CUDA graph, labelled."""
+    always), and, where more than 1% faster, the fastest library route whose weights are the torch engine's
+    ('tuned': each shape on its winner), named as a bench route. Kernels that are not the torch engine's numbers
+    stay under decode_candidates only. INT8 W8A8: the torch engine's own ops in a CUDA graph, labelled."""
     out = []
     for key in sorted({(r["precision"], r["batch"]) for r in rows}):
         mine = [r for r in rows if (r["precision"], r["batch"]) == key and r["status"] == "ok"]
         now = next((r for r in mine if r["candidate"] in ("engine", "project") and r["exact"]), None)
-        routes = [r for r in mine if r["candidate"] not in ("engine", "project") and r["exact"]]
+        routes = [r for r in mine if not r["candidate"].startswith("engine") and r["candidate"] != "project"
+                  and r["exact"]]
         lib = max(routes, key=lambda r: r["tok_s"], default=None)
         if lib is not None and lib["candidate"] == "tuned":  # one kernel within 1% of the per-shape mix: name it
             lib = next((r for r in routes if r["candidate"] != "tuned" and r["tok_s"] > 0.99 * lib["tok_s"]), lib)
         if now is not None:
             out.append({**now, "engine": ENGINE_NOW if key[0] in ("int4", "int4-awq", "int8-wo") else now["engine"]})
-        if lib is not None and (now is None or lib["tok_s"] > now["tok_s"]):
+        if lib is not None and (now is None or lib["tok_s"] > 1.01 * now["tok_s"]):  # past one run's spread
             route = "torch._int_mm" if lib["candidate"] == "torch._int_mm" else "library kernels"
             out.append({**lib, "engine": BENCH_ROUTED.format(route),
                         "kernel": lib["kernel"] + (W8A8_NOTE if key[0] == "int8" else "")})
@@ -293,3 +403,11 @@ def print_tables(result: dict, log) -> None:
             log(f"| {r['precision']} | {r['candidate']} | {r['batch']} | {r['ms_per_step']:.3f} | {r['tok_s']:.1f} | "
                 f"{r.get('speedup_vs_bf16', float('nan')):.2f} | {100 * r['floor_frac']:.0f}% | "
                 f"{'yes' if r['exact'] else 'no'} |")
+    if result.get("step_profiles"):
+        log("\nBatch-1 step profiles (torch profiler over CUDA-graph replays; ms per step, launches per step):")
+        log("| precision | wall | busy | idle | launches | memsets | largest groups (ms, count) |")
+        log("|---|---|---|---|---|---|---|")
+        for p, f in result["step_profiles"].items():
+            top = "; ".join(f"{k[:40]} {v['ms']:.3f} x{v['count']:.0f}" for k, v in list(f["groups"].items())[:6])
+            log(f"| {p} | {f['ms_per_step']:.3f} | {f['busy_ms_per_step']:.3f} | {f['idle_ms_per_step']:.3f} | "
+                f"{f['launches_per_step']:.0f} | {f['memsets_per_step']:.0f} | {top} |")

@@ -9,6 +9,9 @@ storage (core/engines/torch/quant.py, as intlinears.IntWeight holds it):
   one FMA rounding), which are NOT the torch engine's bit for bit; the share that differ and by how much is printed.
 - INT4 AWQ folded into the activations: the codes read back bit for bit; the product close to the torch engine's.
 - W8A8: gemlite's dynamic INT8 against torch._int_mm's result (printed: not required bit for bit, not routed).
+- The decode step reads a library's own float32 output (no copy into its bf16 buffers) and INT4 AWQ's row blocks,
+  and writes AWQ's divided rows in the producing kernels: bit for bit what the copies and the division launch gave;
+  a small Llama's decode graph with its linears on gemlite agrees with its torch-op path.
 """
 from __future__ import annotations
 
@@ -127,3 +130,115 @@ def test_gemlite_w8a8_against_int_mm(n, k, rows):
         assert rel < 1e-2, (m, rel)
         print(f"gemlite W8A8 {n}x{k} M={m}: rel err {rel:.1e}, {100 * equal:.1f}% of outputs equal to "
               "torch._int_mm's")
+
+
+def test_the_step_reads_library_outputs_as_their_bf16_copies():
+    """kernels/norm.py and rope.py on the hardware: a float32 delta, gate|up (also in AWQ's two row blocks, or two
+    tensors) and q|k|v (also in three blocks, or three tensors) give bit for bit what their bf16 copies (torch's
+    round to nearest even) gave; the producers' AWQ-divided rows are AwqFold's own division launch's, bit for bit."""
+    from core.engines.fast import kernels as K
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    M, N, I = 8, 4096, 14336
+    x0 = torch.randn(M, N, device="cuda", generator=g).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(N, device="cuda", generator=g)).to(torch.bfloat16)
+    delta = torch.randn(M, N, device="cuda", generator=g)
+    xa, xb, ha, hb = x0.clone(), x0.clone(), torch.empty_like(x0), torch.empty_like(x0)
+    iw = _storage("int4-awq", 6144, N, (4096, 1024, 1024))
+    fold = library.AwqFold(iw, library.TinyGemmInt4)
+    hdiv = torch.empty(3 * M, N, device="cuda", dtype=torch.bfloat16)
+    K.add_rmsnorm(xa, delta, w, 1e-5, ha, div=fold.divisors, div_out=hdiv)
+    K.add_rmsnorm(xb, delta.to(torch.bfloat16), w, 1e-5, hb)
+    assert torch.equal(xa, xb) and torch.equal(ha, hb)
+    assert torch.equal(hdiv, fold.divide(ha))
+
+    gu = torch.randn(2 * M, 2 * I, device="cuda", generator=g)
+    flat = torch.cat([gu[:M, :I], gu[M:, I:]], dim=1).to(torch.bfloat16)
+    down = library.AwqFold(_storage("int4-awq", N, I, (N,)), library.TinyGemmInt4)
+    a1, a2, a3, adiv = (torch.empty(M, I, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    K.silu_mul(gu, a1, div=down.divisors, div_out=adiv)
+    K.silu_mul(flat, a2)
+    K.silu_mul((gu[:M, :I].contiguous(), gu[M:, I:].contiguous()), a3)
+    assert torch.equal(a1, a2) and torch.equal(a3, a2) and torch.equal(adiv, down.divide(a2))
+
+    HQ, HKV, D, T = 32, 8, 128, 64
+    qkv = torch.randn(3 * M, (HQ + 2 * HKV) * D, device="cuda", generator=g)
+    q_end, k_end = HQ * D, (HQ + HKV) * D
+    gathered = torch.cat([qkv[:M, :q_end], qkv[M:2 * M, q_end:k_end], qkv[2 * M:, k_end:]], dim=1)
+    pos = torch.randint(0, T, (M,), device="cuda", generator=g)
+    ang = torch.arange(T, device="cuda")[:, None] * torch.rand(D // 2, device="cuda", generator=g)[None]
+    cos, sin = ang.cos().to(torch.bfloat16).float(), ang.sin().to(torch.bfloat16).float()
+    parts = (qkv[:M, :q_end].contiguous(), qkv[M:2 * M, q_end:k_end].contiguous(), qkv[2 * M:, k_end:].contiguous())
+    got = []
+    for src in (qkv, gathered, gathered.to(torch.bfloat16), parts):
+        q = torch.empty(M, HQ, D, device="cuda", dtype=torch.bfloat16)
+        kc, vc = (torch.zeros(M, HKV, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        K.rope_store(src, pos, cos, sin, q, kc, vc, None, None, HQ, HKV, D)
+        got.append((q, kc, vc))
+    assert all(torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d) for a, b, c, d in zip(*got))
+
+
+def _copied(lin):
+    """Linear.fast with its product copied into the step's bf16 buffer (what the step did before it read library
+    outputs as they are); AWQ's folded row blocks, which cannot be copied as one, are left as they are."""
+    fast = lin.fast
+
+    def run(x, x_scale, out, silu_x=False, x16=None, x_div=None):
+        got = fast(x, x_scale, out, silu_x, x16, x_div)
+        if isinstance(got, tuple):
+            start = 0
+            for part in got:
+                out[:, start:start + part.shape[1]].copy_(part)
+                start += part.shape[1]
+            return out
+        return out.copy_(got) if got is not out and got.shape == out.shape else got
+    return run
+
+
+@needs_gemlite
+@pytest.mark.parametrize("mode,kernel,batch", [("int4", "gemlite", 1), ("int4", "gemlite", 4),
+                                               ("int4-awq", "gemlite+split", 1), ("int4-awq", "gemlite+fold", 4)])
+def test_decode_graph_reads_library_outputs_as_their_copies(mode, kernel, batch, monkeypatch):
+    """A small Llama's decode graph with every integer linear on a gemlite launch (the tuning table set to it): its
+    outputs read as they are (float32, AWQ's divided rows from the producers, one-row GEMVs on gemlite's output
+    rings) against the same graph copying each output into the step's buffer first: the same function (gemlite's
+    float32 atomics add in any order, so not bit for bit); and against the torch-op step within gemlite's own
+    difference (its one-row GEMV multiplies the float32 weight unrounded: 2.5e-3 a linear)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from core.engines.fast import check as C
+    from core.engines.fast.methods import tuning
+    from core.engines.fast.methods.tuner import model_shapes
+    from core.engines.fast.model import Dims, FastLlama
+
+    torch.manual_seed(5)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=512,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.05)
+            elif "norm" in n:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+        hf.lm_head.weight.mul_(8.0)
+    hf = hf.to(device="cuda", dtype=torch.bfloat16)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, 32), device="cuda")
+    cont = torch.randint(0, cfg.vocab_size, (batch, 12), device="cuda")
+    model = FastLlama.from_hf(hf, mode, calibration_ids=torch.randint(0, cfg.vocab_size, (64,)).tolist())
+    for _, n, k, _ in model_shapes(Dims.from_config(cfg)):
+        monkeypatch.setitem(tuning.TUNED, tuning.key(Precision(mode), batch, n, k), {"kernel": kernel})
+    ref = C.fast_logprobs(model, prompt, cont, "auto", "ref")
+    direct = C.fast_logprobs(model, prompt, cont, "auto", "graph")
+    with monkeypatch.context() as m:
+        for L in model.layers:
+            for name in ("qkv", "o", "gu", "down"):
+                m.setattr(L[name], "fast", _copied(L[name]))
+        copied = C.fast_logprobs(model, prompt, cont, "auto", "graph")
+    same, vs_ref = C.agreement(copied, direct), C.agreement(ref, direct)
+    print(f"{mode} {kernel} batch {batch}: read as they are vs copied top1 {same['top1']:.3f} KL "
+          f"{same['kl_mean']:.2e}; vs the torch-op step top1 {vs_ref['top1']:.3f} KL {vs_ref['kl_mean']:.2e}")
+    assert torch.isfinite(direct).all()
+    assert same["kl_mean"] <= 5e-4 and same["top1"] >= 0.9
+    assert vs_ref["kl_mean"] <= 5e-3 and vs_ref["top1"] >= 0.8

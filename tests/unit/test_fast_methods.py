@@ -72,3 +72,33 @@ def test_a_library_launch_joins_the_candidates_and_runs_where_it_takes_the_shape
                                                  lambda r, n, k: [], takes=lambda w, rows: rows <= 4)}
     method.launch(w, torch.zeros(8, 256, dtype=torch.bfloat16), torch.empty(8, 48), {"kernel": "library"})
     assert chosen == ["tile"]  # 8 rows: not the library's shape
+
+
+def test_the_decode_step_reads_a_library_launchs_own_output():
+    """A launch with `product` (a library kernel: kernels/library.py) hands the step its own output tensor instead of
+    writing the step's buffer; a launch without one writes `out` and returns it; AWQ's input scales are asked for
+    only where a library launch reads divided rows."""
+    own = torch.full((1, 48), 7.0)
+
+    class WithLibrary(IntWeightOnly):
+        def launches(self):
+            return {**super().launches(),
+                    "library": Launch("library", lambda *a, **k: None, lambda rows, n, k: [{}],
+                                      product=lambda w, x, cfg, silu_x, **inputs: own)}
+
+        def config(self, rows, n, k):
+            return {"kernel": "library"} if rows == 1 else super().config(rows, n, k)
+
+    class Written(IntWeightOnly):
+        def launches(self):
+            return {"kernel": Launch("kernel", lambda w, x, out, cfg, silu_x, **k: out.fill_(1.0),
+                                     lambda rows, n, k: [{}])}
+
+    lin = Linear(WithLibrary(Precision.INT4), _weight())
+    out = torch.empty(1, 48, dtype=torch.bfloat16)
+    assert lin.fast(torch.zeros(1, 256, dtype=torch.bfloat16), None, out) is own
+    assert lin.input_divisors(1) is None  # not AWQ
+    plain = Linear(Written(Precision.INT4), _weight())
+    out = torch.zeros(2, 48, dtype=torch.bfloat16)
+    assert plain.fast(torch.zeros(2, 256, dtype=torch.bfloat16), None, out, x_div=None) is out
+    assert bool((out == 1).all()) and plain.input_divisors(2) is None

@@ -64,6 +64,12 @@ class DecodeGraph:
         self.h16 = torch.empty(B, d.hidden, dtype=torch.float16, device=dev) if f16 else None
         self.attn16 = torch.empty(B, d.heads * d.head_dim, dtype=torch.float16, device=dev) if f16 else None
         self.act16 = torch.empty(B, d.inter, dtype=torch.float16, device=dev) if f16 else None
+        # INT4 AWQ through a library launch: its input divided by each fused projection's scales, written by the
+        # kernel producing the input (kernels/norm.py's `div`), up to 3 row blocks (q, k, v)
+        awq = model.method.needs_calibration
+        self.hdiv = torch.empty(3 * B, d.hidden, dtype=bf, device=dev) if awq else None
+        self.adiv = torch.empty(B, d.inter, dtype=bf, device=dev) if awq else None
+        self.library_outputs: dict = {}  # the library kernels' output rings this graph writes (library.graph_outputs)
         self.ws = K.AttnWorkspace(B, d.heads, d.kv_heads, d.head_dim, cache.max_len, dev, fp8=cache.fp8)
         self.sm_scale = 1.0 / math.sqrt(d.head_dim)
         self.graph = None
@@ -84,10 +90,19 @@ class DecodeGraph:
             return frozenset()
         return model.method.folds
 
+    def _divided(self, lin, buf):
+        """(the linear's input scales, the rows they fill in `buf`) where its launch reads divided input, else
+        (None, None)."""
+        div = lin.input_divisors(self.cache.batch)
+        if div is None:
+            return None, None
+        return div, buf[:div.shape[0] * self.cache.batch]
+
     def _body(self):
         from core.engines.fast import kernels as K
 
         m, d, c = self.model, self.model.dims, self.cache
+        B = c.batch
         xs = self.xs
         x = F.embedding(self.tokens, m.embed)
         delta = None
@@ -96,49 +111,58 @@ class DecodeGraph:
         fold_norm, fold_o = "norm" in self.folds, "o" in self.folds
         fold_silu = fold_norm and "silu" in self.folds and not w8a8
         x_alt = self.x_alt
+        # A linear's product is what `fast` returns: the step's buffer, or a library kernel's own output (float32,
+        # maybe in row blocks) that the next kernel reads directly (kernels/library.py); folds are the methods'
+        # own kernels, which write the buffers.
         for i, L in enumerate(m.layers):
             if fold_norm:
                 L["qkv"].fast_prologue(x, self.qkv, delta, x_alt, L["ln1"], d.eps)
                 if delta is not None:  # the kernel wrote x + delta to x_alt: that is the residual now
                     x, x_alt = x_alt, x
+                qkv = self.qkv
             else:
-                K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, xs, self.hq if w8a8 else None, self.h16)
-                L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv, x16=self.h16)
+                div, x_div = self._divided(L["qkv"], self.hdiv)
+                K.add_rmsnorm(x, delta, L["ln1"], d.eps, h, xs, self.hq if w8a8 else None, self.h16, div, x_div)
+                qkv = L["qkv"].fast(self.hq if w8a8 else self.h, xs, self.qkv, x16=self.h16, x_div=x_div)
             ks, vs = (c.k_scale[i], c.v_scale[i]) if c.fp8 else (None, None)
-            K.rope_store(self.qkv, self.pos, self.cos, self.sin, self.q, c.k[i], c.v[i], ks, vs,
+            K.rope_store(qkv, self.pos, self.cos, self.sin, self.q, c.k[i], c.v[i], ks, vs,
                          d.heads, d.kv_heads, d.head_dim)
             K.decode_attention(self.q, c.k[i], c.v[i], ks, vs, self.pos, self.attn, self.ws,
                                d.heads, d.kv_heads, d.head_dim, self.sm_scale, self.attn16)
             if fold_o:
                 L["o"].fast_prologue(self.attn, self.delta)
+                delta = self.delta
             else:
                 if w8a8:
                     K.row_quant(self.attn, xs, self.attnq)
-                L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta, x16=self.attn16)
-            delta = self.delta
+                delta = L["o"].fast(self.attnq if w8a8 else self.attn, xs, self.delta, x16=self.attn16)
             if fold_silu:
                 L["gu"].fast_prologue(x, self.act, delta, x_alt, L["ln2"], d.eps, silu_out=True)
                 x, x_alt = x_alt, x
-                L["down"].fast(self.act, None, self.delta)
+                delta = L["down"].fast(self.act, None, self.delta)
                 continue
             if fold_norm:
                 L["gu"].fast_prologue(x, self.gu, delta, x_alt, L["ln2"], d.eps)
                 x, x_alt = x_alt, x
+                gu = self.gu
             else:
-                K.add_rmsnorm(x, delta, L["ln2"], d.eps, h, xs, self.hq if w8a8 else None, self.h16)
-                L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu, x16=self.h16)
+                div, x_div = self._divided(L["gu"], self.hdiv)
+                K.add_rmsnorm(x, delta, L["ln2"], d.eps, h, xs, self.hq if w8a8 else None, self.h16, div, x_div)
+                gu = L["gu"].fast(self.hq if w8a8 else self.h, xs, self.gu, x16=self.h16, x_div=x_div)
+            div, x_div = (None, None) if w8a8 else self._divided(L["down"], self.adiv)
             if w8a8:
                 # the row amax of SiLU(gate) * up must be known before the down projection's input is quantized
-                K.silu_mul(self.gu, None, xs, self.actq)
-                L["down"].fast(self.actq, xs, self.delta)
-            elif self.cache.batch == 1:
+                K.silu_mul(gu, None, xs, self.actq)
+                delta = L["down"].fast(self.actq, xs, self.delta)
+            elif B == 1 and gu is self.gu and div is None:
                 # one row: the down projection computes SiLU(gate) * up as it loads it (one launch fewer)
-                L["down"].fast(self.gu, None, self.delta, silu_x=True)
+                delta = L["down"].fast(self.gu, None, self.delta, silu_x=True)
             else:
                 # several rows: a computed (not loaded) dot operand stalls the tensor-core pipeline, so the
-                # activation gets its own kernel (docs/fast-engine.md#silu-several-rows)
-                K.silu_mul(self.gu, self.act, a16_out=self.act16)
-                L["down"].fast(self.act, None, self.delta, x16=self.act16)
+                # activation gets its own kernel (docs/fast-engine.md#silu-several-rows); also where gate|up is a
+                # library's output (read as it is) or the down projection reads AWQ-divided rows
+                K.silu_mul(gu, self.act, a16_out=self.act16, div=div, div_out=x_div)
+                delta = L["down"].fast(self.act, None, self.delta, x16=self.act16, x_div=x_div)
         if fold_norm:
             m.lm.fast_prologue(x, self.logits, delta, x_alt, m.norm, d.eps)
         else:
@@ -156,6 +180,7 @@ class DecodeGraph:
     @torch.inference_mode()
     def _capture(self):
         from core.engines.fast import kernels as K
+        from core.engines.fast.kernels import library
 
         # Warm up (Triton compiles, cuBLAS picks kernels) at the last cache slots: any slot past a row's length is
         # written before it is read, so this scribbling never reaches a later step.
@@ -168,7 +193,8 @@ class DecodeGraph:
                 self._body()
         torch.cuda.current_stream().wait_stream(s)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch):
+        with torch.cuda.graph(self.graph), K.pdl_scope(one_row), K.split_scratch_scope(self.split_scratch), \
+                library.graph_outputs(self.library_outputs, len(self.model.layers)):
             self.out = self._body()
 
     @torch.inference_mode()

@@ -20,12 +20,19 @@ speed table describe the same weights:
 
 `candidates(iw)` lists what can run a weight. Every candidate takes bf16 x [M, K]: `raw(x)` returns its own output
 ([M, N], float32 for gemlite, whose split-K adds partial sums with atomics: in float32, not its default bf16, so the
-sums round once), `__call__(x)` that as bf16, `into(x, out)` writes it into the decode step's buffer.
+sums round once), `__call__(x)` that as bf16, `into(x, out)` writes it into a bf16 buffer, and `product(x)` is what
+the decode step reads: the kernel's own output, not copied (the step's next kernel rounds a float32 value to bf16 as
+it loads it, which is what the copy did; for INT4 AWQ one row block per projection, or one tensor per projection:
+kernels/norm.py and rope.py read them as they are). Inside the step's CUDA graph that output is the library's own
+tensor, allocated once at capture, so its address is fixed like the step's buffers. gemlite's one-row INT4 GEMV adds
+into a zeroed output: captured in `graph_outputs` it takes its outputs from gemlite's ring of zeroed rows
+(KERNEL_CACHE), one zeroing per shape and step instead of one per call.
 Importing this module needs CUDA torch; gemlite is optional (requirements-gpu.txt) and its candidates are left out
 where it is not installed.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -45,13 +52,17 @@ def unpack_codes(iw: IL.IntWeight) -> torch.Tensor:
 
 
 class _Kernel:
-    """raw / __call__ / into for a kernel whose raw(x) returns [M, N]."""
+    """raw / __call__ / into / product for a kernel whose raw(x) returns [M, N]."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.raw(x).to(torch.bfloat16)
 
     def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out.copy_(self.raw(x))
+
+    def product(self, x: torch.Tensor, x_div: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode step's read of the product: the kernel's own output (x_div: AwqFold's only)."""
+        return self.raw(x)
 
 
 def tinygemm_params(scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -220,16 +231,34 @@ class AwqFold(_Kernel):
                                                              iw.zero[rows].contiguous()))))
             start += size
 
-    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def divide(self, x: torch.Tensor) -> torch.Tensor:
+        """[S * M, K] bf16: x / s of each projection in a row block of its own (one launch)."""
         m, segs = x.shape[0], self.divisors.shape[0]
         xs = torch.empty(segs * m, self.k, dtype=torch.bfloat16, device=x.device)
         _awq_divide_kernel[(segs * m, triton.cdiv(self.k, 1024))](x, self.divisors, xs, m, self.k, x.stride(0),
                                                                   BLOCK=1024, num_warps=4)
-        if self.split or segs == 1:
-            for i, (rows, kern) in enumerate(self.parts):
-                out[:, rows].copy_(kern.raw(xs[i * m:(i + 1) * m]))
+        return xs
+
+    def product(self, x: torch.Tensor, x_div: torch.Tensor | None = None):
+        """x_div: `divide(x)` as the producing kernel wrote it (kernels/norm.py's `div`), else divided here. The
+        kernels' own outputs, which the step's next kernel reads as they are: folded (or one projection) one
+        [S * M, N] in row blocks (projection j's columns valid in block j); split a tuple of each projection's
+        [M, N_j] (kernels/rope.py's qkv_sources, norm.py's gate_up_sources)."""
+        m = x.shape[0]
+        xs = self.divide(x) if x_div is None else x_div
+        if not self.split or len(self.parts) == 1:
+            return self.parts[0][1].raw(xs)
+        return tuple(kern.raw(xs[i * m:(i + 1) * m]) for i, (_, kern) in enumerate(self.parts))
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        y = self.product(x)
+        if isinstance(y, tuple):
+            for (rows, _), part in zip(self.parts, y):
+                out[:, rows].copy_(part)
             return out
-        y = self.parts[0][1].raw(xs)
+        if y.shape[0] == m:
+            return out.copy_(y)
         _awq_gather_kernel[(m, triton.cdiv(self.n, 1024))](y, self.row_seg, out, m, self.n, y.stride(0),
                                                            out.stride(0), BLOCK=1024, num_warps=4)
         return out
@@ -301,18 +330,58 @@ def _built(weights: IL.IntWeight, name: str, build):
 
 
 def engine_launches(mode: int) -> dict:
-    """name -> run(weights, x, out, cfg, silu_x, **inputs) of the library launches the integer weight-only method
-    offers its tuner (methods/integer.py wraps them as Launches): only kernels whose weights are the torch engine's
-    bit for bit (gemlite; tinygemm's are not: module docstring), only where gemlite is installed."""
+    """name -> (run(weights, x, out, cfg, silu_x, **inputs), product(weights, x, cfg, silu_x, x_div=None, **inputs))
+    of the library launches the integer weight-only method offers its tuner (methods/integer.py wraps them as
+    Launches; `product` is what the decode step reads, `linear_product`): only kernels whose weights are the torch
+    engine's bit for bit (gemlite; tinygemm's are not: module docstring), only where gemlite is installed."""
     if not gemlite_available():
         return {}
 
     def launch(name, build):
         def run(w, x, out, cfg, silu_x, **_):
             return linear_into(_built(w, name, build), x, out, silu_x)
-        return run
+
+        def product(w, x, cfg, silu_x, x_div=None, **_):
+            return linear_product(_built(w, name, build), x, silu_x, x_div)
+        return run, product
 
     return {name: launch(name, build) for name, build in _engine_builders(mode).items()}
+
+
+def engine_divisors(weights: IL.IntWeight, name: str) -> torch.Tensor | None:
+    """INT4 AWQ through the library launch `name`: its input scales [S, K] float32, which the kernel producing its
+    input divides by (kernels/norm.py's `div`); None for any other launch."""
+    if not (_awq(weights.mode) and gemlite_available()) or name not in _engine_builders(weights.mode):
+        return None
+    return _built(weights, name, _engine_builders(weights.mode)[name]).divisors
+
+
+LINEAR_CALLS_PER_LAYER = 7  # the most library calls a layer makes: q, k, v split, o, gate, up split, down
+
+
+@contextlib.contextmanager
+def graph_outputs(keep: dict, layers: int):
+    """Around a CUDA graph's capture: gemlite's one-row GEMVs take their outputs from rings of rows zeroed once per
+    replay (its KERNEL_CACHE: one memset per shape and step instead of one per call), fresh for this graph and held
+    in `keep` for the graph's life (the captured kernels write there on every replay). A ring is zeroed whole when
+    its pointer wraps, which would clear an output not yet read (AWQ's split k and v are two live outputs of one
+    shape): so only where a step of `layers` layers cannot wrap one; elsewhere, and outside the capture, gemlite
+    allocates as before."""
+    if not gemlite_available():
+        yield
+        return
+    from gemlite.triton_kernels.config import KERNEL_CACHE
+
+    if LINEAR_CALLS_PER_LAYER * layers >= KERNEL_CACHE.CACHE_SIZE:
+        yield
+        return
+
+    before, KERNEL_CACHE.CACHE, KERNEL_CACHE.ENABLE = (KERNEL_CACHE.CACHE, KERNEL_CACHE.ENABLE), {}, True
+    try:
+        yield
+    finally:
+        keep.update(KERNEL_CACHE.CACHE)
+        KERNEL_CACHE.CACHE, KERNEL_CACHE.ENABLE = before
 
 
 def engine_label(mode: int, kernels: set[str]) -> str:
@@ -325,11 +394,20 @@ def engine_label(mode: int, kernels: set[str]) -> str:
             "weights bit for bit)")
 
 
-def linear_into(kernel, x: torch.Tensor, out: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
-    """The decode step's calling convention (model.Lin.fast): the product written into `out`; with silu_x, x is the
-    [M, 2K] gate|up output and the input is SiLU(gate) * up (kernels.silu_mul: HF's bf16 roundings)."""
-    if silu_x:
-        from core.engines.fast import kernels as K
+def _silu_input(x: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of the [M, 2K] gate|up output (kernels.silu_mul: HF's bf16 roundings)."""
+    from core.engines.fast import kernels as K
 
-        x = K.silu_mul(x, torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device))
-    return kernel.into(x, out)
+    return K.silu_mul(x, torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.bfloat16, device=x.device))
+
+
+def linear_into(kernel, x: torch.Tensor, out: torch.Tensor, silu_x: bool = False) -> torch.Tensor:
+    """A method launch's calling convention (methods/base.py's Launch.run): the product written into `out`; with
+    silu_x, x is the [M, 2K] gate|up output and the input is SiLU(gate) * up."""
+    return kernel.into(_silu_input(x) if silu_x else x, out)
+
+
+def linear_product(kernel, x: torch.Tensor, silu_x: bool = False, x_div: torch.Tensor | None = None):
+    """The decode step's calling convention (Linear.fast): the kernel's own output, not copied (`_Kernel.product`,
+    `AwqFold.product`); x_div: AWQ's divided rows where the producing kernel wrote them."""
+    return kernel.product(_silu_input(x) if silu_x else x, x_div)

@@ -22,11 +22,14 @@ class Launch:
     """One named kernel launch a tuner may pick: `run(weights, x, out, cfg, silu_x)` computes out[M, N] = x @ W^T
     (with silu_x, x is [M, 2K] gate|up and the input SiLU(gate) * up); `configs(rows, n, k)` lists its candidate
     launch parameters for one shape; `takes(weights, rows)` says whether it can run it (else the method's first
-    launch runs the cfg's shape)."""
+    launch runs the cfg's shape). `product(weights, x, cfg, silu_x, **inputs)`, where given, returns the product in
+    the kernel's own output instead of `out` (a library's float32 tensor: kernels/library.py), which the decode step
+    reads as it is (its next kernel rounds to bf16 as it loads), saving the copy into `out`."""
     name: str
     run: Callable
     configs: Callable[[int, int, int], list[dict]]
     takes: Callable = lambda weights, rows: True
+    product: Callable | None = None
 
 
 class LinearMethod:
@@ -75,18 +78,31 @@ class LinearMethod:
             return self.default_config(rows, n, k)
         return won
 
-    def launch(self, weights, x, out, cfg: dict, silu_x: bool = False, **inputs) -> torch.Tensor:
-        """One product through the launch cfg["kernel"] names, no fallback: what the tuner times."""
+    def chosen(self, weights, rows: int, cfg: dict) -> Launch:
+        """The launch cfg["kernel"] names, or the first where it is unknown or does not take this shape."""
         launches = self.launches()
         chosen = launches.get(cfg.get("kernel"), next(iter(launches.values())))
-        if not chosen.takes(weights, x.shape[0]):
-            chosen = next(iter(launches.values()))
-        return chosen.run(weights, x, out, cfg, silu_x, **inputs)
+        return chosen if chosen.takes(weights, rows) else next(iter(launches.values()))
+
+    def launch(self, weights, x, out, cfg: dict, silu_x: bool = False, **inputs) -> torch.Tensor:
+        """One product through the launch cfg["kernel"] names, no fallback: what the tuner times."""
+        return self.chosen(weights, x.shape[0], cfg).run(weights, x, out, cfg, silu_x, **inputs)
 
     def decode(self, weights, x, out, silu_x: bool = False, **inputs) -> torch.Tensor:
-        """The decode step's product: `launch` with this shape's configuration."""
+        """The decode product written into `out`: `launch` with this shape's configuration."""
         n, k = self.shape(weights)
         return self.launch(weights, x, out, self.config(x.shape[0], n, k), silu_x, **inputs)
+
+    def product(self, weights, x, out, silu_x: bool = False, **inputs) -> torch.Tensor:
+        """The decode step's product: `out`, or the launch's own output where it has a `product` (Launch)."""
+        self.decode(weights, x, out, silu_x, **inputs)
+        return out
+
+    def input_divisors(self, weights, rows: int) -> torch.Tensor | None:
+        """[S, K] float32 input scales the kernel producing this linear's input divides by (kernels/norm.py's
+        `div`), passed back as `x_div`; None: the linear reads its input as it is (all but INT4 AWQ's library
+        launches)."""
+        return None
 
     def decode_prologue(self, weights, x, out, delta, x_out, norm_weight, eps: float, silu_out: bool):
         """One row with the norm (and W8A8's quantization) folded in front; methods with `prologue` only."""
@@ -140,10 +156,17 @@ class Linear:
     def prompt(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.prompt(self.weights, x)
 
-    def fast(self, x, x_scale, out, silu_x: bool = False, x16=None):
-        """The decode product; x_scale: W8A8 FP8's per-token scale of its E4M3 x; x16: x in f16 where its producer
-        wrote that copy."""
-        return self.method.decode(self.weights, x, out, silu_x, x_scale=x_scale, x16=x16)
+    def fast(self, x, x_scale, out, silu_x: bool = False, x16=None, x_div=None):
+        """The decode product, returned: `out` (bf16), or a library kernel's own output that the step's next kernel
+        reads instead (float32 that it rounds to bf16 as it loads; for INT4 AWQ possibly one row block per fused
+        projection: LinearMethod.product). x_scale: W8A8 FP8's per-token scale of its E4M3 x; x16: x in f16 where
+        its producer wrote that copy; x_div: x divided by `input_divisors`, where its producer wrote that."""
+        inputs = dict(x_scale=x_scale, x16=x16) | ({} if x_div is None else {"x_div": x_div})
+        return self.method.product(self.weights, x, out, silu_x, **inputs)
+
+    def input_divisors(self, rows: int) -> torch.Tensor | None:
+        """LinearMethod.input_divisors at this batch."""
+        return self.method.input_divisors(self.weights, rows)
 
     def fast_prologue(self, x, out, delta=None, x_out=None, norm_weight=None, eps: float = 0.0,
                       silu_out: bool = False):

@@ -118,8 +118,26 @@ class IntWeightOnly(_IntMethod):
 
         return {"tile": Launch("tile", self._tile, self._tile_configs),
                 "gemv": Launch("gemv", gemv, self._gemv_configs, takes=int_gemv.gemv_takes),
-                **{name: Launch(name, run, lambda rows, n, k: [{}])  # gemlite, where installed
-                   for name, run in library.engine_launches(self.kernel_mode).items()}}
+                **{name: Launch(name, run, lambda rows, n, k: [{}], product=product)  # gemlite, where installed
+                   for name, (run, product) in library.engine_launches(self.kernel_mode).items()}}
+
+    def product(self, weights, x, out, silu_x: bool = False, **inputs) -> torch.Tensor:
+        """A library launch's own output where the tuning table picks one (not copied into `out`), else `out`."""
+        n, k = self.shape(weights)
+        cfg = IW.fit_config(weights, self.config(x.shape[0], n, k))
+        chosen = self.chosen(weights, x.shape[0], cfg)
+        if chosen.product is not None:
+            return chosen.product(weights, x, cfg, silu_x, **inputs)
+        inputs.pop("x_div", None)  # only a library launch asks for divided rows (input_divisors)
+        chosen.run(weights, x, out, cfg, silu_x, **inputs)
+        return out
+
+    def input_divisors(self, weights, rows: int) -> torch.Tensor | None:
+        from core.engines.fast.kernels import library
+
+        if not self.needs_calibration:
+            return None
+        return library.engine_divisors(weights, self.config(rows, weights.n, weights.k).get("kernel", ""))
 
     def _gemv_configs(self, rows, n, k) -> list[dict]:
         from core.engines.fast.kernels.int_gemv import GEMV_MAX_ROWS
