@@ -9,7 +9,7 @@ from core.compare.prompts import PROMPT_FILE_EXTENSIONS, default_prompts, parse_
 from core.compare.agreement import BROKEN
 from core.compare.known import default_reference, known_failures, model_types
 from core.compare.result import Side, history_payload, last_run_hint, save_stopped, save_to_history
-from core.compare.run import LIMITS, load_engine, run
+from core.compare.run import BATCH_PROMPTS, DEFAULT_BUDGET_S, LIMITS, load_engine, run
 from core import store
 from core.engines.pool import Setup
 from core.errors import InputError, TriageError
@@ -62,11 +62,16 @@ with st.form("cmp_form"):
     c = st.columns(2)
     ref_prec, ref_kv, ref_url = side_inputs(c[0], "Reference", default_reference(failures), "cmp_ref", failures)
     cand_prec, cand_kv, cand_url = side_inputs(c[1], "Candidate", Precision.FP8, "cmp_cand", failures)
-    c = st.columns([3, 1, 1, 1])
-    chosen = c[0].multiselect("Built-in prompts", [p.name for p in defaults], default=[p.name for p in defaults])
+    c = st.columns([3, 1, 1, 1, 1])
+    chosen = c[0].multiselect("Built-in prompts", [p.name for p in defaults], default=[p.name for p in defaults],
+                              help="Run in this order, in batches, until the verdict is decided.")
     max_new = number(c[1], "max_new_tokens", 32)
     top_k = number(c[2], "top_k", 8, help="Logprobs kept per position; vLLM's rule checks top-8.")
-    model = c[3].text_input("Model", "embedded", key="cmp_model", help="embedded, an HF model directory or a .gguf "
+    budget = number(c[3], "budget_s", DEFAULT_BUDGET_S,
+                    help=f"Prompts run in batches of {BATCH_PROMPTS} until the 95% interval of the same-top-token "
+                         "share lies inside one band; the run stops before a batch that would end past this many "
+                         "seconds (loads included) and then says how many more prompts would decide it.")
+    model = c[4].text_input("Model", "embedded", key="cmp_model", help="embedded, an HF model directory or a .gguf "
                             "file")
     c = st.columns([3, 2])
     own = c[0].text_area("Your prompts, one per line (write \\n for a newline)", height=90)
@@ -86,24 +91,27 @@ def speed_key(ref: Side, cand: Side) -> str:
 def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
     """Run the comparison (and the noise floor) under a progress bar that tells time and a stop that reaches the
     engine; keep and save the result."""
-    started = time.time()
-    work = len(prompts) * max_new.value
-    hint = runs.speed_hint("compare", speed_key(ref, cand), work, "tokens")
-    progress = runs.RunProgress(f"Expected: {hint}" if hint else None)
+    started, partial = time.time(), {}
+    progress = runs.RunProgress(f"Up to {budget.value:,} s: batches of prompts until the verdict is decided")
     for side, role in ((ref, "reference"), (cand, "candidate")):
         if side.engine == "torch" and side.precision in failures:
             st.warning(f"The {side.precision.label} {role} is known to fail on this model; the run goes ahead and "
                        "its verdict names the side that broke.")
-    # no prefill counts: the bar counts decode steps and prompts
-    with runs.stoppable(button="cmp_stop", key="cmp_run", on_stop=lambda at: save_stopped(ref, cand, len(prompts),
-                                                                                           started, at)):
-        result = run(ref, cand, prompts, max_new_tokens=max_new.value, top_k=top_k.value, progress=progress.fraction,
-                     loader=loader)
+    # no prefill counts: the bar counts prompts scored of those needed so far, at this run's own pace
+    counted = dict(budget_s=budget.value, max_new_tokens=max_new.value, top_k=top_k.value, loader=loader,
+                   progress=progress.fraction, on_batch=lambda r: partial.update(result=r))
+    with runs.stoppable(button="cmp_stop", key="cmp_run", on_stop=lambda at: save_stopped(
+            ref, cand, len(prompts), started, at, partial.get("result"))):
+        result = run(ref, cand, prompts, on_prompts=lambda d, n, m: progress.step(d, n, "prompts", "Scored"),
+                     **counted)
         floor = None
         if noise:
-            floor = run(ref, ref, prompts, max_new_tokens=max_new.value, top_k=top_k.value, loader=loader,
-                        progress=lambda f, m: progress.fraction(f, f"Noise floor: {m}"))
+            partial["result"] = result  # a stop in the noise floor keeps the whole comparison
+            floor = run(ref, ref, prompts, on_prompts=lambda d, n, m: progress.step(d, n, "prompts",
+                                                                                 "Noise floor, scored"),
+                        **{**counted, "on_batch": None})
     progress.clear()
+    work = len(result.prompts) * max_new.value
     store.add_speed("compare", speed_key(ref, cand), work / max(time.time() - started, 1e-3))
     # Replaced together, so a failed run leaves the previous result and its history note as they were.
     ss.cmp_result, ss.cmp_payload = result, history_payload(result, floor)
@@ -112,16 +120,16 @@ def compare_and_save(ref: Side, cand: Side, prompts: list, status) -> None:
     head = sm.status.capitalize() + (
         "" if sm.same_top is None or sm.status in BROKEN else f": same top token {100 * sm.same_top:.1f} %"
         + ("" if sm.mean_kld is None else f", mean KLD {sm.mean_kld:.3g} nats"))
-    status.update(label=f"Compared in {time.time() - started:.1f} s. {head}. The full result is below the form.",
+    status.update(label=f"Compared {len(result.prompts)} prompts in {time.time() - started:.1f} s. {head}. The full result is below the form.",
                   state="complete", expanded=False)
     st.toast(f"Comparison done. {head}.", icon=":material/check_circle:")
 
 
 if (stopped := runs.last_stop("cmp_run")) is not None:
     top.warning("The last comparison was stopped before its end: " + (
-        "History has it as cancelled, with its sides and prompts; a comparison keeps no numbers until every prompt "
-        "is scored." if stopped["saved"] else "it could not be saved to History (see the server log)."))
-if submitted and not inputs.refused(max_new, top_k, where=top):
+        "History has it as cancelled, with its sides and the batches of prompts it had scored (none when it stopped "
+        "in its first batch)." if stopped["saved"] else "it could not be saved to History (see the server log)."))
+if submitted and not inputs.refused(max_new, top_k, budget, where=top):
     try:
         prompts = [p for p in defaults if p.name in chosen] + parse_user_prompts(own)
         if upload is not None:
@@ -134,7 +142,8 @@ if submitted and not inputs.refused(max_new, top_k, where=top):
         # The progress sits above the form, where the eye is when Compare is pressed: a run of minutes under load
         # must not look frozen.
         n = len(prompts)
-        with top.status(f"Comparing {n} prompt{'s' * (n != 1)}…", expanded=True) as status:
+        with top.status(f"Comparing up to {n} prompt{'s' * (n != 1)}, until decided or {budget.value:,} s…",
+                        expanded=True) as status:
             compare_and_save(ref, cand, prompts, status)
     except TriageError as exc:
         top.error(f"The comparison did not run: {markdown_literal(exc)}")

@@ -418,9 +418,9 @@ class Summary:
 
 def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: str = "reference",
               cand_label: str = "candidate", health: tuple[SideHealth, SideHealth] | None = None,
-              text_of: Callable[[int], str] = lambda t: f"[{t}]") -> Summary:
+              text_of: Callable[[int], str] = lambda t: f"[{t}]", stopped: str = "") -> Summary:
     """Pooled numbers, bands and the verdict. `health`: (reference, candidate) as side_health gives them, so a broken
-    side is named; `text_of` names a repeated token in words."""
+    side is named; `text_of` names a repeated token in words; `stopped`: why the run ended before it decided."""
     kl = [x for t in tf for x in t.kl]
     agree = [x for t in tf for x in t.top1_agree]
     overlap = [x for t in tf for x in t.topk_overlap]
@@ -452,7 +452,7 @@ def summarize(free: Sequence[FreeRun], tf: Sequence[TeacherForced], ref_label: s
         candidate_health=health[1] if health else None,
     )
     s.bands = {"top3_match": band(s.top3_match, "top3_match"), "same_top": band(s.same_top, "same_top")}
-    s.status, s.verdict = verdict(s, ref_label, cand_label, text_of)
+    s.status, s.verdict = verdict(s, ref_label, cand_label, text_of, stopped)
     if s.status in BROKEN:
         s.bands = {k: Band(b.metric, b.value, NOT_JUDGED, _BROKEN_SIDE[s.status]) for k, b in s.bands.items()}
     return s
@@ -489,8 +489,36 @@ def _spans_bands(s: Summary) -> bool:
     return band(lo, "same_top").name != band(hi, "same_top").name
 
 
+# ---- the sequential design: when the evidence decides ----
+
+def decided(s: Summary) -> bool:
+    """Whether the evidence so far decides: every status but "inconclusive" (a band the 95% interval lies inside, a
+    broken side, identical outputs). A comparison adds prompts until this holds or its time budget is spent."""
+    return s.status != INCONCLUSIVE
+
+
+def more_prompts_needed(s: Summary) -> int | None:
+    """About how many more prompts would bring the 95% interval of the same-top share inside one band, at today's
+    share: the interval's width shrinks as 1/sqrt(n), and positions grow with prompts, so each band edge inside the
+    interval needs the prompts scaled by (half-width on that side / distance of the share to the edge)^2. 0 when
+    the interval lies inside one band already; None when there is no interval, or the share sits on an edge (no
+    number of prompts is sure to part them)."""
+    if s.same_top_ci95 is None or s.same_top is None or not s.prompts:
+        return None
+    lo, hi = s.same_top_ci95
+    p, factor = s.same_top, None
+    for edge in (BAND_FAILED, BAND_FINE):
+        if not lo < edge <= hi:
+            continue
+        half, gap = (p - lo, p - edge) if edge <= p else (hi - p, edge - p)
+        if gap <= 0:
+            return None
+        factor = max(factor or 0.0, (half / gap) ** 2)
+    return 0 if factor is None else max(math.ceil(s.prompts * factor) - s.prompts, 1)
+
+
 def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candidate",
-            text_of: Callable[[int], str] = lambda t: f"[{t}]") -> tuple[str, str]:
+            text_of: Callable[[int], str] = lambda t: f"[{t}]", stopped: str = "") -> tuple[str, str]:
     """(status, one line).
 
     A side broken on its own (non-finite logits, all padding or one token repeated) is named first, and the other
@@ -498,7 +526,8 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
     every scored position, where the seed's top-3 match rests on three tokens a prompt and flips on a single near-tie.
     A failed vLLM rule (a divergent pick outside the other side's top-k, more than a near-tie) lifts "fine" to "watch"
     and lets a bad top-3 band count. When the 95% interval of the same-top share spans more than one band, the
-    evidence cannot tell the bands apart: the status is "inconclusive", never a failure."""
+    evidence cannot tell the bands apart: the status is "inconclusive", never a failure, with how many more prompts
+    would decide it (more_prompts_needed) and `stopped`, why the run ended there ("the 120 s budget ran out")."""
     if s.prompts == 0:
         return "n/a", "No prompts were compared."
     if (broken := _broken_verdict(s, ref_label, cand_label, text_of)) is not None:
@@ -522,8 +551,12 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
                 "rule: near-ties, not a broken model.")
     if _spans_bands(s):
         # A few dozen positions cannot tell 0.85 from 0.92: say so rather than let one near-tie read as a failure.
-        return INCONCLUSIVE, (f"Inconclusive: run more prompts. {numbers} With {s.positions} scored positions, same "
-                              f"top token lies in {_interval_text(s)} (95% interval), which spans more than one "
-                              f"band.{note}")
+        more = more_prompts_needed(s)
+        need = (f"about {more} more prompt{'s' * (more != 1)} would decide it" if more is not None else
+                "the share sits on a band's edge, so no number of prompts is sure to decide it")
+        why = f"{stopped}; " if stopped else ""
+        return INCONCLUSIVE, (f"Inconclusive: {why}{need}. {numbers} With {s.positions} scored positions over "
+                              f"{s.prompts} prompts, same top token lies in {_interval_text(s)} (95% interval), which "
+                              f"spans more than one band.{note}")
     head = {"fine": "Fine", "watch": "Watch", LOW: "Low agreement"}[status]
     return status, f"{head}: {numbers}{note}"

@@ -1,5 +1,5 @@
-"""Prompt sets for precision comparison: the seed's three prompts, code, JSON and a long-context prompt, plus the
-user's own. The embedded model is a base (not instruction-tuned) model, so prompts are written to be continued.
+"""Prompt sets for precision comparison: the seed's three prompts, short prompts of many kinds (code, prose, lists,
+numbers, dialogue, JSON) and a long-context prompt, plus the user's own. The embedded model is a base (not instruction-tuned) model, so prompts are written to be continued.
 
 The long-context prompt is the text core/textfile.py ships for its sample documents (written for this project, nothing
 is downloaded), so it changes only when that text does, and saved comparisons stay comparable. It is longer than
@@ -25,7 +25,7 @@ MAX_PROMPT_CHARS = 100_000
 class Prompt:
     name: str
     text: str
-    kind: str = "user"  # "seed", "code", "json", "long", "user"
+    kind: str = "user"  # "seed", "code", "json", "prose", "list", "numbers", "dialogue", "long", "user"
 
 
 def long_context_text(chars: int = LONG_CHARS) -> str:
@@ -37,7 +37,58 @@ def long_context_text(chars: int = LONG_CHARS) -> str:
     return text
 
 
+# Short prompts of many kinds, to be continued by a base model: a comparison adds them batch by batch until its
+# interval decides, so the built-in set is large and varied (code, prose, lists, numbers, dialogue, JSON).
+SHORT_PROMPTS = (
+    ("code", "sql", "-- the ten customers who spent the most in 2023\nSELECT customer_id, SUM(total) AS spent\nFROM"),
+    ("code", "python-sort", "# sort the words by length, longest first\nwords = ['pear', 'fig', 'banana']\nwords."),
+    ("code", "shell", "#!/bin/sh\n# print the five largest files in the current directory\n"),
+    ("code", "javascript", "// debounce: call fn at most once per wait milliseconds\nfunction debounce(fn, wait) {\n"),
+    ("code", "html", "<!DOCTYPE html>\n<html>\n<head>\n  <title>Contact us</title>\n"),
+    ("code", "rust", "fn main() {\n    let numbers = vec![3, 1, 4, 1, 5];\n    let total: i32 ="),
+    ("code", "regex", "# match an ISO date such as 2024-03-15\nimport re\nDATE = re.compile(r\""),
+    ("prose", "story", "Once upon a time, in a village at the edge of a great forest, there lived"),
+    ("prose", "recipe", "To make a simple tomato sauce, first"),
+    ("prose", "history", "The printing press changed Europe because"),
+    ("prose", "science", "Water boils at a lower temperature on a mountain because"),
+    ("prose", "review", "I bought these headphones last month. The sound is"),
+    ("prose", "email", "Dear Ms. Patel,\n\nThank you for your letter of 3 May. I am writing to"),
+    ("prose", "news", "GENEVA (Reuters) - Wheat prices rose on Monday after"),
+    ("prose", "definition", "A prime number is"),
+    ("prose", "weather", "Tomorrow will be cloudy in the morning, with"),
+    ("list", "groceries", "Shopping list:\n- eggs\n- milk\n-"),
+    ("list", "planets", "The planets of the solar system, in order from the Sun:\n1. Mercury\n2. Venus\n3."),
+    ("list", "steps", "How to change a flat tyre:\n1. Park on flat ground.\n2."),
+    ("list", "days", "Monday, Tuesday, Wednesday,"),
+    ("list", "colours", "The colours of the rainbow are red, orange,"),
+    ("list", "todo", "TODO before the release:\n[x] update the changelog\n[ ]"),
+    ("numbers", "count", "1, 2, 3, 4, 5,"),
+    ("numbers", "powers", "Powers of two: 1, 2, 4, 8, 16,"),
+    ("numbers", "sum", "Question: What is 17 + 25?\nAnswer:"),
+    ("numbers", "percent", "Twenty per cent of 150 is"),
+    ("numbers", "dates", "The Second World War lasted from 1939 to"),
+    ("numbers", "table", "| year | revenue |\n|------|---------|\n| 2019 | 1.2M    |\n| 2020 |"),
+    ("numbers", "units", "One kilometre is 1000 metres, and one mile is about"),
+    ("dialogue", "support", "Customer: My order has not arrived yet.\nAgent:"),
+    ("dialogue", "interview", "Interviewer: Why do you want to work here?\nCandidate:"),
+    ("dialogue", "friends", "\"Are you coming to the party tonight?\" asked Maria.\n\"I"),
+    ("dialogue", "doctor", "Doctor: How long have you had this cough?\nPatient:"),
+    ("dialogue", "teacher", "Teacher: Who can tell me what photosynthesis is?\nStudent:"),
+    ("dialogue", "chat", "User: Can you recommend a good book?\nAssistant:"),
+    ("json", "config", '{"server": {"host": "0.0.0.0", "port": 8080}, "logging": {"level": '),
+    ("json", "product", 'Product as JSON: {"id": 42, "name": "desk lamp", "price": '),
+    ("prose", "quote", "The only thing we have to fear is"),
+    ("prose", "instructions", "Before first use, charge the battery fully. To turn the device on,"),
+    ("prose", "summary", "In short, the report finds that"),
+    ("list", "csv", "name,age,city\nAlice,34,Paris\nBob,29,"),
+    ("numbers", "fractions", "One half plus one quarter equals"),
+)
+
+
 def default_prompts() -> list[Prompt]:
+    """The built-in set in the order a comparison runs it: the seed's short prompts, code and JSON, the short
+    prompts of many kinds, and the long-context prompt last (the costliest: it runs when the others did not
+    decide)."""
     return [
         Prompt("arithmetic", "What is 123 * 456?", "seed"),
         Prompt("france", "The capital of France is", "seed"),
@@ -45,6 +96,7 @@ def default_prompts() -> list[Prompt]:
         Prompt("code", 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n', "code"),
         Prompt("json", 'A user record as JSON.\nName: Ada Lovelace, born 1815 in London, languages English and '
                        'French.\nJSON: {"name": "Ada Lovelace", "born": ', "json"),
+        *(Prompt(name, text, kind) for kind, name, text in SHORT_PROMPTS),
         Prompt("long-context", "Technical notes on an LLM triage console.\n\n" + long_context_text() + LONG_QUESTION,
                "long"),
     ]

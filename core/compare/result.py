@@ -62,6 +62,20 @@ class Side:
                    ran_short=d.get("ran_short") or "")
 
 
+STOPS = {"decided": "stopped once the verdict was decided", "budget": "stopped at the time budget",
+         "prompts": "every prompt given was scored"}
+
+
+def stop_text(stop: str, budget_s: float | None, scored: int, given: int | None) -> str:
+    """Why a run ended before it decided, for its verdict: "the 120 s budget ran out after 18 of 48 prompts"."""
+    of = f" of {given}" if given else ""
+    if stop == "budget" and budget_s is not None:
+        return f"the {budget_s:,.0f} s budget ran out after {scored}{of} prompts"
+    if stop == "prompts":
+        return f"all {scored} prompts given were scored" if scored != 1 else "the one prompt given was scored"
+    return ""
+
+
 def side_names(reference: Side, candidate: Side) -> tuple[str, str]:
     """How a verdict and a title name the two sides: the precisions alone when both ran the same way (what ran is
     one click away), else each with its engine and device."""
@@ -73,15 +87,15 @@ def side_names(reference: Side, candidate: Side) -> tuple[str, str]:
 # ---- results ----
 
 def summarize_prompts(prompts: list["PromptResult"], reference: Side, candidate: Side,
-                      token_text: dict[int, str]) -> ag.Summary:
+                      token_text: dict[int, str], stopped: str = "") -> ag.Summary:
     """The summary of per-prompt results, each side's own health included: the same whether the run just finished or
-    was reopened from History."""
+    was reopened from History. `stopped`: why the run ended before it decided (said in an inconclusive verdict)."""
     health = (ag.side_health([p.ref_ids for p in prompts], [x for p in prompts for x in (p.ref_decode_topk,
                                                                                          p.ref_tf_topk)]),
               ag.side_health([p.cand_ids for p in prompts], [x for p in prompts for x in (p.cand_decode_topk,
                                                                                           p.cand_tf_topk)]))
     return ag.summarize([p.free for p in prompts], [p.tf for p in prompts], *side_names(reference, candidate),
-                        health=health, text_of=lambda t: token_text.get(t, f"[{t}]"))
+                        health=health, text_of=lambda t: token_text.get(t, f"[{t}]"), stopped=stopped)
 
 
 def _json_safe(obj):
@@ -148,6 +162,18 @@ class CompareResult:
     token_text: dict[int, str]  # id -> text of every id shown (tokens and top-k alternatives)
     timings: dict[str, float]
     noise_floor: bool  # the two sides are the same setup
+    # Why the run ended where it did: "decided", "budget" (the time budget was spent first) or "prompts" (every prompt
+    # given was scored first); "" for a run saved before the sequential design.
+    stop: str = ""
+    budget_s: float | None = None
+    prompts_given: int | None = None  # prompts the run could draw on; `prompts` holds those it scored
+
+    @property
+    def scored_text(self) -> str:
+        """"18 of 48 prompts scored, stopped at the time budget"; "" for a run saved before the sequential design."""
+        if self.stop not in STOPS:
+            return ""
+        return f"{len(self.prompts)} of {self.prompts_given or len(self.prompts)} prompts scored, {STOPS[self.stop]}"
 
     def text_of(self, tok: int | None) -> str:
         return "" if tok is None else self.token_text.get(tok, f"[{tok}]")
@@ -157,7 +183,8 @@ class CompareResult:
         return _json_safe({
             "reference": self.reference.to_dict(), "candidate": self.candidate.to_dict(),
             "max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "noise_floor": self.noise_floor,
-            "summary": self.summary.to_dict(), "timings_s": self.timings,
+            "summary": self.summary.to_dict(), "timings_s": self.timings, "stop": self.stop,
+            "budget_s": self.budget_s, "prompts_given": self.prompts_given,
             "prompts": [p.to_dict() for p in self.prompts],
             "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
         })
@@ -170,11 +197,12 @@ class CompareResult:
         ref, cand = Side.from_dict(d["reference"]), Side.from_dict(d["candidate"])
         prompts = [PromptResult.from_dict(p) for p in d["prompts"]]
         token_text = {int(k): v for k, v in d.get("token_text", {}).items()}
-        summary = summarize_prompts(prompts, ref, cand, token_text)
+        stop, budget, given = d.get("stop") or "", d.get("budget_s"), d.get("prompts_given")
+        summary = summarize_prompts(prompts, ref, cand, token_text, stop_text(stop, budget, len(prompts), given))
         timings = {k: v for k, v in d.get("timings_s", {}).items() if v is not None}
         return cls(ref, cand, d.get("max_new_tokens", max((len(p.ref_ids) for p in prompts), default=0)),
                    d.get("top_k", ag.DEFAULT_K), prompts, summary, token_text, timings,
-                   bool(d.get("noise_floor", ref == cand)))
+                   bool(d.get("noise_floor", ref == cand)), stop, budget, given)
 
     def rows(self) -> list[dict]:
         """One row per position (over the longer output) for CSV: the reference continuation and what the candidate
@@ -286,17 +314,25 @@ def save_to_history(result: CompareResult, noise: CompareResult | None = None,
                         history_summary(result, noise), started_at=start)
 
 
-def save_stopped(reference: Side, candidate: Side, prompts: int, started_at: float, stopped_at: float) -> int | None:
-    """A comparison stopped before its end, saved as cancelled with what was asked (its sides and prompt count): its
-    numbers are measured over every prompt at once, so a stopped one has none to keep. The run id, or None."""
+def save_stopped(reference: Side, candidate: Side, prompts: int, started_at: float, stopped_at: float,
+                 partial: CompareResult | None = None) -> int | None:
+    """A comparison stopped before its end, saved as cancelled with what it had: its sides and prompt count, and
+    `partial`, the batches of prompts it scored before the stop (History reopens their numbers). The run id, or
+    None."""
     from core import store
 
+    scored = len(partial.prompts) if partial is not None else 0
     summary = {"reference": reference.label, "candidate": candidate.label, "prompts": prompts,
                "reference_precision": reference.precision.value, "reference_kv_dtype": reference.kv_dtype.value,
                "candidate_precision": candidate.precision.value, "candidate_kv_dtype": candidate.kv_dtype.value}
-    return store.record("compare", _title(reference, candidate, prompts), None, summary, started_at=started_at,
-                        status="cancelled", error="Stopped before the end: a comparison keeps no numbers until every "
-                        "prompt is scored.", finished_at=stopped_at)
+    if scored:
+        summary = {**history_summary(partial), **summary, "prompts": scored, "prompts_given": prompts}
+        error = (f"Stopped after {scored} of {prompts} prompts were scored: the numbers are over those {scored}.")
+    else:
+        error = "Stopped before the first batch of prompts was scored: there are no numbers to keep."
+    return store.record("compare", _title(reference, candidate, scored or prompts),
+                        history_payload(partial) if scored else None, summary, started_at=started_at,
+                        status="cancelled", error=error, finished_at=stopped_at)
 
 
 def last_run_hint(kind: str = "compare") -> str | None:

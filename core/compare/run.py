@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from core.compare import agreement as ag
 from core.compare.prompts import Prompt, unique_names
-from core.compare.result import CompareResult, PromptResult, Side, summarize_prompts
+from core.compare.result import CompareResult, PromptResult, Side, stop_text, summarize_prompts
 from core.engines.base import (Cancelled, EagerEngine, EngineError, GenerationParams, InProcessEngine, Score,
                                length_groups)
 from core.errors import InputError
@@ -31,14 +31,27 @@ MAX_TOP_K = 20  # GenerationParams.top_logprobs and vLLM's default --max-logprob
 # Both sides keep every position's top-k and score the whole continuation teacher-forced: past a few hundred tokens
 # free-running outputs have long parted, and the run only grows.
 MAX_NEW_TOKENS = 512
-LIMITS = {"max_new_tokens": ("Max new tokens", 1, MAX_NEW_TOKENS), "top_k": ("Top-k", 1, MAX_TOP_K)}
+# The sequential design: prompts run in batches of this many (each batch one batched generation per side, as the
+# whole set was before), and the interval is checked after each batch.
+BATCH_PROMPTS = 6
+DEFAULT_BUDGET_S = 120
+LIMITS = {"max_new_tokens": ("Max new tokens", 1, MAX_NEW_TOKENS), "top_k": ("Top-k", 1, MAX_TOP_K),
+          "budget_s": ("Time budget (s)", 10, 3600)}
 
 
 def check_request(max_new_tokens: int, top_k: int) -> None:
     """Refuse numbers outside LIMITS before anything loads, saying the allowed range."""
-    for (name, lo, hi), value in zip(LIMITS.values(), (max_new_tokens, top_k)):
+    for (name, lo, hi), value in zip(list(LIMITS.values())[:2], (max_new_tokens, top_k)):
         if not lo <= value <= hi:
             raise InputError(f"{name} must be between {lo:,} and {hi:,}; got {value:,}.")
+
+
+def check_budget(budget_s: float | None) -> None:
+    """Refuse a time budget outside LIMITS["budget_s"] (None: no budget)."""
+    name, lo, hi = LIMITS["budget_s"]
+    if budget_s is not None and not lo <= budget_s <= hi:
+        raise InputError(f"{name} must be between {lo:,} and {hi:,} seconds; got {budget_s:,}.")
+
 
 ProgressFn = Callable[[float, str], None]
 
@@ -209,40 +222,102 @@ def shown_ids(results: list[PromptResult]) -> set[int]:
                                                    r.cand_tf_topk) for d in topks for t in d}
 
 
+# on_prompts(done, needed, message): prompts scored (fractional within a batch) of those needed so far.
+PromptsFn = Callable[[float, int, str], None]
+
+
+def _needed(summary: ag.Summary, scored: int, given: int) -> int:
+    """Prompts the run needs so far: those scored, plus what the interval says it lacks (at least the next batch),
+    never more than were given."""
+    more = ag.more_prompts_needed(summary) or 0
+    return min(given, scored + max(more, min(BATCH_PROMPTS, given - scored)))
+
+
+def _add_timings(total: dict[str, float], batch: dict[str, float]) -> None:
+    for k, v in batch.items():
+        total[k] = total.get(k, 0.0) + v
+
+
 def compare(ref_engine, cand_engine, prompts: Sequence[Prompt | str], *, max_new_tokens: int = 32,
             top_k: int = ag.DEFAULT_K, reference: Side | None = None, candidate: Side | None = None,
-            progress: ProgressFn | None = None, should_stop: Callable[[], bool] | None = None) -> CompareResult:
-    """Generate with both sides, score the reference continuation on both, and measure agreement.
+            progress: ProgressFn | None = None, should_stop: Callable[[], bool] | None = None,
+            budget_s: float | None = None, spent_s: float = 0.0, on_prompts: PromptsFn | None = None,
+            on_batch: Callable[[CompareResult], None] | None = None) -> CompareResult:
+    """Generate with both sides, score the reference continuation on both, and measure agreement: prompts in
+    batches of BATCH_PROMPTS, in order, until the 95% interval of the same-top share lies inside one band
+    (agreement.decided), every prompt is scored, or the next batch would end past `budget_s` (seconds, of which
+    `spent_s` went before this call, loading; the next batch's time is this run's own pace per prompt so far; None:
+    no budget). The first batch always runs.
+
+    progress(fraction, message) follows the prompts needed so far; on_prompts(done, needed, message) counts them;
+    on_batch(result so far) after each batch (what a stopped run keeps).
 
     Pass the same engine object twice for the noise floor: it still generates and scores twice, so a
     non-deterministic engine shows up as less than 1.0."""
     check_request(max_new_tokens, top_k)
     prompts = prompt_list(prompts)
     reference, candidate = reference or Side(), candidate or Side()
-    progress = progress or (lambda f, m: None)
     stop = should_stop or (lambda: False)
     params = GenerationParams(max_new_tokens=max_new_tokens, temperature=0.0, top_logprobs=top_k).validated()
     t: dict[str, float] = {}
     t_start = time.perf_counter()
     engines = (ref_engine, cand_engine)
-    (ref_gens, ref_kept), (cand_gens, cand_kept) = generations(
-        engines, (reference, candidate), [p.text for p in prompts], params, stop, progress, t)
-    scored = teacher_forced_scores(engines, (ref_kept, cand_kept), ref_gens, top_k, stop, progress, t)
-    progress(0.97, "Computing agreement")
-    results = prompt_results(prompts, ref_gens, cand_gens, scored, top_k)
-    token_text = _token_texts(engines, shown_ids(results))
-    summary = summarize_prompts(results, reference, candidate, token_text)
-    t["total"] = time.perf_counter() - t_start
-    progress(1.0, "Done")
-    return CompareResult(reference, candidate, max_new_tokens, top_k, results, summary, token_text, t,
-                         noise_floor=reference == candidate)
+    given, results, needed, why = len(prompts), [], min(BATCH_PROMPTS, len(prompts)), "prompts"
+
+    def report(done: float, msg: str) -> None:
+        if on_prompts is not None:
+            on_prompts(done, needed, msg)
+        if progress is not None:
+            progress(min(done / needed, 1.0), f"{msg} ({done:.0f} of {needed} prompts needed so far scored)")
+
+    def result(stopped: str) -> CompareResult:
+        token_text = _token_texts(engines, shown_ids(results))
+        text = stop_text(stopped, budget_s, len(results), given)
+        summary = summarize_prompts(results, reference, candidate, token_text, text)
+        return CompareResult(reference, candidate, max_new_tokens, top_k, list(results), summary, token_text,
+                             dict(t, total=time.perf_counter() - t_start), noise_floor=reference == candidate,
+                             stop=stopped, budget_s=budget_s, prompts_given=given)
+
+    for first in range(0, given, BATCH_PROMPTS):
+        batch = prompts[first:first + BATCH_PROMPTS]
+        scored, n = len(results), len(batch)
+        tb: dict[str, float] = {}
+
+        def in_batch(f: float, m: str, scored=scored, n=n) -> None:  # f: the share of this batch done
+            report(scored + n * f, m)
+        (ref_gens, ref_kept), (cand_gens, cand_kept) = generations(
+            engines, (reference, candidate), [p.text for p in batch], params, stop, in_batch, tb)
+        scored_tf = teacher_forced_scores(engines, (ref_kept, cand_kept), ref_gens, top_k, stop, in_batch, tb)
+        results += prompt_results(batch, ref_gens, cand_gens, scored_tf, top_k)
+        _add_timings(t, tb)
+        summary = summarize_prompts(results, reference, candidate, {})
+        if on_batch is not None:
+            on_batch(result(""))
+        if ag.decided(summary):
+            why = "decided"
+            break
+        elapsed = time.perf_counter() - t_start
+        pace = elapsed / len(results) * min(BATCH_PROMPTS, given - len(results))  # the next batch, at this pace
+        if len(results) < given and budget_s is not None and spent_s + elapsed + pace > budget_s:
+            why = "budget"
+            break
+        needed = _needed(summary, len(results), given)
+    report(len(results), "Computing agreement")
+    out = result(why)
+    if progress is not None:
+        progress(1.0, "Done")
+    return out
 
 
 def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, max_new_tokens: int = 32,
         top_k: int = ag.DEFAULT_K, progress: ProgressFn | None = None, should_stop=None,
-        loader: Callable[[Side, ProgressFn | None], object] = load_engine) -> CompareResult:
-    """Load both sides (once each; the same object when they are the same setup) and compare."""
+        loader: Callable[[Side, ProgressFn | None], object] = load_engine, budget_s: float | None = DEFAULT_BUDGET_S,
+        on_prompts: PromptsFn | None = None, on_batch: Callable[[CompareResult], None] | None = None
+        ) -> CompareResult:
+    """Load both sides (once each; the same object when they are the same setup) and compare until decided or
+    `budget_s` (loads included) is spent."""
     check_request(max_new_tokens, top_k)
+    check_budget(budget_s)
     progress = progress or (lambda f, m: None)
     from core.http import normalize_base_url
 
@@ -264,8 +339,11 @@ def run(reference: Side, candidate: Side, prompts: Sequence[Prompt | str], *, ma
         reference, candidate = (dataclasses.replace(side, ran=eng.ran, ran_short=eng.ran_short)
                                 for side, eng in ((reference, ref), (candidate, cand)))
         result = compare(ref, cand, prompts, max_new_tokens=max_new_tokens, top_k=top_k, reference=reference,
-                         candidate=candidate, progress=lambda f, m: progress(0.2 + 0.8 * f, m),
-                         should_stop=should_stop)
+                         candidate=candidate,
+                         # counted prompts replace the share of the bar once the loads are done
+                         progress=None if on_prompts else lambda f, m: progress(0.2 + 0.8 * f, m),
+                         should_stop=should_stop, budget_s=budget_s, spent_s=load_s, on_prompts=on_prompts,
+                         on_batch=on_batch)
     finally:
         # A vLLM side is a server process started for this comparison alone: stop it, whoever called.
         for side, engine in started:

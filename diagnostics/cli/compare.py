@@ -1,5 +1,9 @@
 """python -m diagnostics compare --model embedded --reference fp32 --candidate fp8 [--kv-dtype fp8]
-[--prompts-file F] [--max-new-tokens N] [--top-k K] [--json] [--no-history]
+[--prompts-file F] [--max-new-tokens N] [--top-k K] [--budget-s S] [--json] [--no-history]
+
+Prompts run in batches until the 95% interval of the same-top-token share lies inside one band, every prompt is
+scored, or the time budget (loads included, default 120 s) would be spent by the next batch; an inconclusive verdict
+says how many more prompts would decide it.
 
 Every run is saved to the history database as a "compare" run (the History page reopens it) unless --no-history;
 a history that cannot be written is a warning on stderr, never a failed comparison.
@@ -25,7 +29,7 @@ def fail_on_statuses(level: str) -> tuple[str, ...]:
 
 
 def add_parser(sub) -> None:
-    from core.compare.run import MAX_NEW_TOKENS, MAX_TOP_K
+    from core.compare.run import DEFAULT_BUDGET_S, LIMITS, MAX_NEW_TOKENS, MAX_TOP_K
 
     p = sub.add_parser(
         "compare", help="token agreement of two precisions on the same prompts (top-3 match, KL, vLLM rule)",
@@ -47,6 +51,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable); replaces the built-in set")
     p.add_argument("--max-new-tokens", type=int, default=32, help=f"1-{MAX_NEW_TOKENS} (default 32)")
     p.add_argument("--top-k", type=int, default=8, help=f"logprobs per position, 1-{MAX_TOP_K} (vLLM's rule uses 8)")
+    _, lo, hi = LIMITS["budget_s"]
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help=f"{lo}-{hi}: seconds the comparison may take, loads included; prompts are added in batches "
+                        f"until the verdict is decided or the next batch would pass it (default {DEFAULT_BUDGET_S})")
     p.add_argument("--noise-floor", action="store_true", help="also compare the reference with itself")
     p.add_argument("--fail-on", choices=["watch", "failed"], help="exit 1 when the verdict is this bad or worse")
     p.add_argument("--json", action="store_true", help="print the full result (ids, top-k, per-position metrics)")
@@ -74,10 +82,12 @@ def run(args) -> int:
     warn_known_failures(args.model, ((ref, "reference"), (cand, "candidate")))
     progress = stderr_progress(args.json)
 
-    res = run_compare(ref, cand, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress)
+    res = run_compare(ref, cand, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress,
+                      budget_s=args.budget_s)
     noise = None
     if args.noise_floor:
-        noise = run_compare(ref, ref, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress)
+        noise = run_compare(ref, ref, prompts, max_new_tokens=args.max_new_tokens, top_k=args.top_k, progress=progress,
+                            budget_s=args.budget_s)
 
     saved = None if args.no_history else save_to_history(res, noise)
     if args.json:
@@ -96,6 +106,7 @@ def run(args) -> int:
         if noise is not None:
             print(f"noise floor: {noise.summary.verdict}")
         t = res.timings
+        print(f"prompts: {res.scored_text}")
         print(f"time: {t['total']:.1f} s (load {t.get('load', 0):.1f} s, generate {t['reference_generate']:.1f} + "
               f"{t['candidate_generate']:.1f} s, score {t['reference_score']:.1f} + {t['candidate_score']:.1f} s)")
         if not args.no_history:

@@ -65,6 +65,35 @@ def test_an_out_of_range_number_says_its_range_and_runs_nothing(db):
     assert db.list_runs("compare") == []
 
 
+def test_the_time_budget_shows_its_range_and_refuses_outside_it(db):
+    at = _page()
+    budget = at.number_input(key="cmp_budget_s")
+    assert budget.label == "Time budget (s) (10 to 3,600)" and budget.value == 120
+    budget.set_value(5)
+    at.button[0].click()
+    at.run()
+    assert any("Time budget (s) must be between 10 and 3,600; it is 5" in e.value for e in at.error), \
+        [e.value for e in at.error]
+    assert db.list_runs("compare") == []
+
+
+def test_an_undecided_comparison_says_how_many_more_prompts_would_decide_it(db):
+    # FP8 against FP32 on one prompt of 4 tokens: 4 positions cannot place the same-top share in one band
+    at = _page()
+    at.selectbox(key="cmp_cand_prec").set_value(Precision.FP8)
+    at.multiselect[0].set_value([])
+    at.text_area[0].input("The capital of France is")
+    at.number_input(key="cmp_max_new_tokens").set_value(4)
+    at.button[0].click()
+    at = at.run(timeout=600)
+    assert not at.exception, at.exception
+    verdict = next(i.value for i in at.info if i.value.startswith("Inconclusive"))
+    assert re.match(r"Inconclusive: the one prompt given was scored; about \d+ more prompts would decide it\. ",
+                    verdict), verdict
+    assert any("1 of 1 prompts scored, every prompt given was scored" in c.value for c in at.caption)
+    assert db.list_runs("compare")[0].summary["verdict_band"] == "inconclusive"
+
+
 def test_a_precision_the_model_breaks_in_is_warned_and_not_the_default_reference():
     # The embedded model's config says gemma3_text: FP16 overflows (core.compare.known), read from data, not a name.
     at = _page()

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from core.compare import run as cp
-from core.compare.prompts import Prompt
-from core.compare.result import CompareResult, Side, history_payload, history_summary, history_title
-from core.engines.base import length_groups
+from core.compare.prompts import Prompt, default_prompts
+from core.compare.result import CompareResult, Side, history_payload, history_summary, history_title, save_stopped
+from core.engines.base import Cancelled, length_groups
 from core.precision import Precision
 from core.store import Store
 
@@ -89,6 +89,58 @@ def test_an_fp16_reference_on_gemma_3_is_named_as_the_broken_side(fp32):
     assert s.verdict.startswith("Reference broken: the FP16 reference overflowed: its logits are not finite at 100% "
                                 "of positions") and "candidate was not judged" in s.verdict
     assert s.candidate_health.nonfinite == 0 and "calibration" not in s.verdict.lower()
+
+
+SEVEN = [Prompt(p.name, p.text) for p in default_prompts()[:7]]  # one batch of six, then a batch of one
+
+
+def test_prompts_run_in_batches_until_every_prompt_is_scored(fp32, fp8):
+    # 4 tokens a prompt: 24 positions after the first batch cannot decide (the interval is wider than the watch
+    # band), so the second batch runs; then the prompts are spent and the verdict says how many more would decide.
+    counted, batches = [], []
+    res = cp.compare(fp32, fp8, SEVEN, max_new_tokens=4, reference=FP32, candidate=FP8, budget_s=None,
+                     on_prompts=lambda done, needed, msg: counted.append((done, needed)),
+                     on_batch=lambda r: batches.append(len(r.prompts)))
+    assert batches == [cp.BATCH_PROMPTS, 7] and len(res.prompts) == 7 and res.prompts_given == 7
+    assert res.stop == "prompts" and res.summary.status == "inconclusive", res.summary.verdict
+    assert res.summary.verdict.startswith("Inconclusive: all 7 prompts given were scored; about ")
+    assert "more prompts would decide it" in res.summary.verdict
+    assert res.scored_text == "7 of 7 prompts scored, every prompt given was scored"
+    # the bar counts prompts scored of those needed so far: never back, never past what is needed
+    done = [d for d, _ in counted]
+    assert done == sorted(done) and done[-1] == 7 and all(d <= n for d, n in counted)
+    assert counted[0][1] == cp.BATCH_PROMPTS and counted[-1][1] == 7
+    # what History stores says why it stopped, and rebuilds the same verdict
+    rebuilt = CompareResult.from_dict(json.loads(json.dumps(history_payload(res))))
+    assert rebuilt.stop == "prompts" and rebuilt.summary.verdict == res.summary.verdict
+
+
+def test_a_spent_budget_stops_after_the_first_batch_and_says_so(fp32, fp8):
+    # spent_s: the budget's seconds already gone (as a load's are), so the next batch cannot fit whatever the pace
+    res = cp.compare(fp32, fp8, SEVEN, max_new_tokens=4, reference=FP32, candidate=FP8, budget_s=10, spent_s=10)
+    assert res.stop == "budget" and len(res.prompts) == cp.BATCH_PROMPTS
+    assert res.summary.verdict.startswith(f"Inconclusive: the 10 s budget ran out after {cp.BATCH_PROMPTS} of 7 "
+                                          "prompts; about "), res.summary.verdict
+
+
+def test_the_noise_floor_decides_after_one_batch(fp32):
+    res = cp.compare(fp32, fp32, SEVEN, max_new_tokens=4, reference=FP32, candidate=FP32, budget_s=None)
+    assert res.stop == "decided" and res.summary.status == "identical" and len(res.prompts) == cp.BATCH_PROMPTS
+
+
+def test_a_stop_keeps_the_batches_scored_before_it_in_history(fp32, fp8, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "history.sqlite"))
+    partial = []
+    with pytest.raises(Cancelled):  # the stop comes as the second batch starts, as a Stop button's does
+        cp.compare(fp32, fp8, SEVEN, max_new_tokens=2, reference=FP32, candidate=FP8,
+                   budget_s=None, should_stop=lambda: bool(partial), on_batch=partial.append)
+    run_id = save_stopped(FP32, FP8, 7, 0.0, 1.0, partial[-1])
+    store = Store(tmp_path / "history.sqlite")
+    run = store.get_run(run_id)
+    assert run.status == "cancelled" and run.summary["prompts"] == cp.BATCH_PROMPTS
+    assert run.summary["prompts_given"] == 7 and "Stopped after 6 of 7 prompts were scored" in run.error
+    assert len(CompareResult.from_dict(run.payload).prompts) == cp.BATCH_PROMPTS
+    store.close()
 
 
 def test_batched_scoring_matches_the_engine_score(fp32):
@@ -163,3 +215,6 @@ def test_cli_refuses_bad_input_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "diagnostics", "compare", "--prompts-file", "/nonexistent/x.txt"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "No prompts file" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "compare", "--budget-s", "5"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Time budget (s) must be between 10 and 3,600 seconds" in out.stderr

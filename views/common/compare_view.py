@@ -88,7 +88,8 @@ def numbers(res: CompareResult) -> None:
          f"max {_fmt(s.max_kld, '.3g')} nats")
     st.caption(f"Bands ({BAND_RULE}) come from the seed and are applied only to "
                + " and ".join(BANDED_METRICS.values()) + "; when the 95% interval of the same top token share "
-               "spans two bands, the verdict is inconclusive. A side whose own logits are not finite, or whose "
+               "spans two bands, the verdict is inconclusive, and a run adds prompts in batches until it does not "
+               "or its time budget is spent" + (f" ({res.scored_text})" if res.scored_text else "") + ". A side whose own logits are not finite, or whose "
                f"every output is one token repeated, is named as broken. Measured when it ran: {timing_text(res)}.")
 
 
