@@ -556,7 +556,7 @@ def verdict(s: Summary, ref_label: str = "reference", cand_label: str = "candida
                 "the share sits on a band's edge, so no number of prompts is sure to decide it")
         why = f"{stopped}; " if stopped else ""
         return INCONCLUSIVE, (f"Inconclusive: {why}{need}. {numbers} With {s.positions} scored positions over "
-                              f"{s.prompts} prompts, same top token lies in {_interval_text(s)} (95% interval), which "
+                              f"{s.prompts} prompt{'s' * (s.prompts != 1)}, same top token lies in {_interval_text(s)} (95% interval), which "
                               f"spans more than one band.{note}")
     head = {"fine": "Fine", "watch": "Watch", LOW: "Low agreement"}[status]
     return status, f"{head}: {numbers}{note}"

@@ -124,7 +124,7 @@ def test_a_spent_budget_stops_after_the_first_batch_and_says_so(fp32, fp8):
 
 
 def test_the_noise_floor_decides_after_one_batch(fp32):
-    res = cp.compare(fp32, fp32, SEVEN, max_new_tokens=4, reference=FP32, candidate=FP32, budget_s=None)
+    res = cp.compare(fp32, fp32, SEVEN, max_new_tokens=2, reference=FP32, candidate=FP32, budget_s=None)
     assert res.stop == "decided" and res.summary.status == "identical" and len(res.prompts) == cp.BATCH_PROMPTS
 
 

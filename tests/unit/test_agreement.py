@@ -314,7 +314,7 @@ def test_an_interval_that_spans_bands_is_inconclusive_never_a_failure():
     free = ag.free_run(ref, [{t: -0.1} for t in ref], ref, [{t: -0.1} for t in ref])
     s = ag.summarize([free], [few], "FP32", "FP8")
     assert s.status == "inconclusive" and s.verdict.startswith("Inconclusive: about ")
-    assert "With 12 scored positions over 1 prompts, same top token lies in 55.1-95.4% (95% interval)" in s.verdict
+    assert "With 12 scored positions over 1 prompt, same top token lies in 55.1-95.4% (95% interval)" in s.verdict
     # 2,000 positions at 80% settle it: low agreement, said without the seed's word "calibration"
     low = ag.TeacherForced([True] * 1600 + [False] * 400, [1.0] * 2000, [0.01] * 2000, ag.KL_FULL, 8)
     s = ag.summarize([free], [low], "FP32", "FP8")
