@@ -8,6 +8,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]  # the repository (pytest.ini puts it on sys.path)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
+# Without an NVIDIA driver the fast engine's Triton kernels can only run under Triton's interpreter, and the flag must
+# be set before the first import of any kernel module: set per test module, a kernel module imported earlier by
+# another test was left compiled and the interpreted ones could not call its helpers.
+if not Path("/proc/driver/nvidia").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # Pages, jobs and the CLI save runs to History: tests write to a throwaway database, never the user's (subprocesses
 # inherit it). Tests that need their own database set TRIAGE_DB themselves.
 os.environ["TRIAGE_DB"] = str(Path(tempfile.mkdtemp(prefix="triage-tests-")) / "history.sqlite")
