@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     r = verbs.add_parser("record", help="record a golden set from a reference server")
     r.add_argument("--url", required=True, help="the reference server's base URL, e.g. http://127.0.0.1:8000")
     r.add_argument("--prompts", default="builtin",
-                   help="'builtin' (the compare's six prompts) or a file: one prompt per line, or .jsonl/.json")
+                   help="'builtin' (the compare's built-in set) or a file: one prompt per line, or .jsonl/.json")
     r.add_argument("--out", required=True, help="where to write the golden set (JSON)")
     r.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     r.add_argument("--top-k", type=int, default=8, help="logprobs kept per position, 1-20 (default 8, vLLM's rule)")

