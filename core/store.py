@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable
 from core.errors import TriageError
 from core.settings import settings
 
-KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep", "remedy")
+KINDS = ("checklist", "compare", "bench", "longdoc", "generate", "probe", "fleet", "quality", "sweep", "remedy",
+         "golden-record", "golden-watch")
 STATUSES = ("running", "finished", "failed", "cancelled", "interrupted")
 TITLE_MAX = 160
 PAYLOAD_MAX_BYTES = 32 * 2**20  # one run's JSON; a bigger one is refused with a message, never truncated silently

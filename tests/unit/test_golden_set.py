@@ -137,7 +137,6 @@ def test_a_sampled_or_foreign_file_is_refused(golden, tmp_path):
         GoldenSet.load(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="core/store.py KINDS does not list 'golden-record' and 'golden-watch' yet")
 def test_a_round_is_saved_to_history(golden):
     from core import store
 
