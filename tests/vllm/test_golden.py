@@ -26,7 +26,10 @@ from tests.vllm.conftest import FP8_KV_ON_THIS_CPU, REPO
 pytestmark = pytest.mark.vllm
 
 FIXTURE = REPO / "tests" / "fixtures" / "golden-real-replays.json"
-N = len(default_prompts())  # the built-in set
+# Eight short prompts of the built-in set (48, one of them a long document): a round of them proves every property
+# here at a sixth of the built-in set's cost (7,078 tokens a replica a round), in the suite's time.
+PROMPTS = [p for p in default_prompts() if len(p.text) < 400][:8]
+N = len(PROMPTS)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -40,7 +43,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def golden_path(vllm_engine, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("golden") / "golden.json"
-    res = cli("record", "--url", vllm_engine.base_url, "--prompts", "builtin", "--out", str(out))
+    prompts = out.with_name("prompts.jsonl")
+    prompts.write_text("".join(json.dumps({"name": p.name, "prompt": p.text}) + "\n" for p in PROMPTS))
+    res = cli("record", "--url", vllm_engine.base_url, "--prompts", str(prompts), "--out", str(out))
     assert res.returncode == 0, res.stderr
     return out
 
@@ -116,8 +121,11 @@ def test_golden_requests_carry_their_tag(vllm_engine):
     assert USER_TAG == "triage-golden"
 
 
+@pytest.mark.skipif(os.environ.get("TRIAGE_RECORD_GOLDEN_FIXTURE") != "1",
+                    reason="writes the offline unit tests' fixture on request (TRIAGE_RECORD_GOLDEN_FIXTURE=1); the "
+                           "watch test judges the same two servers every run")
 def test_record_real_replays_for_the_unit_tests(golden_path, vllm_engine, vllm_second):
-    """Replays of both servers judged here and, on request, written for the offline unit tests."""
+    """Replays of both servers judged here and written for the offline unit tests."""
     g = GoldenSet.load(golden_path)
     main = replay(tagged_engine(vllm_engine.base_url, "fixture", timeout_s=600), g)
     second = replay(tagged_engine(vllm_second.base_url, "fixture", timeout_s=600), g)
