@@ -264,10 +264,17 @@ def keep_only_chip(page, multiselect: str, name: str) -> None:
     def chosen() -> list[str]:
         return box.locator("[data-tag]").evaluate_all("tags => tags.map(t => t.getAttribute('aria-label'))")
 
-    for _ in range(20):
+    if len(chosen()) > 3:  # the built-in set has 48 prompts: clear them all at once, then choose the one
+        box.get_by_role("button", name="Clear all").click()
+        wait_idle(page)
+        box.locator("input").first.click()
+        page.get_by_role("option", name=name, exact=True).click()
+        page.keyboard.press("Escape")
+        wait_idle(page)
+    for _ in range(5):
         others = [t for t in chosen() if t != name]
         if not others:
             break
         box.get_by_role("button", name=f"Remove {others[0]}", exact=True).click()
         wait_idle(page)
-    assert chosen() == [name]
+    assert chosen() == [name], chosen()

@@ -156,9 +156,10 @@ def test_a_comparison_stopped_by_its_button_is_saved_as_cancelled(app_server, pa
     goto(page, app_server, "compare")
     page.get_by_label("Max new tokens (1 to 512)").fill("64")
     page.get_by_role("button", name="Compare").click()
-    page.get_by_text(re.compile(r"generating: token [1-9]")).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
-    stop = page.get_by_role("button", name="Stop")
-    stop.wait_for(timeout=60_000)
+    stop = page.get_by_role("button", name="Stop")  # shown while the run goes, under its bar of prompts scored
+    stop.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    page.get_by_text(re.compile(r"Scored")).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)  # past the loads
+    time.sleep(2)  # inside the first batch's generation
     clicked = time.time()
     stop.click()
     print(f"\nStop button to idle CPU: {idle_after(app_server.proc.pid):.2f} s")
