@@ -68,10 +68,30 @@ def test_same_greedy_tokens_in_a_padded_batch(engine_cache, reference_engine):
 
 
 def test_same_tokens_past_the_sliding_window(engine_cache, reference_engine):
-    params = GenerationParams(max_new_tokens=8, top_logprobs=0, stop_at_eos=False)
+    """Past Gemma 3's 512-token window the fast path's FP32 tokens equal the reference path's FP32 tokens (up to a
+    near-tie), and its BF16 tokens follow FP32 at least as far as the reference path's BF16 do. Equal BF16 tokens on
+    both paths held on the EPYCs this was written on; on an AMX Xeon (2026-12-06) the reference path's BF16 parts
+    from FP32 at the first token (its "\n" 0.31 nats above "<h3>", which FP32 on both paths and the fast BF16 pick)."""
+    from core.engines.torch.engine import TorchEngine
+    from core.models import ModelSpec
+    from core.precision import KVDtype, Precision
+
+    params = GenerationParams(max_new_tokens=8, top_logprobs=5, stop_at_eos=False)
+    os.environ["TRIAGE_CPU_FAST"] = "0"
+    try:
+        ref32 = TorchEngine(ModelSpec("embedded"), Precision.FP32, KVDtype.AUTO, device="cpu")
+    finally:
+        del os.environ["TRIAGE_CPU_FAST"]
+    try:
+        truth = ref32.generate([LONG], params)[0]
+    finally:
+        ref32.unload()
+    fast32 = engine_cache("fp32").generate([LONG], params)[0]
+    assert len(fast32.prompt_ids) > 512
+    assert_same_tokens_until_a_tie([fast32], [truth])  # a parting only at a near-tie
     fast, ref = engine_cache("bf16").generate([LONG], params)[0], reference_engine.generate([LONG], params)[0]
-    assert len(fast.prompt_ids) > 512
-    assert fast.token_ids == ref.token_ids
+    assert common_prefix(fast.token_ids, truth.token_ids) >= common_prefix(ref.token_ids, truth.token_ids), \
+        (fast.token_ids, ref.token_ids, truth.token_ids)
 
 
 def test_same_teacher_forced_scores(engine_cache, reference_engine):
