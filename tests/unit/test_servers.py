@@ -65,3 +65,32 @@ def test_refusals_come_before_any_start(cache):
     errors = flag_errors(["--max-num-seqs", "8", "--fp8-kv-cache"])
     assert len(errors) == 1 and "--fp8-kv-cache" in errors[0], errors
     assert flag_errors(["--max-num-seqs", "8", "--max-num-batched-tokens", "2048"]) == []
+
+
+def test_another_consoles_server_is_named_as_such_and_its_stop_asks_first():
+    """A server another console started (its pid and start time said) is not stopped by one click: that console may
+    be using it. A real process group stands in for it; it must still run after the first click."""
+    from streamlit.testing.v1 import AppTest
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        def script(pgid: int, owner: int):
+            import time
+
+            from core.deployment.servers import LocalServer
+            from views.common.local_servers import _listing
+
+            _listing([LocalServer(port=1, pgid=pgid, model="embedded", flags=["--max-num-seqs", "2"],
+                                  log_path="server.log", started_at=time.time(), owner_pid=owner)])
+
+        at = AppTest.from_function(script, args=(proc.pid, os.getppid()), default_timeout=60).run()
+        assert not at.exception, at.exception
+        assert any(f"started by another console (pid {os.getppid()}) at" in m.value.replace("\\", "")
+                   for m in at.markdown)
+        at.button(key="loc_stop_1").click().run()
+        assert any("Stop it anyway?" in w.value for w in at.warning)
+        assert proc.poll() is None  # still running: nothing is stopped before the confirmation
+        at.button(key="loc_keep_1").click().run()
+        assert not at.warning and proc.poll() is None
+    finally:
+        proc.kill()

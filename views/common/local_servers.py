@@ -86,20 +86,42 @@ def _listing(running: list[servers.LocalServer]) -> None:
         st.caption("No local vLLM server started by the console is running.")
         return
     for s in running:
-        owner = "this app" if s.owned_here else ("orphan: its console exited" if s.orphaned else
-                                                 f"console pid {s.owner_pid}")
         c = st.columns([5, 1, 1], vertical_alignment="center")
         c[0].markdown(markdown_literal(f"{s.base_url} · pid {s.pgid} · {s.model} · flags: "
-                                       f"{' '.join(s.flags) or '(none)'} · {owner}") + f"  \nlog `{s.log_path}`")
+                                       f"{' '.join(s.flags) or '(none)'} · {owner_text(s)}") + f"  \nlog `{s.log_path}`")
         if c[1].button("Connect", key=f"loc_connect_{s.port}"):
             try:
                 connect(s.base_url)
                 st.rerun()
             except TriageError as exc:
                 st.error(markdown_literal(exc))
+        confirm = f"loc_confirm_{s.port}"
         if c[2].button("Stop", key=f"loc_stop_{s.port}"):
-            servers.stop_server(s)
-            st.rerun()
+            if s.owned_here:
+                servers.stop_server(s)
+                st.rerun()
+            ss[confirm] = True  # another console's server: that console may be using it
+        if ss.get(confirm) and not s.owned_here:
+            st.warning(markdown_literal(f"{s.base_url} was {owner_text(s)}: stopping it ends whatever that console "
+                                        "runs on it. Stop it anyway?"))
+            yes, no = st.columns(2)
+            if yes.button("Yes, stop it", key=f"loc_yes_{s.port}"):
+                ss.pop(confirm)
+                servers.stop_server(s)
+                st.rerun()
+            if no.button("Keep it", key=f"loc_keep_{s.port}"):
+                ss.pop(confirm)
+                st.rerun()
+
+
+def owner_text(s: servers.LocalServer) -> str:
+    """Whose server it is, in words: this app's, another console's (its pid, when it started), or an orphan."""
+    at = time.strftime("%H:%M:%S", time.localtime(s.started_at))
+    if s.owned_here:
+        return f"started by this app at {at}"
+    if s.orphaned:
+        return f"orphan: started at {at} by a console (pid {s.owner_pid}) that has exited"
+    return f"started by another console (pid {s.owner_pid}) at {at}"
 
 
 def remedy_section(base_url: str, api_key: str | None) -> None:
