@@ -108,6 +108,20 @@ class Run:
     summary: dict | None
     payload: Any = None  # None in list_runs() (payloads can be large); filled by get_run()
     error: str | None = None
+    owner: str | None = None  # host:pid:start ticks of the process that ran it
+
+    @property
+    def made_here(self) -> bool:
+        """Run by this very process (the app server every browser session shares), not another console or CLI."""
+        return bool(self.owner) and self.owner == _owner()
+
+    @property
+    def made_by(self) -> str:
+        """'this app', or the host and pid of the console or command that ran it."""
+        if self.made_here:
+            return "this app"
+        host, _, rest = (self.owner or "").partition(":")
+        return f"{host} pid {rest.partition(':')[0]}" if host else "-"
 
     @property
     def duration_s(self) -> float | None:
@@ -392,7 +406,7 @@ class Store:
             where.append("kind = ?"), args.append(_check_kind(kind))
         if status:
             where.append("status = ?"), args.append(status)
-        sql = ("SELECT id, kind, title, status, created_at, finished_at, summary, error FROM runs"
+        sql = ("SELECT id, kind, title, status, created_at, finished_at, summary, error, owner FROM runs"
                + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY created_at DESC, id DESC LIMIT ?")
         return [self._run(r) for r in self._read(sql, (*args, max(1, min(int(limit), 100_000))))]
 
@@ -420,7 +434,7 @@ class Store:
         except json.JSONDecodeError as exc:  # hand-edited or damaged row: show it, never crash the page
             summary, body = {"unreadable": f"stored JSON is damaged: {exc}"}, None
         return Run(row["id"], row["kind"], row["title"], row["status"], row["created_at"], row["finished_at"],
-                   summary, body, row["error"])
+                   summary, body, row["error"], row["owner"])
 
     def close(self) -> None:
         with self._lock:

@@ -39,13 +39,16 @@ if ss.get("hist_deleted"):
 c = st.columns([1, 1, 4])
 kind = c[0].selectbox("Kind", ["all", *store.KINDS], key="hist_kind")
 limit = c[1].number_input("Show at most", 1, 10_000, 200, step=50, key="hist_limit")
+mine = c[2].toggle("Only this app's runs", key="hist_mine", help="Hide runs made by the CLI or another console "
+                   "process on this database (the 'by' column says which host and pid made each).")
 try:
-    runs = db.list_runs(None if kind == "all" else kind, int(limit))
+    runs = [r for r in db.list_runs(None if kind == "all" else kind, int(limit)) if r.made_here or not mine]
 except store.StoreError as exc:
     st.error(str(exc))
     st.stop()
 if not runs:
-    st.info("No saved runs yet" + ("" if kind == "all" else f" of kind {kind}") + ". Pages save their runs here as "
+    st.info("No saved runs yet" + ("" if kind == "all" else f" of kind {kind}") + (" by this app" if mine else "")
+            + ". Pages save their runs here as "
             "they finish (for example each generation on the Model page).")
     st.stop()
 
@@ -76,13 +79,16 @@ def duration(run) -> float | None:
 
 # The title gets the room: ids, kinds, statuses and times are short.
 st.dataframe([{"id": r.id, "kind": r.kind, "title": title(r), "status": r.status,
-               "started": r.created_iso[:16].replace("T", " "), "took (s)": duration(r)} for r in runs],
+               "started": r.created_iso[:16].replace("T", " "), "took (s)": duration(r), "by": r.made_by}
+              for r in runs],
              hide_index=True, width="stretch", key="hist_table", placeholder="–", column_config={
                  "id": st.column_config.NumberColumn(width=50), "kind": st.column_config.TextColumn(width=75),
                  "title": st.column_config.TextColumn(width="large"),
                  "status": st.column_config.TextColumn(width=80), "started": st.column_config.TextColumn(width=125),
                  "took (s)": st.column_config.NumberColumn(width=70, format="%.1f",
-                                                           help="Seconds from the run's start to its end")})
+                                                           help="Seconds from the run's start to its end"),
+                 "by": st.column_config.TextColumn(width=110, help="this app, or the host and pid of the console "
+                                                                    "or command that made it")})
 
 by_id = {r.id: r for r in runs}
 ss["hist_sel"] = [i for i in ss.get("hist_sel", []) if i in by_id]  # drop runs deleted or filtered away

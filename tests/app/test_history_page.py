@@ -367,3 +367,22 @@ def test_long_context_runs_reopen_in_the_long_context_view(db):
     at = pick(at, b)
     assert list(at.table[0].value["needle"]) == ["none (control)", "start", "middle"]
     assert any("Stopped before the end; 3 result(s)" in w.value for w in at.warning)
+
+
+def test_each_run_says_who_made_it_and_the_list_filters_to_this_apps(db):
+    """A run made in this process is 'this app'; one saved by another process (the CLI, another console) names its
+    host and pid, and the toggle hides it."""
+    import socket
+
+    here = db.save_run("bench", "made here", {"x": 1}, {"tok_s": 1.0})
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from core.store import Store; "
+            f"print(Store({str(db.path)!r}).save_run('bench', 'made elsewhere', {{}}, {{}}), flush=True)")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    there = int(other.stdout.strip())
+    at = page()
+    table = at.dataframe[0].value.set_index("id")
+    assert table.loc[here, "by"] == "this app"
+    assert table.loc[there, "by"].startswith(f"{socket.gethostname()} pid ") and there != here
+    at.toggle(key="hist_mine").set_value(True).run()
+    assert not at.exception, at.exception
+    assert list(at.dataframe[0].value["id"]) == [here]
