@@ -133,9 +133,9 @@ def time_decode(model: FastLlama, cache, batch: int, prompt: int, steps: int, fo
 
 
 @torch.inference_mode()
-def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
-    """Kernel time inside one batch-1 decode step, grouped by kernel, from the profiler: what the step is made of,
-    and how much of the step no kernel runs at all (launch gaps between the ~300 dependent kernels)."""
+def profiled_replays(model: FastLlama, cache, prompt: int, steps: int) -> tuple[float, list[tuple[str, float, float]]]:
+    """`steps` replays of one batch-1 CUDA-graph decode step under the torch profiler: the step's wall time (ms) and
+    each profiled event's (name, device ms per step, launches per step)."""
     from torch.profiler import ProfilerActivity, profile
 
     g = DecodeGraph(model, cache.rows(1), top_k=0)
@@ -150,15 +150,25 @@ def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
             g.graph.replay()
         e.record()
         torch.cuda.synchronize()
-    wall = s.elapsed_time(e) / steps
-    groups: dict[str, float] = {}
+    del g
+    events = []
     for ev in prof.key_averages():
         t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
-        if t <= 0 or "Memcpy" in ev.key or "Memset" in ev.key:
+        if t > 0:
+            events.append((ev.key, t / 1000 / steps, ev.count / steps))
+    return s.elapsed_time(e) / steps, events
+
+
+def profile_step(model: FastLlama, cache, prompt: int, steps: int = 5) -> dict:
+    """Kernel time inside one batch-1 decode step, grouped by kernel, from the profiler: what the step is made of,
+    and how much of the step no kernel runs at all (launch gaps between the ~300 dependent kernels)."""
+    wall, events = profiled_replays(model, cache, prompt, steps)
+    groups: dict[str, float] = {}
+    for key, ms, _ in events:
+        if "Memcpy" in key or "Memset" in key:
             continue
-        name = ev.key.split("(")[0][:60]
-        groups[name] = groups.get(name, 0.0) + t / 1000 / steps  # ms per step
-    del g
+        name = key.split("(")[0][:60]
+        groups[name] = groups.get(name, 0.0) + ms  # ms per step
     busy = sum(groups.values())
     return {"ms_per_step": wall, "kernel_ms_per_step": busy, "idle_ms_per_step": max(wall - busy, 0.0),
             "kernels": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:12])}

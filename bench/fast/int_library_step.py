@@ -191,37 +191,18 @@ def _copied_fast(lin, x, x_scale, out, silu_x: bool = False, x16=None, x_div=Non
     return out.copy_(got) if got is not out and got.shape == out.shape else got
 
 
-@torch.inference_mode()
 def step_profile(model, cache, prompt: int, steps: int = 5) -> dict:
     """What one batch-1 CUDA-graph step is made of (torch profiler over replays): kernel and memset time and count
     per step, the step's wall time, and the largest kernel groups; idle = wall - busy (launch gaps)."""
-    from torch.profiler import ProfilerActivity, profile
+    from bench.fast.fp8_speed import profiled_replays
 
-    from core.engines.fast.graph import DecodeGraph
-
-    g = DecodeGraph(model, cache.rows(1), top_k=0)
-    g.set_state(torch.zeros(1, dtype=torch.long, device="cuda"), torch.full((1,), prompt, device="cuda"))
-    for _ in range(3):
-        g.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(steps):
-            g.graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-    wall = s.elapsed_time(e) / steps
+    wall, events = profiled_replays(model, cache, prompt, steps)
     groups: dict[str, list] = {}
-    for ev in prof.key_averages():
-        t = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
-        if t <= 0:
-            continue
-        name = "Memset" if "Memset" in ev.key else "Memcpy" if "Memcpy" in ev.key else ev.key.split("(")[0][:60]
+    for key, ms, count in events:
+        name = "Memset" if "Memset" in key else "Memcpy" if "Memcpy" in key else key.split("(")[0][:60]
         grp = groups.setdefault(name, [0.0, 0])
-        grp[0] += t / 1000 / steps
-        grp[1] += ev.count / steps
-    del g
+        grp[0] += ms
+        grp[1] += count
     busy = sum(v[0] for v in groups.values())
     top = sorted(groups.items(), key=lambda kv: -kv[1][0])
     return {"ms_per_step": wall, "busy_ms_per_step": busy, "idle_ms_per_step": max(wall - busy, 0.0),
