@@ -69,7 +69,7 @@ def show(doc: dict, key: str) -> None:
     elif trials:
         trial(trials[0], f"{key}_first")
     st.caption("The command line that won (the original's when nothing helped), to copy into the real deployment:")
-    st.code(command_text(doc), language="bash")
+    st.code(command_text(doc), language="bash", wrap_lines=True)  # a long path must not push it past its box
     if len(trials) > 1:
         for i, t in enumerate(trials):
             if t is shown:  # drawn above
