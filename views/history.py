@@ -11,15 +11,15 @@ from core.compare.result import title_from_summary
 from core.fmt import markdown_literal, short_path
 from core.quality import history as quality_history
 from diagnostics.report import markdown_safe
-from views.common import (checklist_view, compare_view, fleet_view, generate_view, long_context_view, probe_view,
-                          quality_view, remedy_view)
+from views.common import (checklist_view, compare_view, fleet_view, generate_view, golden_view, long_context_view,
+                          probe_view, quality_view, remedy_view)
 from views.common import sweep as sweep_view
 
 # Each kind that has a page drawing its result: the same view, fed the stored payload.
 VIEWS = {"checklist": checklist_view.show, "compare": compare_view.show, "fleet": fleet_view.show,
          "quality": quality_view.show, "sweep": sweep_view.show,
          "remedy": remedy_view.show, "generate": generate_view.show, "longdoc": long_context_view.show,
-         "probe": probe_view.show}
+         "probe": probe_view.show, "golden-record": golden_view.show_record, "golden-watch": golden_view.show_watch}
 
 ss = st.session_state
 st.title("History")

@@ -58,16 +58,10 @@ def _prompts(spec: str):
     return default_prompts() if spec == "builtin" else read_prompts_file(spec)
 
 
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def run_record(args) -> int:
+    from core.compare.golden.golden import source_line
     from core.compare.golden.record import history, record
+    from core.compare.golden.watch import noise_floor_line
 
     say = (lambda m: None) if args.json or not sys.stderr.isatty() else (lambda m: print(m, file=sys.stderr))
     t0 = time.time()
@@ -80,32 +74,16 @@ def run_record(args) -> int:
         print(json.dumps({"out": args.out, "server": s, "prompts": len(golden.prompts), "noise_floor": nf,
                           "history_id": saved}))
         return 0
-    print(f"golden set: {args.out}, {len(golden.prompts)} prompts x {golden.max_new_tokens} greedy tokens, top-"
-          f"{golden.top_k} logprobs, from {s['model']} at {s['url']} (vLLM {s.get('vllm_version') or 'unknown'}, "
-          f"max_model_len {s.get('max_model_len') or 'unknown'}, vocabulary {s.get('vocab_size') or 'not published'})")
-    print(f"noise floor (the reference replayed on itself): same top token {_pct(nf.get('same_top'))}, mean KLD "
-          f"{_num(nf.get('mean_kld'))} nats, p99 {_num(nf.get('p99_kld'))}, over {nf.get('positions')} positions; "
-          f"{nf['tokens']['total']:,} tokens in {nf['seconds']:.1f} s")
+    print(f"golden set: {args.out}, {source_line(golden.to_dict())}")
+    print(f"noise floor (the reference replayed on itself): {noise_floor_line(nf)}")
     if not args.no_history:
         print(f"history: saved as run #{saved}" if saved else "history: not saved (see the warning above)")
     return 0
 
 
-def replica_line(r) -> str:
-    if r.summary is None:
-        return f"{r.url}  {r.verdict}"  # "No answer: ..." or "Refused: ..."
-    s = r.summary
-    ci = s.get("same_top_ci95")
-    ci_txt = f" ({_pct(ci[0])}-{_pct(ci[1])} 95%)" if ci else ""
-    top3 = "n/a" if s["top3_match"] is None else f"{s['top3_match']:.2f}"
-    return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match {top3}, KLD mean "
-            f"{_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared top-k), vLLM rule "
-            f"{s['vllm_passed']}/{s['vllm_total']}; {r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
-
-
 def run_watch(args) -> int:
     from core.compare.golden.golden import GoldenSet
-    from core.compare.golden.watch import Watch
+    from core.compare.golden.watch import Watch, replica_line, threshold_line
 
     golden = GoldenSet.load(args.golden)
     if args.rounds < 0 or args.every < 0:
@@ -124,9 +102,8 @@ def run_watch(args) -> int:
             print("  " + replica_line(r))
             if r.drift:
                 print(f"  DRIFT {r.url}: {r.drift}")
-        print(f"cost: {rnd.tokens:,} tokens this round ({len(rnd.replicas)} replicas), {rnd.seconds:.1f} s; drift "
-              f"beyond {_pct(rnd.noise.same_top)} same top or {rnd.noise.mean_kld:.3g} nats mean KLD "
-              f"({rnd.noise.source})", flush=True)
+        print(f"cost: {rnd.tokens:,} tokens this round ({len(rnd.replicas)} replicas), {rnd.seconds:.1f} s; "
+              f"{threshold_line(rnd.noise.__dict__)}", flush=True)
         if not args.no_history and not saved:
             print("history: not saved (see the warning above)")
     bad = last is not None and any(r.status != "fine" or r.drift for r in last.replicas)

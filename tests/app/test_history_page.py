@@ -2,6 +2,7 @@
 deleting with confirmation, interrupted runs, hostile titles, bad database paths and out-of-range numbers."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_runs_are_listed_newest_first_and_filtered_by_kind(db):
     a = db.save_run("generate", "first", {"p": 1}, {"ttft_s": 0.1})
     b = db.save_run("compare", "second", {"p": 2}, {"mean_kld": 0.01})
     at = page()
-    table = at.dataframe[0].value
+    table = at.dataframe[-1].value
     assert list(table["id"]) == [b, a] and list(table["title"]) == ["second", "first"]
     at.selectbox(key="hist_kind").set_value("compare").run()
     assert list(at.dataframe[0].value["id"]) == [b]
@@ -111,7 +112,7 @@ def test_a_killed_run_shows_as_interrupted(db):
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     at = page()
-    table = at.dataframe[0].value
+    table = at.dataframe[-1].value
     assert table.set_index("id").loc[rid, "status"] == "interrupted"
     assert "1 interrupted" in at.caption[1].value
     at = pick(at, rid)
@@ -225,7 +226,7 @@ def test_an_old_comparison_opens_with_what_it_saved_and_a_short_title(db):
                       summary, started_at=None)  # saved with start = finish, as older versions did
     cut = db.save_run("compare", "cut", {"summary": {"verdict": "Fine: <b>x</b>", "mean_kld": 0.01}}, None)
     at = page()
-    table = at.dataframe[0].value.set_index("id")
+    table = at.dataframe[-1].value.set_index("id")
     assert table.loc[rid, "title"] == "Compare FP32 vs FP8 W8A8 + FP8 KV · torch eager · CPU · 1 prompt"
     assert table.loc[rid, "took (s)"] == pytest.approx(16.5)  # from its timings: no start was stored
     at = pick(at, rid)
@@ -308,16 +309,18 @@ def saved_kinds() -> set[str]:
     kinds: set[str] = set()
     for path in [*ROOT.glob("core/**/*.py"), *ROOT.glob("diagnostics/**/*.py"), *ROOT.glob("views/**/*.py")]:
         text = path.read_text()
-        kinds |= set(re.findall(r'store\.record\(\s*"(\w+)"', text)) | set(re.findall(r'^KIND = "(\w+)"', text, re.M))
+        kinds |= set(re.findall(r'store\.record\(\s*"([\w-]+)"', text))
+        kinds |= set(re.findall(r'^KIND = "([\w-]+)"', text, re.M))
     return kinds
 
 
 def test_every_kind_the_console_saves_reopens_in_its_view():
     import re
 
-    views = set(re.findall(r'"(\w+)": \w+(?:_view)?\.show', (ROOT / "views" / "history.py").read_text()))
+    views = set(re.findall(r'"([\w-]+)": \w+(?:_view)?\.show', (ROOT / "views" / "history.py").read_text()))
     kinds = saved_kinds()
-    assert {"generate", "longdoc", "probe", "compare", "quality", "checklist"} <= kinds
+    assert {"generate", "longdoc", "probe", "compare", "quality", "checklist", "golden-record",
+            "golden-watch"} <= kinds
     assert kinds <= views, f"saved but reopened as raw JSON: {sorted(kinds - views)}"
 
 
@@ -380,9 +383,42 @@ def test_each_run_says_who_made_it_and_the_list_filters_to_this_apps(db):
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     there = int(other.stdout.strip())
     at = page()
-    table = at.dataframe[0].value.set_index("id")
+    table = at.dataframe[-1].value.set_index("id")
     assert table.loc[here, "by"] == "this app"
     assert table.loc[there, "by"].startswith(f"{socket.gethostname()} pid ") and there != here
     at.toggle(key="hist_mine").set_value(True).run()
     assert not at.exception, at.exception
     assert list(at.dataframe[0].value["id"]) == [here]
+
+
+def test_a_golden_set_and_a_watch_round_reopen_with_their_numbers(db):
+    """Real numbers: the golden set and the second server's replay that tests/vllm/test_golden.py recorded."""
+    import copy
+
+    from core.compare.golden.golden import GoldenSet
+    from core.compare.golden.replay import Replay, judge
+    from core.compare.golden.watch import Watch
+
+    real = json.loads((ROOT / "tests" / "fixtures" / "golden-real-replays.json").read_text())
+    golden = GoldenSet.from_dict(copy.deepcopy(real["golden"]))
+    rec = db.save_run("golden-record", "Golden set", golden.to_dict(), {})
+    at = pick(page(), rec)
+    body = " ".join(m.value for m in at.markdown)
+    assert f"{len(golden.prompts)} prompts x {golden.max_new_tokens} greedy tokens" in body
+    assert any("Noise floor" in c.value and "same top token" in c.value for c in at.caption)
+    assert len(at.dataframe[-1].value) == len(golden.prompts)  # the first table lists the runs
+
+    url = "http://10.0.0.7:8000"
+    first, second = (Replay.from_dict(copy.deepcopy(real[name])) for name in ("main", "second"))
+    first.url = second.url = url  # one replica, restarted into the second server's setup between the rounds
+    watch = Watch(golden, [url])
+    watch.step([judge(golden, first)])
+    rnd = watch.step([judge(golden, second)])
+    rid = db.save_run("golden-watch", "Golden watch round 2", rnd.to_dict(), {})
+    at = pick(page(), rid)
+    assert any("Round 2 at " in m.value for m in at.markdown)
+    table = at.dataframe[-1].value
+    assert list(table["replica"]) == ["http://10.0.0.7:8000"] and list(table["drift"]) == ["yes"]
+    assert any("drift in round 2" in w.value for w in at.warning)
+    assert any(t.value.startswith("http://10.0.0.7:8000  ") and "same top token" in t.value for t in at.text)
+    assert any("drift beyond" in c.value for c in at.caption) and not at.exception

@@ -154,9 +154,16 @@ def test_the_command_refuses_a_sampled_recording_before_any_request(tmp_path, ca
 
 
 def test_the_replica_line_says_its_numbers(golden):
-    from diagnostics.cli.golden import replica_line
+    from core.compare.golden.watch import replica_line
 
     line = replica_line(judge(golden, replay_of("second")))
     assert line.startswith(f"{URL}  fine: same top token 9") and "95%), top-3 match " in line
     assert "vLLM rule 6/6; 2,984 tokens" in line
     assert replica_line(judge(golden, Replay(URL, error="refused"))) == f"{URL}  No answer: refused"
+
+
+def test_a_restart_within_the_same_second_is_told_apart():
+    from core.compare.golden.facts import changes
+
+    said = changes({"process_start_time_s": 1_796_000_000.25}, {"process_start_time_s": 1_796_000_000.75})
+    assert said == ["restarted: process start 2026-11-30 00:53:20.250 UTC -> 2026-11-30 00:53:20.750 UTC"]

@@ -56,8 +56,11 @@ def server_facts(eng) -> dict:
     return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note)
 
 
-def _utc(t: float | None) -> str:
-    return "unknown" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+def _utc(t: float | None, ms: bool = False) -> str:
+    if t is None:
+        return "unknown"
+    frac = f".{int(1000 * (t % 1)):03d}" if ms else ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + frac + " UTC"
 
 
 def changes(before: dict | None, after: dict | None) -> list[str]:
@@ -72,7 +75,8 @@ def changes(before: dict | None, after: dict | None) -> list[str]:
             continue
         if key == "process_start_time_s":
             if a is not None and b is not None:
-                out.append(f"restarted: process start {_utc(a)} -> {_utc(b)}")
+                same_second = _utc(a) == _utc(b)  # two processes started within one second: say which is which
+                out.append(f"restarted: process start {_utc(a, same_second)} -> {_utc(b, same_second)}")
             continue
         out.append(f"{key} {a} -> {b}")
     ca, cb = before.get("config") or {}, after.get("config") or {}

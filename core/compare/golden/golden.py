@@ -115,6 +115,15 @@ class GoldenSet:
         return cls.from_dict(data, str(p))
 
 
+def source_line(golden: dict) -> str:
+    """What a golden set holds and what produced it (golden.to_dict(), as the file and History keep it)."""
+    s = golden.get("server") or {}
+    return (f"{len(golden.get('prompts') or [])} prompts x {golden.get('max_new_tokens')} greedy tokens, top-"
+            f"{golden.get('top_k')} logprobs, from {s.get('model') or 'unknown model'} at "
+            f"{s.get('url') or 'unknown URL'} (vLLM {s.get('vllm_version') or 'unknown'}, max_model_len "
+            f"{s.get('max_model_len') or 'unknown'}, vocabulary {s.get('vocab_size') or 'not published'})")
+
+
 def _plain(obj):
     raise TypeError(f"{type(obj).__name__} is not JSON")
 

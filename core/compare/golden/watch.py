@@ -137,3 +137,40 @@ class Watch:
             if rounds and self.number >= rounds:
                 return
             sleep(max(0.0, every_s - (time.monotonic() - t0)))
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def replica_line(r: ReplicaRound) -> str:
+    """One replica's round in a line: its verdict and numbers, or why it has none."""
+    if r.summary is None:
+        return f"{r.url}  {r.verdict}"  # "No answer: ..." or "Refused: ..."
+    s = r.summary
+    ci = s.get("same_top_ci95")
+    ci_txt = f" ({_pct(ci[0])}-{_pct(ci[1])} 95%)" if ci else ""
+    top3 = "n/a" if s["top3_match"] is None else f"{s['top3_match']:.2f}"
+    return (f"{r.url}  {r.status}: same top token {_pct(s['same_top'])}{ci_txt}, top-3 match {top3}, KLD mean "
+            f"{_num(s['mean_kld'])} p99 {_num(s['p99_kld'])} nats (over the shared top-k), vLLM rule "
+            f"{s['vllm_passed']}/{s['vllm_total']}; {r.tokens.get('total', 0):,} tokens, {r.seconds:.1f} s")
+
+
+def noise_floor_line(nf: dict | None) -> str:
+    """The golden set's noise floor (the reference replayed on itself right after recording) in words."""
+    if not nf:
+        return "no noise floor (the reference was not replayed on itself)"
+    cost = nf.get("tokens") or {}
+    return (f"same top token {_pct(nf.get('same_top'))}, mean KLD {_num(nf.get('mean_kld'))} nats, p99 "
+            f"{_num(nf.get('p99_kld'))}, over {nf.get('positions')} positions; {cost.get('total', 0):,} tokens in "
+            f"{nf.get('seconds', 0.0):.1f} s")
+
+
+def threshold_line(noise: dict) -> str:
+    """What counts as drift this round (Noise.__dict__, as a round saves it)."""
+    return (f"drift beyond {_pct(noise.get('same_top'))} same top or {_num(noise.get('mean_kld'))} nats mean KLD "
+            f"({noise.get('source', '')})")
