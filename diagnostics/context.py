@@ -83,7 +83,10 @@ class CheckContext:
     # liveness rounds (/metrics, /health, canary, processes, GPU) over the window; empty with the reason why
     vllm_liveness: tuple["Observation", ...] = ()
     vllm_liveness_reason: str = "no liveness rounds taken"
+    golden_round: dict | None = None  # core.compare.golden ReplicaRound.to_dict(): the replay after the window
+    golden_reason: str = "no golden set given (--golden FILE, recorded with `python -m diagnostics golden record`)"
     # What the user told us
+    golden_file: str | None = None
     launch_cmd: str | None = None
     requested_precision: str | None = None  # given explicitly (--precision); else fp8.capability reads the launch cmd
     flag_lint: "LintResult | None" = None  # the launch command checked against vLLM's parser (collected, not pure)

@@ -53,16 +53,17 @@ class Job:
 
 
 def start(duration_s: float, vllm_url: str | None = None, launch_cmd: str | None = None,
-          requested_precision: str | None = None) -> Job:
+          requested_precision: str | None = None, golden: str | None = None) -> Job:
     """Validate the inputs now (ValueError with a sentence to show), then run in a daemon thread."""
     from diagnostics.collect import vllm_base_url
-    from diagnostics.runner import check_duration
+    from diagnostics.runner import check_duration, load_golden
 
     check_duration(duration_s)
     if vllm_url and vllm_url.strip():
-        vllm_base_url(vllm_url)
+        load_golden(golden, vllm_base_url(vllm_url))  # a bad golden set is refused here, before the window
     job = Job(duration_s)
-    kwargs = {"vllm_url": vllm_url, "launch_cmd": launch_cmd, "requested_precision": requested_precision}
+    kwargs = {"vllm_url": vllm_url, "launch_cmd": launch_cmd, "requested_precision": requested_precision,
+              **({"golden": golden} if golden else {})}
     job.thread = threading.Thread(target=job._work, args=(kwargs,), name="diagnostics-run", daemon=True)
     job.thread.start()
     return job

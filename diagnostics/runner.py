@@ -67,15 +67,26 @@ def lint_launch(launch_cmd: str | None) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def load_golden(path: str | None, url: str | None):
+    """The golden set at `path` (None when none is given or there is no server to replay it on)."""
+    if not path or not url:
+        return None
+    from core.compare.golden.golden import GoldenSet
+
+    return GoldenSet.load(path)  # InputError (a ValueError) for a missing, foreign or sampled file
+
+
 def run(duration_s: float = DEFAULT_S, vllm_url: str | None = None, launch_cmd: str | None = None,
         requested_precision: str | None = None, progress: Progress | None = None, cancel: Cancel | None = None,
-        sampler: Any = None, checks: Iterable[Check] | None = None) -> RunResult:
+        sampler: Any = None, checks: Iterable[Check] | None = None, golden: str | None = None) -> RunResult:
     """Sample for `duration_s` (1-180 s), then run the checks. Cancelling ends the window early; the checks still
-    run over what was sampled. Raises ValueError only for bad inputs (duration, URL)."""
+    run over what was sampled. `golden`: a golden set's path, replayed on the vLLM server after the window (its
+    requests never fall inside it). Raises ValueError only for bad inputs (duration, URL, golden set)."""
     from diagnostics.collect import WindowCollector, vllm_base_url
 
     duration_s = check_duration(duration_s)
     url = vllm_base_url(vllm_url) if vllm_url and vllm_url.strip() else None
+    golden_set = load_golden(golden, url)  # a bad file is refused before the window, not after it
     launch_cmd = launch_cmd.strip() if launch_cmd and launch_cmd.strip() else None
     report = progress or (lambda fraction, message: None)
     if sampler is None:
@@ -106,8 +117,18 @@ def run(duration_s: float = DEFAULT_S, vllm_url: str | None = None, launch_cmd: 
     if launch_cmd:
         report(1.0, "Checking the launch command against vLLM's parser")
     lint, lint_error = lint_launch(launch_cmd)
+    replayed = {}
+    if golden_set is not None and not cancelled:
+        from core.compare.golden.watch import Watch
+
+        report(1.0, f"Replaying the golden set's {len(golden_set.prompts)} prompts on {url}")
+        replayed["golden_round"] = Watch(golden_set, [url]).step().replicas[0].to_dict()
+    elif golden:
+        replayed["golden_reason"] = ("the window was cancelled: the golden set was not replayed" if cancelled else
+                                     "no vLLM URL to replay the golden set on (--vllm-url)")
     report(1.0, "Running the checks")
-    ctx = collector.context(launch_cmd=launch_cmd, requested_precision=requested_precision, flag_lint=lint)
+    ctx = collector.context(launch_cmd=launch_cmd, requested_precision=requested_precision, flag_lint=lint,
+                            golden_file=golden, **replayed)
     findings = evaluate(ctx, checks)
     notes = collector.notes()
     if lint_error:
@@ -118,5 +139,6 @@ def run(duration_s: float = DEFAULT_S, vllm_url: str | None = None, launch_cmd: 
     return RunResult(
         started_at=started, requested_s=duration_s, window_s=ctx.window_s, cancelled=cancelled,
         host=socket.gethostname(),
-        inputs={"vllm_url": url, "launch_cmd": launch_cmd, "requested_precision": requested_precision},
+        inputs={"vllm_url": url, "launch_cmd": launch_cmd, "requested_precision": requested_precision,
+                **({"golden": golden} if golden else {})},
         findings=tuple(findings), collector_notes=tuple(notes))

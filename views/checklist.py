@@ -43,12 +43,16 @@ with st.form("diag_inputs", border=True):
                              help="The server's base URL; its /metrics is scraped once a second.")
     launch = st.text_area("Launch command (optional)", height=80, placeholder="vllm serve MODEL --flag value ...",
                           help="Checked against vLLM's own argument parser; also read for FP8 and --enforce-eager.")
+    golden = st.text_input("Golden set file (optional, with a vLLM URL)", placeholder="golden.json",
+                           help="A golden set `python -m diagnostics golden record` wrote, or the deployment page's "
+                                "Quality watch kept: replayed on the server after the window (golden.agreement).")
     submitted = st.form_submit_button("Run the checklist", type="primary", icon=":material/play_arrow:",
                                       disabled=running)
 
 if submitted and not running:
     try:
-        st.session_state["diag_job"] = job = jobs.start(duration, url or None, launch or None)
+        st.session_state["diag_job"] = job = jobs.start(duration, url or None, launch or None,
+                                                           golden=golden.strip() or None)
         running = True
     except TriageError as exc:
         st.error(f"Cannot start: {exc}")

@@ -14,7 +14,7 @@ from core.errors import TriageError
 from core.fmt import fmt_liveness, markdown_literal
 from core.settings import settings
 from core.telemetry.vllm_metrics import dashboard_row, scrape
-from views.common import local_servers, probe_view, recorded, sweep as sweep_view
+from views.common import golden_view, local_servers, probe_view, recorded, sweep as sweep_view
 
 REFRESH_S = 2.0
 KEEP_ROWS = 300  # 10 minutes at 2 s
@@ -174,3 +174,4 @@ if res is not None:
 
 sweep_view.section(info.base_url, ss.get("dep_key"), ss.get("dep_engine"))
 local_servers.remedy_section(info.base_url, ss.get("dep_key"))
+golden_view.section(info.base_url, ss.get("dep_key"))

@@ -24,6 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--launch-cmd", metavar="CMD", help='the server\'s launch command, e.g. "vllm serve MODEL ..."')
     p.add_argument("--precision", choices=[x.value for x in Precision],
                    help="the precision you asked for, when the launch command does not say")
+    p.add_argument("--golden", metavar="FILE", help="with --vllm-url: a golden set (`golden record` writes one) "
+                   "replayed on the server after the window; golden.agreement says whether it still answers the same")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout")
     p.add_argument("--quick", action="store_true",
                    help="with --vllm-url: a first answer within seconds from the server's counters since it started, "
@@ -69,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     first = _first_answer(args) if args.quick and args.vllm_url else None
     try:
         result = runner.run(args.duration, vllm_url=args.vllm_url, launch_cmd=args.launch_cmd,
-                            requested_precision=args.precision, progress=progress, cancel=cancel)
+                            requested_precision=args.precision, progress=progress, cancel=cancel, golden=args.golden)
     finally:
         signal.signal(signal.SIGINT, previous)
     if first is not None:

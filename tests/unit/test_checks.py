@@ -26,7 +26,7 @@ URL = "http://127.0.0.1:8000"
 EXPECTED_IDS = {"gpu.idle", "gpu.bandwidth_bound", "gpu.imbalance", "gpu.throttled", "gpu.foreign_process",
                 "gpu.mixed_models", "host.mem_leak", "vllm.reachable", "vllm.metrics_off", "vllm.liveness", "vllm.saturation",
                 "vllm.prefill",
-                "vllm.kv_pressure", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
+                "vllm.kv_pressure", "golden.agreement", "fp8.capability", "driver.too_old", "vllm.enforce_eager", "vllm.unknown_flags"}
 
 
 def decide(check_id: str, ctx: CheckContext):

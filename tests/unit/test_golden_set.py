@@ -14,7 +14,7 @@ import pytest
 
 from core.compare.golden.facts import changes, facts_from
 from core.compare.golden.golden import GoldenSet
-from core.compare.golden.replay import NO_ANSWER, Replay, judge, tokens_of
+from core.compare.golden.replay import NO_ANSWER, Replay, ReplicaRound, judge, tokens_of
 from core.compare.golden.watch import KLD_MIN, Noise, Watch
 from core.errors import InputError
 from core.telemetry.vllm_metrics import parse_metrics
@@ -167,3 +167,42 @@ def test_a_restart_within_the_same_second_is_told_apart():
 
     said = changes({"process_start_time_s": 1_796_000_000.25}, {"process_start_time_s": 1_796_000_000.75})
     assert said == ["restarted: process start 2026-11-30 00:53:20.250 UTC -> 2026-11-30 00:53:20.750 UTC"]
+
+
+def _agreement(replica: ReplicaRound | None, reason: str = ""):
+    from diagnostics.context import CheckContext
+    from diagnostics.registry import get
+    from diagnostics.runner import evaluate
+
+    ctx = CheckContext(golden_round=None if replica is None else replica.to_dict(), golden_file="golden.json",
+                       **({"golden_reason": reason} if reason else {}))
+    (finding,) = evaluate(ctx, [get("golden.agreement")])
+    return finding
+
+
+def test_the_checklist_judges_a_replay_by_the_compares_bands(golden):
+    fine = _agreement(judge(golden, replay_of("main")))
+    assert fine.status.value == "PASS" and fine.verdict.startswith("Against the golden set golden.json: ")
+    assert fine.evidence["status"] == "fine" and fine.evidence["vllm_rule"] == f"{len(golden.prompts)}/" \
+        f"{len(golden.prompts)}" and fine.evidence["tokens"] == tokens_of(golden)["total"]
+    broken = _agreement(judge(golden, overflowed_replica_fake(replay_of("main"))))
+    assert broken.status.value == "FAIL" and "--kv-cache-dtype" in broken.remedy
+    silent = _agreement(judge(golden, Replay(URL, error="connection refused")))
+    assert silent.status.value == "SKIP" and "did not answer it" in silent.verdict and "vllm.liveness" in silent.verdict
+    g = copy.deepcopy(golden)
+    g.server["model"] = "another/model"
+    other = replay_of("main")
+    other.refusal = "serves 'gemma-3-270m', not the golden set's 'another/model'"
+    refused = _agreement(judge(g, other))
+    assert refused.status.value == "WARN" and "golden record" in refused.remedy
+    none = _agreement(None)
+    assert none.status.value == "SKIP" and "--golden FILE" in none.verdict
+
+
+def test_the_checklist_refuses_a_bad_golden_file_before_its_window(tmp_path):
+    from diagnostics import runner
+
+    bad = tmp_path / "g.json"
+    bad.write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="is not a golden set"):
+        runner.run(1.0, vllm_url="http://127.0.0.1:9", golden=str(bad))

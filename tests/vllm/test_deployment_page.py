@@ -98,3 +98,34 @@ def test_live_server_panels_and_probe(vllm_engine, monkeypatch, tmp_path):
     assert len(runs) == 1 and runs[0].summary["requests"] == 2 and runs[0].summary["client"]["ttft"]["p50"] > 0
     assert runs[0].duration_s == pytest.approx(runs[0].summary["wall_s"], abs=1)  # saved with its start
     at.session_state["dep_watch"].stop()  # its canaries must not land in the next tests' exact counts
+
+
+@pytest.mark.vllm
+def test_a_golden_set_recorded_from_the_live_server_replays_fine_and_is_kept(vllm_engine, monkeypatch, tmp_path):
+    """The Quality watch section: record 3 built-in prompts x 8 tokens from the real server, replay them there twice;
+    the server answers as it did (fine, no drift), the file sits in the cache dir and History has all three runs."""
+    from core.compare.golden.golden import GoldenSet
+    from core.store import Store
+
+    monkeypatch.setenv("TRIAGE_DB", str(tmp_path / "h.sqlite"))
+    monkeypatch.setenv("TRIAGE_CACHE_DIR", str(tmp_path / "cache"))
+    at = connect(vllm_engine.base_url)
+    next(n for n in at.number_input if n.label == "Built-in prompts").set_value(3)
+    next(n for n in at.number_input if n.label == "Greedy tokens each").set_value(8)
+    next(b for b in at.button if b.label == "Record a golden set from this server").click()
+    at.run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert any("3 prompts x 8 greedy tokens" in m.value for m in at.markdown)
+    (path,) = (tmp_path / "cache" / "golden").glob("*.json")
+    assert len(GoldenSet.load(path).prompts) == 3
+    for _ in range(2):
+        next(b for b in at.button if b.label == "Replay it on this server now").click()
+        at.run()
+        assert not at.exception and not at.error
+    table = at.dataframe[-1].value
+    assert list(table["replica"]) == [vllm_engine.base_url] and list(table["status"]) == ["fine"], table
+    assert list(table["drift"]) == [""]  # the same server, unchanged: within its own noise floor
+    assert any(m.value.startswith("Round 2 at ") for m in at.markdown)
+    kinds = [r.kind for r in Store(tmp_path / "h.sqlite").list_runs()]
+    assert sorted(kinds) == ["golden-record", "golden-watch", "golden-watch"], kinds
+    at.session_state["dep_watch"].stop()  # its canaries must not land in the next tests' exact counts

@@ -99,6 +99,21 @@ def test_watch_names_each_replica_fine_watch_or_no_answer(golden_path, vllm_engi
     assert text.returncode == 0 and f"{vllm_engine.base_url}  fine: same top token " in text.stdout
 
 
+def test_the_checklist_replays_the_golden_set_after_its_window(golden_path, vllm_second):
+    """`run --golden`: golden.agreement on the second server, with the numbers the watch gives it; the replay comes
+    after the window, so the window's request counts hold none of its requests."""
+    res = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--vllm-url", vllm_second.base_url, "--golden",
+                          str(golden_path), "--duration", "2", "--json"], cwd=REPO, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(res.stdout)
+    (f,) = [f for f in report["findings"] if f["id"] == "golden.agreement"]
+    print("\n" + f["verdict"])
+    assert f["status"] in ("PASS", "WARN") and f["evidence"]["status"] in ("fine", "watch"), f
+    assert f["evidence"]["vllm_rule"] == f"{N}/{N}" and f["evidence"]["same_top"] >= 0.85
+    assert f["verdict"].startswith(f"Against the golden set {golden_path}: ") and report["inputs"]["golden"]
+
+
 def test_a_replica_of_another_model_or_vocabulary_is_refused_in_words(golden_path, vllm_engine):
     g = GoldenSet.load(golden_path)
     eng = tagged_engine(vllm_engine.base_url, "test", timeout_s=600)

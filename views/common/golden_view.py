@@ -1,15 +1,22 @@
-"""A golden set and a quality-watch round, drawn from what History saved (core.compare.golden): the set's source and
-noise floor with its prompts, or each replica's verdict in the round with its numbers and any drift."""
+"""The quality watch on a page (core.compare.golden): a golden set and a watch round drawn from what History saved
+(the set's source and noise floor with its prompts; each replica's verdict with its numbers and any drift), and the
+vLLM deployment page's section that records a golden set from the connected server and replays it there."""
 from __future__ import annotations
 
+import json
 import time
 
 import streamlit as st
 
-from core.compare.golden.golden import source_line
+from core.compare.golden.golden import GoldenSet, source_line
 from core.compare.golden.replay import ReplicaRound
 from core.compare.golden.watch import noise_floor_line, replica_line, threshold_line
+from core.errors import TriageError
 from core.fmt import markdown_literal
+from core.settings import settings
+from views.common import runs
+
+ss = st.session_state
 
 
 def _utc(ts) -> str:
@@ -55,3 +62,87 @@ def show_watch(doc: dict, key: str) -> None:
         st.text(replica_line(r))
     st.caption(markdown_literal(f"Cost: {doc.get('tokens', 0):,} tokens this round, {doc.get('seconds', 0.0):.1f} s; "
                                 + threshold_line(doc.get("noise") or {}) + "."))
+
+
+def _keep(golden: GoldenSet, source: str) -> None:
+    """Hold `golden` for this page's rounds (a new set starts a new watch: drift is judged against one set)."""
+    from core.compare.golden.watch import Watch
+
+    ss.gold_set, ss.gold_source, ss.gold_round = golden, source, None
+    ss.gold_watch = Watch(golden, [])
+
+
+def _record(base_url: str, api_key: str | None, prompts: int, new_tokens: int) -> None:
+    from core.compare.golden.record import history, record
+    from core.compare.prompts import default_prompts
+
+    t0 = time.time()
+    with st.spinner(f"Recording {prompts} prompts x {new_tokens} tokens from {base_url}, then replaying them there "
+                    "for the noise floor"), runs.stoppable(button="gold_stop"):
+        golden = record(base_url, default_prompts()[:prompts], max_new_tokens=new_tokens, api_key=api_key)
+    folder = settings().cache_dir / "golden"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{golden.model.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t0))}.json"
+    golden.save(path)
+    history(golden, str(path), t0)
+    _keep(golden, str(path))
+
+
+def _upload() -> None:
+    f = ss.get("gold_file")
+    if f is None:
+        return
+    try:
+        _keep(GoldenSet.from_dict(json.loads(f.getvalue()), f.name), f.name)
+    except (ValueError, UnicodeDecodeError) as exc:  # not JSON at all
+        ss.gold_error = f"{f.name} could not be read as JSON ({exc}). Upload a file `golden record` wrote."
+    except TriageError as exc:
+        ss.gold_error = str(exc)
+
+
+def section(base_url: str, api_key: str | None) -> None:
+    """Record a golden set from the connected server (or upload one), replay it there round after round: each round
+    judged against the set with the compare's bands, drift named against the previous round, saved to History."""
+    st.subheader("Quality watch")
+    st.caption("Is this server still answering right? Record its greedy answers to built-in prompts with their top-k "
+               "logprobs (a golden set), then replay them here later, after a restart, an upgrade or a new flag: each "
+               "round is judged token by token against the set, and a change beyond the noise floor is named as drift. "
+               "Requests are tagged user=triage-golden; other checks count them as the console's own.")
+    if ss.get("gold_error"):
+        st.error(markdown_literal(ss.pop("gold_error")))
+    golden: GoldenSet | None = ss.get("gold_set")
+    with st.form("gold_record_form"):
+        c = st.columns([1, 1, 2], vertical_alignment="bottom")
+        prompts = c[0].number_input("Built-in prompts", 1, 48, 8, help="The first N of the compare's 48 built-in "
+                                    "prompts; each round costs about twice their tokens")
+        new_tokens = c[1].number_input("Greedy tokens each", 1, 512, 16)
+        go = c[2].form_submit_button("Record a golden set from this server",
+                                     type="primary" if golden is None else "secondary")
+    st.file_uploader("or upload a golden set (.json from `python -m diagnostics golden record`)", type=["json"],
+                     key="gold_file", on_change=_upload)
+    if go:
+        try:
+            _record(base_url, api_key, int(prompts), int(new_tokens))
+        except TriageError as exc:
+            st.error(markdown_literal(exc))
+        golden = ss.get("gold_set")
+    if golden is None:
+        return
+    st.markdown(markdown_literal(f"Golden set ({ss.gold_source}): {source_line(golden.to_dict())}."))
+    st.caption(markdown_literal("Noise floor: " + noise_floor_line(golden.noise_floor)))
+    c = st.columns([2, 2, 3])
+    c[1].download_button("Download the golden set", json.dumps(golden.to_dict()), "golden.json", "application/json",
+                         on_click="ignore")
+    if c[0].button("Replay it on this server now", type="primary", key="gold_go"):
+        watch = ss.gold_watch
+        watch.urls = [base_url]
+        watch.api_key = api_key
+        with st.spinner(f"Round {watch.number + 1}: replaying {len(golden.prompts)} prompts on {base_url}"), \
+                runs.stoppable(button="gold_round_stop"):
+            rnd = watch.step()
+        rnd.record(ss.gold_source)
+        ss.gold_round = rnd.to_dict()
+    c[2].caption("To watch continuously, with every replica of a fleet: `python -m diagnostics golden watch "
+                 "--golden FILE --url URL --every 60`.")
+    if ss.get("gold_round"):
+        show_watch(ss.gold_round, "gold_round")
