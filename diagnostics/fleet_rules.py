@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from core.compare.golden.export import PREFIX as GOLDEN_PREFIX
 from core.errors import InputError
 from core.fleet.fleet import FleetSnapshot
 from core.fleet.promql import (COUNTERS, GAUGES, HISTOGRAMS, PEER_MIN_FINISHED, PREFIXES, Builder, Names,
@@ -119,7 +120,31 @@ def alert_rules(names: Names, selector: str = "", replica_label: str = "instance
             f"Over the last {window} its {what} was at least {SLOW_RATIO:g} times the median replica's (3+ "
             "replicas; the console's fleet.slow_replica also asks for a median/MAD outlier and compares two "
             f"replicas directly). {SLOW_REMEDY}", "fleet.slow_replica"))
-    return out
+    return out + golden_rules(for_)
+
+
+def golden_rules(for_: str) -> list[Rule]:
+    """Rules on the quality watch's gauges (`golden watch --metrics-port`, core/compare/golden/export.py): a replica
+    whose answers left the golden set's bands, drifted, or stopped answering the watch."""
+    g, who = GOLDEN_PREFIX, "{{ $labels.replica }}"
+    undo = ("Compare its setup with the golden set's (model path and revision, --dtype, --kv-cache-dtype, "
+            "--quantization, vLLM version) and undo what changed; `python -m diagnostics golden watch` names the "
+            "round it began in and what the server reports as changed.")
+    return [
+        Rule("TriageGoldenBroken", f'{g}status{{status=~"low agreement|broken"}} == 1', for_, "critical",
+             f"Replica {who} no longer answers like the golden set ({{{{ $labels.status }}}})",
+             "Its last quality-watch round was judged low agreement or broken against the golden set "
+             f"({{{{ $labels.golden }}}}) with the compare's bands. {undo}", "golden.agreement"),
+        Rule("TriageGoldenDrift", f"{g}drift == 1", for_, "warning",
+             f"Replica {who}: its answers moved beyond the golden set's noise floor since its previous round",
+             f"Same top token share or mean KLD changed by more than the noise floor between two rounds. {undo}",
+             "golden.agreement"),
+        Rule("TriageGoldenNoAnswer", f"{g}answered == 0", for_, "warning",
+             f"Replica {who} did not answer the quality watch's last round",
+             "The golden set's requests got no answer (refused, timed out or an error): its agreement is unknown, "
+             "not fine. Look at the replica's liveness (fleet.stalled, vllm.liveness) and its log.",
+             "golden.agreement"),
+    ]
 
 
 def rules_yaml(rules: list[Rule], source: str) -> str:

@@ -57,6 +57,9 @@ class Replica:
     # quantile column -> [lower, upper] seconds of the bucket it fell in (upper None: +Inf); the quantile is
     # interpolated anywhere inside it (a p99 of 74 s from the 40-80 s bucket may be a slowest request of 42 s)
     buckets: dict[str, list[float | None]] = field(default_factory=dict)
+    # the quality watch's last round for it (`golden watch --metrics-port`, scraped by the same Prometheus):
+    # status, same_top, mean_kld, drift, golden; empty where no watch covers it
+    golden: dict[str, Any] = field(default_factory=dict)
 
     def value(self, col: str) -> float | None:
         return self.values.get(col, self.gpu.get(col))
@@ -147,7 +150,8 @@ class FleetSnapshot:
         def replica(r: dict) -> Replica:
             return Replica(str(r.get("name", "")), list(r.get("instances") or []), r.get("up"),
                            r.get("last_scrape_age_s"), str(r.get("last_error") or ""), dict_of(r.get("values")),
-                           dict_of(r.get("gpu")), dict_of(r.get("outliers")), dict_of(r.get("buckets")))
+                           dict_of(r.get("gpu")), dict_of(r.get("outliers")), dict_of(r.get("buckets")),
+                           dict_of(r.get("golden")))
 
         cost = {k: v for k, v in dict_of(d.get("cost")).items() if k in Cost.__dataclass_fields__}
         return cls(str(d.get("prometheus_url", "")), str(d.get("selector") or ""),
@@ -195,6 +199,7 @@ def collect(prom: Prometheus, selector: str = "", replica_label: str = "instance
     gpu_source = _gpu_source(prom, results, now) if any(results.get(f"gpu:{c}") for c in ("gpu_util_pct",
                                                                                          "dram_bw_pct")) else ""
     med = rank(replicas)
+    _golden(prom, replicas, now)
     if label not in REPLICA_LABELS:
         notes.append(f"Replica label {label!r} is not one of the usual {', '.join(REPLICA_LABELS)}.")
     unlabelled = sorted({s.labels.get("instance", "?") for s in results.get("members", []) if not s.labels.get(label)})
@@ -424,6 +429,31 @@ def _no_stats(targets: list[dict], replicas: list[Replica]) -> list[dict[str, st
     return [{"instance": lab.get("instance", ""), "job": lab.get("job", ""), "url": t.get("scrapeUrl", "")}
             for t in targets if (lab := t.get("labels", {})).get("job") in jobs and t.get("health") == "up"
             and lab.get("instance") not in seen]
+
+
+def _golden(prom: Prometheus, replicas: list[Replica], now: float) -> None:
+    """Each replica's last quality-watch round, from the watch's gauges (label `replica`: the URL it watched, matched
+    to the replica by host:port). Nothing is filled where no watch is scraped."""
+    from urllib.parse import urlsplit
+
+    from core.compare.golden.export import PREFIX
+
+    by_target = {i: r for r in replicas for i in r.instances}
+    found: dict[str, dict[str, Any]] = {}
+    for s in prom.query(f'{{__name__=~"{PREFIX}(status|same_top_ratio|kld_mean|drift)"}}', now):  # one query
+        r = by_target.get(urlsplit(s.labels.get("replica", "")).netloc)
+        if r is None:
+            continue
+        g = found.setdefault(r.name, {"golden": s.labels.get("golden", "")})
+        col = s.labels.get("__name__", "")[len(PREFIX):]
+        if col == "status":
+            if s.value == 1:
+                g["status"] = s.labels.get("status", "")
+        else:
+            g[col] = s.value
+    for r in replicas:
+        if "status" in found.get(r.name, {}):
+            r.golden = found[r.name]
 
 
 def _gpu_source(prom: Prometheus, results: dict, now: float) -> str:

@@ -54,6 +54,9 @@ GPU_COLUMNS = (
 
 
 HELP = {
+    "golden set": "The quality watch's last round on this replica (`golden watch --metrics-port`, scraped by this "
+                  "Prometheus): its status against the golden set with the compare's bands, the share of positions "
+                  "with the golden top token, and drift when it moved beyond the noise floor since its last round.",
     "state": "DOWN: its last scrape failed. STALLED: no token, prompt token or finished request over the stall "
              "window while its running + waiting gauges showed work all along (a stopped engine freezes them; /health "
              "still answers 200), with how long nothing moved. silent: no progress and no work shown while the "
@@ -130,16 +133,30 @@ def worst_first(snap: FleetSnapshot) -> list[Replica]:
     return sorted(snap.replicas, key=key)
 
 
+def golden_cell(r: Replica) -> str:
+    """The quality watch's last round for the replica: "fine, 99.8% same top", "drift: watch, 96.9% same top"."""
+    g = r.golden
+    if not g:
+        return "not watched"
+    same = g.get("same_top_ratio")
+    text = g.get("status", "?") + ("" if same is None or g.get("status") in ("no answer", "refused") else
+                                   f", {100 * same:.1f}% same top")
+    return ("drift: " if g.get("drift") else "") + text
+
+
 def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, str]]:
     gpu = any(r.gpu.get("gpu_util_pct") is not None or r.gpu.get("dram_bw_pct") is not None
               for r in snap.replicas) if with_gpu is None else with_gpu
     errors = any(r.last_error for r in snap.replicas)
+    golden = any(r.golden for r in snap.replicas)
     out = []
     for r in worst_first(snap):
         row = {snap.replica_label: r.name, "state": state(r) + _stalled_for(snap, r),
                "last scrape": "N/A" if r.last_scrape_age_s is None else f"{r.last_scrape_age_s:.0f} s ago"}
         if errors:
             row["last error"] = r.last_error
+        if golden:
+            row["golden set"] = golden_cell(r)
         for key, header, fmt in COLUMNS + (GPU_COLUMNS if gpu else ()):
             cell = _cell(r, key, fmt)
             med, v = snap.fleet_median.get(key), r.value(key)

@@ -9,7 +9,7 @@ from typing import Callable
 
 from core.fleet.fleet import FleetSnapshot, Replica, ratio_floor
 from core.fleet.promql import PEER_MIN_FINISHED, host_of
-from core.fleet.table import bucket_text
+from core.fleet.table import bucket_text, golden_cell
 from core.fmt import fmt_s, fmt_times
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
@@ -411,6 +411,36 @@ def decide_xid(snap: FleetSnapshot) -> Outcome:
         clean=f"No XID errors in {snap.over()}.", evidence=ev)
 
 
+def decide_quality_outlier(snap: FleetSnapshot) -> Outcome:
+    """The quality watch's last round per replica (its gauges, scraped by the same Prometheus): a replica whose answers
+    left the golden set's bands, drifted, or did not answer while the others did is named."""
+    watched = [r for r in snap.replicas if r.golden]
+    if not watched:
+        return skip("quality watch: no triage_golden_* series for these replicas (run `python -m diagnostics golden "
+                    "watch --metrics-port PORT --rounds 0` and add it to Prometheus's scrape config)")
+    ev = {"replicas_checked": len(snap.replicas), "replicas_watched": len(watched),
+          "promql": '{__name__=~"triage_golden_(status|same_top_ratio|kld_mean|drift)"}',
+          **{f"{r.name} golden": golden_cell(r) for r in watched[:50]}}
+    broken = [r for r in watched if r.golden["status"] in ("low agreement", "broken")]
+    odd = [r for r in watched if r not in broken and (r.golden.get("drift") or r.golden["status"] != "fine")]
+    remedy = ("Compare the named replica's setup with the golden set's and with its peers' (model path and revision, "
+              "--dtype, --kv-cache-dtype, --quantization, vLLM version) and undo what differs; `python -m diagnostics "
+              "golden watch --url http://REPLICA --golden FILE` names the round it changed in and what its server "
+              "reports as changed.")
+    unwatched = len(snap.replicas) - len(watched)
+    tail = f" ({unwatched} replica(s) not watched)" if unwatched else ""
+    if broken:
+        named = "; ".join(f"{r.name} {golden_cell(r)}" for r in broken[:SHOW])
+        return fail(f"No longer answering like the golden set: {named}{tail}.", remedy, evidence=ev)
+    if odd:
+        rest = len(watched) - len(odd)
+        named = "; ".join(f"{r.name} {golden_cell(r)}" for r in odd[:SHOW])
+        others = f"; the other {rest} watched replica(s) fine" if rest else ""
+        return warn(f"Quality watch: {named}{others}{tail}.", remedy, evidence=ev)
+    return passed(f"All {len(watched)} watched replica(s) answer like the golden set in its last round{tail}.",
+                  evidence=ev)
+
+
 # What to do with a stalled replica: the single-server liveness remedies (core/deployment/liveness.py's
 # engine_stopped and no_progress), restated here since feature packages do not import each other.
 STALL_REMEDY = ("On that replica's host, find its engine core (`ps -eo pid,stat,args | grep EngineCore`). State T: "
@@ -519,4 +549,7 @@ CHECKS = (
           "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or queueing is "
           "while its finished requests/s x mean prefill keep 0.8+ requests in prefill at once", decide_prefill),
     Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
+    Check("fleet.quality_outlier", "A replica answers unlike the golden set", Severity.HIGH,
+          "the quality watch's last round per replica (triage_golden_status, _drift, _same_top_ratio): low agreement "
+          "or broken fails; watch, inconclusive, no answer, refused or drift warns", decide_quality_outlier),
 )

@@ -40,6 +40,11 @@ def add_parser(sub) -> None:
     w.add_argument("--rounds", type=int, default=1, help="rounds to run (default 1; 0 = until stopped)")
     w.add_argument("--fail-on", action="store_true",
                    help="exit 1 when a replica of the last round is not fine or drifted")
+    w.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="also serve each replica's last round on http://HOST:PORT/metrics for Prometheus "
+                        "(triage_golden_same_top_ratio, _kld_mean, _drift, _status, ...; rules: `golden rules`)")
+    w.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 lets a remote Prometheus scrape it)")
     _common(w)
     w.set_defaults(func=run_watch)
 
@@ -81,6 +86,26 @@ def run_record(args) -> int:
     return 0
 
 
+def _serve_metrics(args):
+    """The watch's gauges on --metrics-port (None without it); a port that cannot be bound is refused in words."""
+    if args.metrics_port is None:
+        return None
+    from core.compare.golden.export import GoldenCollector, serve
+    from core.errors import InputError
+
+    if not 0 < args.metrics_port < 65536:
+        raise InputError(f"--metrics-port {args.metrics_port} is not a TCP port (1-65535).")
+    gauges = GoldenCollector(args.golden)
+    try:
+        serve(args.metrics_port, args.metrics_host, gauges)
+    except OSError as exc:
+        raise InputError(f"Cannot listen on {args.metrics_host}:{args.metrics_port}: {exc.strerror or exc}. Pick "
+                         "another --metrics-port.") from None
+    print(f"serving the watch's gauges on http://{args.metrics_host}:{args.metrics_port}/metrics", file=sys.stderr,
+          flush=True)
+    return gauges
+
+
 def run_watch(args) -> int:
     from core.compare.golden.golden import GoldenSet
     from core.compare.golden.watch import Watch, replica_line, threshold_line
@@ -89,9 +114,12 @@ def run_watch(args) -> int:
     if args.rounds < 0 or args.every < 0:
         raise ValueError("--rounds and --every must be 0 or more.")
     watch = Watch(golden, args.url, args.api_key, args.timeout)
+    gauges = _serve_metrics(args)
     last = None
     for rnd in watch.run(args.rounds, args.every):
         last = rnd
+        if gauges is not None:
+            gauges.update(rnd)
         saved = None if args.no_history else rnd.record(args.golden)
         if args.json:
             print(json.dumps({**rnd.to_dict(), "history_id": saved}), flush=True)

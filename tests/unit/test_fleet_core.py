@@ -125,7 +125,54 @@ def test_fleet_checks_on_a_healthy_fleet_without_gpus():
     assert found == {"fleet.replica_down": "PASS", "fleet.stalled": "SKIP", "vllm.metrics_off": "PASS", "vllm.kv_pressure": "PASS",
                      "gpu.idle": "SKIP", "gpu.bandwidth_bound": "SKIP", "fleet.slow_replica": "PASS",
                      "fleet.load_imbalance": "PASS", "fleet.saturation": "SKIP", "vllm.prefill": "SKIP",
-                     "fleet.xid": "SKIP"}
+                     "fleet.xid": "SKIP", "fleet.quality_outlier": "SKIP"}
+
+
+def test_the_quality_watch_names_the_replica_that_answers_unlike_the_golden_set():
+    def watched(name, status, same, drift=0.0):
+        r = _replica(name)
+        r.golden = {"status": status, "same_top_ratio": same, "kld_mean": 0.001, "drift": drift, "golden": "g.json"}
+        return r
+
+    fleet = [watched("r0", "fine", 0.998), watched("r1", "fine", 0.997), _replica("r2")]
+    found = {f.check_id: f for f in evaluate(_snap(fleet), CHECKS)}["fleet.quality_outlier"]
+    assert found.status.value == "PASS" and "All 2 watched replica(s)" in found.verdict and "1 replica(s) not " \
+        "watched" in found.verdict
+    table = rows(_snap(fleet))
+    assert {r["instance"]: r["golden set"] for r in table} == {"r0": "fine, 99.8% same top",
+                                                             "r1": "fine, 99.7% same top", "r2": "not watched"}
+    fleet[1] = watched("r1", "watch", 0.969, drift=1.0)
+    found = {f.check_id: f for f in evaluate(_snap(fleet), CHECKS)}["fleet.quality_outlier"]
+    assert found.verdict == ("Quality watch: r1 drift: watch, 96.9% same top; the other 1 watched replica(s) fine (1 "
+                             "replica(s) not watched).") and found.status.value == "WARN"
+    fleet[0] = watched("r0", "broken", 0.12)
+    found = {f.check_id: f for f in evaluate(_snap(fleet), CHECKS)}["fleet.quality_outlier"]
+    assert found.status.value == "FAIL" and found.verdict.startswith("No longer answering like the golden set: r0 ")
+    fleet[0] = watched("r0", "no answer", 0.998)  # its last numbers are kept, but not shown as an agreement
+    found = {f.check_id: f for f in evaluate(_snap(fleet), CHECKS)}["fleet.quality_outlier"]
+    assert found.status.value == "WARN" and found.verdict.startswith("Quality watch: r0 no answer; r1 drift: ")
+
+
+def test_fleet_golden_gauges_join_their_replica_by_host_and_port():
+    """What _golden reads from Prometheus (the watch's series, labelled by the URL it watched), joined to the replica
+    whose target is that host:port; a replica no watch covers stays empty."""
+    from core.fleet.fleet import _golden
+
+    class Answers:
+        def query(self, promql, at=None):
+            assert promql.startswith('{__name__=~"triage_golden_(')
+            lab = {"replica": "http://10.0.0.7:8000", "golden": "g.json"}
+            return [Sample({**lab, "__name__": "triage_golden_status", "status": "fine"}, 0.0),
+                    Sample({**lab, "__name__": "triage_golden_status", "status": "watch"}, 1.0),
+                    Sample({**lab, "__name__": "triage_golden_same_top_ratio"}, 0.969),
+                    Sample({**lab, "__name__": "triage_golden_drift"}, 0.0),
+                    Sample({"replica": "http://10.9.9.9:8000", "__name__": "triage_golden_status", "status": "fine"},
+                           1.0)]
+
+    a, b = Replica("a", ["10.0.0.7:8000"], True), Replica("b", ["10.0.0.8:8000"], True)
+    _golden(Answers(), [a, b], 0.0)
+    assert a.golden == {"golden": "g.json", "status": "watch", "same_top_ratio": 0.969, "drift": 0.0}
+    assert b.golden == {}
 
 
 def test_anatomy_queries_are_exact_means_one_per_column_in_every_name_form():

@@ -132,7 +132,9 @@ def test_the_rule_file_is_valid_yaml_with_unique_names_and_the_checks_own_promql
     for r in loaded:
         assert r["for"] == "60s" and r["labels"]["severity"] in ("critical", "warning")
         assert r["annotations"]["summary"] and r["annotations"]["description"]
-        assert f"$labels.{label}" in r["annotations"]["summary"] or r["alert"] == "VllmTargetDown"
+        assert f"$labels.{label}" in r["annotations"]["summary"] or r["alert"] == "VllmTargetDown" or \
+            r["alert"].startswith("TriageGolden") and "$labels.replica" in r["annotations"]["summary"]
+    assert {"TriageGoldenBroken", "TriageGoldenDrift", "TriageGoldenNoAnswer"} <= set(names)  # the quality watch's
     if selector:
         # up carries no model_name (it comes from vLLM's page): that matcher is left off the target-down rule
         assert by_name["VllmTargetDown"]["expr"].startswith('up{namespace="prod\\"x",job!="other"} == 0')

@@ -206,3 +206,46 @@ def test_the_checklist_refuses_a_bad_golden_file_before_its_window(tmp_path):
     bad.write_text('{"format": "something else"}')
     with pytest.raises(ValueError, match="is not a golden set"):
         runner.run(1.0, vllm_url="http://127.0.0.1:9", golden=str(bad))
+
+
+def test_the_watchs_gauges_serve_each_replicas_last_round_for_prometheus(golden, tmp_path):
+    """What Prometheus scrapes from `golden watch --metrics-port`: a real HTTP server, read back with
+    prometheus_client's own parser. A replica that stops answering keeps its last numbers and says answered 0."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from core.compare.golden.export import GoldenCollector, serve
+    from core.http import http_get
+    from tests.e2e.helpers import free_port
+
+    gauges, port = GoldenCollector("golden.json"), free_port()
+    serve(port, "127.0.0.1", gauges)
+    w = Watch(golden, [URL])
+    gauges.update(w.step([judge(golden, replay_of("main"))]))
+    gauges.update(w.step([judge(golden, replay_of("second"))]))  # a restart into another setup: drift
+    gauges.update(w.step([judge(golden, Replay(URL, error="connection refused"))]))
+
+    def scrape() -> dict[str, float]:
+        out = {}
+        for fam in text_string_to_metric_families(http_get(f"http://127.0.0.1:{port}/metrics").text):
+            for s in fam.samples:
+                assert s.labels["replica"] == URL and s.labels["golden"] == "golden.json"
+                out[s.name + (f"[{s.labels['status']}]" if "status" in s.labels else "")] = s.value
+        return out
+
+    got = scrape()
+    second = judge(golden, replay_of("second")).summary
+    assert got["triage_golden_same_top_ratio"] == pytest.approx(second["same_top"])
+    assert got["triage_golden_kld_mean"] == pytest.approx(second["mean_kld"])
+    assert got["triage_golden_answered"] == 0 and got["triage_golden_status[no answer]"] == 1
+    assert got["triage_golden_status[fine]"] == 0 and got["triage_golden_rounds_total"] == 3
+    assert got["triage_golden_drift"] == 0  # a round without an answer has no drift of its own
+    assert got["triage_golden_last_round_timestamp_seconds"] > 1.7e9
+
+
+def test_the_watch_refuses_a_metrics_port_it_cannot_use(golden, tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    path = tmp_path / "g.json"
+    golden.save(path)
+    assert main(["golden", "watch", "--url", URL, "--golden", str(path), "--metrics-port", "70000"]) == 2
+    assert "--metrics-port 70000 is not a TCP port" in capsys.readouterr().err
