@@ -337,7 +337,9 @@ def command_text(doc: dict) -> str:
     return serve_command(str(doc.get("model") or ""), list(flags or []))
 
 
-def record(doc: dict, started_at: float | None = None) -> int | None:
+def record(doc: dict, started_at: float | None = None, stopped_at: float | None = None) -> int | None:
+    """Save a result_of() document to History; `stopped_at`: the user stopped it then (saved as cancelled, with the
+    trials it had finished)."""
     from core import store
 
     flags = doc.get("flags_changed") or {}
@@ -346,6 +348,9 @@ def record(doc: dict, started_at: float | None = None) -> int | None:
     rows = (doc.get("comparison") or {}).get("rows", {})
     summary = {"flags_changed": flags, "verdict": (doc.get("verdict") or {}).get("kind"),
                "goodput": rows.get("goodput_rps"), "peak_rps": rows.get("max_rps"), "tries": len(doc.get("trials", []))}
+    if stopped_at is not None:
+        return store.record("remedy", title, doc, summary, started_at=started_at, status="cancelled",
+                            finished_at=stopped_at)
     return store.record("remedy", title, doc, summary, started_at=started_at)
 
 

@@ -204,6 +204,37 @@ def test_the_page_sweeps_and_tries_the_remedy_which_measures_more_throughput(lau
     assert len(owned_by(app.proc.pid)) == 2  # the original and the remedied one, until the user picks
 
 
+def test_a_start_stopped_by_its_button_leaves_no_process_and_no_record(launched):
+    """Start a third server from the page, then press "Stop starting" while it starts: its whole process group is
+    gone within seconds, the page lists no server for it and says nothing went wrong."""
+    app, page, _ = launched
+    before = {s.port for s in owned_by(app.proc.pid)}
+    flags = page.get_by_label("vLLM flags", exact=True)
+    if not flags.is_visible():
+        page.get_by_text("Start a local vLLM").click()
+    fill(page, "vLLM flags", "--max-num-seqs 3")
+    page.get_by_role("button", name="Start", exact=True).click()
+    stop = page.get_by_role("button", name="Stop starting")
+    stop.wait_for(timeout=30_000)
+    deadline, new = time.monotonic() + 60, []
+    while not new and time.monotonic() < deadline:
+        new = [s for s in owned_by(app.proc.pid) if s.port not in before]  # registered once its group exists
+        time.sleep(0.3)
+    assert new, "the start never registered its process group"
+    (starting,) = new
+    assert group_members(starting.pgid)
+    stop.click()
+    t0 = time.monotonic()
+    while group_members(starting.pgid) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    gone_s = time.monotonic() - t0
+    print(f"\nthe starting server's processes were gone {gone_s:.1f} s after Stop")
+    assert not group_members(starting.pgid), "the stopped start left vLLM processes running"
+    assert {s.port for s in owned_by(app.proc.pid)} == before
+    wait_idle(page, 60)
+    assert page.get_by_role("button", name="Stop starting").count() == 0 and not errors_on(page)
+
+
 def test_sigterm_to_the_app_stops_every_server_it_started(launched):
     app, _, _ = launched
     started = owned_by(app.proc.pid)

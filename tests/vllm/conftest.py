@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -188,6 +189,9 @@ def prom_stack(request):
     one slow (job replay), one replayed replica with queueing added (job queued), the console's own exporter (job
     exporter) and a dcgm-exporter page for the host the real servers run on (job dcgm).
 
+    Job golden scrapes a port where a test starts the quality watch (`golden watch --metrics-port`), whose exported
+    alert rules Prometheus evaluates every second.
+
     A missing prometheus binary fails the tests, unless TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 says to skip them."""
     import subprocess
     import sys
@@ -213,7 +217,7 @@ def prom_stack(request):
     never_up.bind(("127.0.0.1", 0))
     never_up_target = f"127.0.0.1:{never_up.getsockname()[1]}"
     dcgm = promstack.ReplayServer(1, page=promstack.DCGM_PAGE)  # on 127.0.0.1, the real servers' host
-    exporter_port = free_port()
+    exporter_port, golden_port = free_port(), free_port()
     exporter = subprocess.Popen([sys.executable, "-m", "diagnostics", "exporter", "--port", str(exporter_port)],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     addr = [u.split("//", 1)[1] for u in (main.base_url, second.base_url)]
@@ -224,15 +228,20 @@ def prom_stack(request):
             promstack.scrape_job("replay", *replay.targets()[:1], 1.0, replay.targets()[1]),
             promstack.scrape_job("queued", queued.targets("queued")[0], 1.0, queued.targets("queued")[1]),
             promstack.scrape_job("exporter", [f"127.0.0.1:{exporter_port}"], 1.0),
-            promstack.scrape_job("dcgm", dcgm.targets()[0], 1.0, [{"__metrics_path__": "/r/0"}])]
-    prom = promstack.PrometheusServer(jobs, REPO / "artifacts" / "prometheus.log")
+            promstack.scrape_job("dcgm", dcgm.targets()[0], 1.0, [{"__metrics_path__": "/r/0"}]),
+            promstack.scrape_job("golden", [f"127.0.0.1:{golden_port}"], 1.0)]  # a test starts the watch there
+    from diagnostics import fleet_rules
+
+    golden_rules = Path(tempfile.mkdtemp(prefix="triage-rules-")) / "golden.yml"  # the quality watch's, as exported
+    golden_rules.write_text(fleet_rules.rules_yaml(fleet_rules.golden_rules("0s"), "the quality watch's rules"))
+    prom = promstack.PrometheusServer(jobs, REPO / "artifacts" / "prometheus.log", rule_files=(golden_rules,))
     try:
         prom.start()
         stack = SimpleNamespace(prom=prom, url=prom.url, main=main, second=second, doomed=doomed, replay=replay,
                                 queued=queued, instances={"main": addr[0], "second": addr[1],
                                                           "doomed": doomed_target[0], "never_up": never_up_target,
                                                           "queued": "queued-0000"},
-                                exporter_port=exporter_port)
+                                exporter_port=exporter_port, golden_port=golden_port)
         _wait_for_samples(prom.url, 'count_over_time(vllm:num_requests_running{job="replay"}[1m])', 3, 60)
         yield stack
     finally:

@@ -21,6 +21,7 @@ from core.compare.golden.golden import USER_TAG, GoldenSet
 from core.compare.prompts import default_prompts
 from core.compare.golden.replay import NO_ANSWER, REFUSED, judge, replay, tagged_engine
 from core.compare.golden.watch import KLD_MIN
+from core.fleet.table import rows as fleet_rows
 from tests.vllm.conftest import FP8_KV_ON_THIS_CPU, REPO
 
 pytestmark = pytest.mark.vllm
@@ -112,6 +113,49 @@ def test_the_checklist_replays_the_golden_set_after_its_window(golden_path, vllm
     assert f["status"] in ("PASS", "WARN") and f["evidence"]["status"] in ("fine", "watch"), f
     assert f["evidence"]["vllm_rule"] == f"{N}/{N}" and f["evidence"]["same_top"] >= 0.85
     assert f["verdict"].startswith(f"Against the golden set {golden_path}: ") and report["inputs"]["golden"]
+
+
+def test_a_fleet_sees_the_watch_through_prometheus_and_the_rule_fires(golden_path, vllm_engine, prom_stack):
+    """The watch with --metrics-port on the real BF16 server and on the vLLM job's target that never answers,
+    scraped by the session's real Prometheus: the Fleet table's golden-set column and fleet.quality_outlier read it,
+    and the exported TriageGoldenNoAnswer rule fires in Prometheus for the silent replica only."""
+    import time
+
+    import requests
+
+    from core.fleet.prom import Prometheus
+    from diagnostics import fleet
+    from tests.vllm.conftest import _wait_for_samples
+
+    never_up = prom_stack.instances["never_up"]
+    watch = subprocess.Popen([sys.executable, "-m", "diagnostics", "golden", "watch", "--url", vllm_engine.base_url,
+                              "--url", f"http://{never_up}", "--golden", str(golden_path), "--rounds", "0", "--every",
+                              "3600", "--metrics-port", str(prom_stack.golden_port), "--no-history", "--timeout", "600"],
+                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_samples(prom_stack.url, "count(triage_golden_rounds_total)", 2, 300)
+        run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
+        main, silent = run.snapshot.replica(prom_stack.instances["main"]), run.snapshot.replica(never_up)
+        assert main.golden["status"] == "fine" and main.golden["same_top_ratio"] >= 0.99, main.golden
+        assert silent.golden["status"] == "no answer", silent.golden
+        rows = {r["instance"]: r["golden set"] for r in fleet_rows(run.snapshot)}
+        assert rows[prom_stack.instances["main"]].startswith("fine, ") and rows[never_up] == "no answer"
+        assert rows[prom_stack.instances["second"]] == "not watched"
+        found = {f.check_id: f for f in run.result.findings}["fleet.quality_outlier"]
+        print("\n" + found.verdict)
+        assert found.status.value == "WARN" and found.verdict.startswith(f"Quality watch: {never_up} no answer; the "
+                                                                           "other 1 watched replica(s) fine")
+        deadline, firing = time.monotonic() + 30, []
+        while time.monotonic() < deadline and not firing:
+            alerts = requests.get(prom_stack.url + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            firing = [a for a in alerts if a["labels"]["alertname"].startswith("TriageGolden")
+                      and a["state"] == "firing"]
+            time.sleep(0.5)
+        assert [(a["labels"]["alertname"], a["labels"]["replica"]) for a in firing] == \
+            [("TriageGoldenNoAnswer", f"http://{never_up}")], firing
+    finally:
+        watch.terminate()
+        watch.wait(30)
 
 
 def test_a_replica_of_another_model_or_vocabulary_is_refused_in_words(golden_path, vllm_engine):

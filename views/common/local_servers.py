@@ -12,12 +12,13 @@ import time
 import streamlit as st
 
 from core.deployment import remedy, servers
+from core.engines.base import Cancelled
 from core.engines.remote import RemoteEngine
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.throttle import throttled
 from diagnostics.cli.serve import flag_errors
-from views.common import remedy_view
+from views.common import remedy_view, runs
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ss = st.session_state
@@ -69,11 +70,16 @@ def panel() -> None:
         if go and ok:
             ss.loc_open = True
             bar = st.progress(0.0, "Starting vLLM")
+            shown = throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m))
             try:
-                server = servers.start_server(model, flags, check_flags=flag_errors,
-                                              progress=throttled(lambda f, m: bar.progress(min(max(f, 0.0), 1.0), m)))
+                # Stop: the start gives up and its processes go (a stop also comes by leaving the page)
+                with runs.stoppable(button="loc_start_stop", label="Stop starting") as control:
+                    server = servers.start_server(model, flags, check_flags=flag_errors, progress=shown,
+                                                  should_stop=control.should_stop)
                 connect(server.base_url)
                 st.rerun()
+            except Cancelled:
+                pass  # the page reruns at once (the click that stopped it); nothing of the start is left
             except TriageError as exc:
                 st.error(markdown_literal(exc))
             finally:
@@ -151,7 +157,10 @@ def remedy_section(base_url: str, api_key: str | None) -> None:
         if len(concrete) > 1 and cols[-1].button("Try each in turn", key="loc_try_all"):
             chosen = concrete
         if chosen:
-            _run(doc, server, chosen, api_key)
+            try:
+                _run(doc, server, chosen, api_key)
+            except Cancelled:
+                pass  # stopped: History has the finished tries as cancelled; the page reruns at once
     shown = ss.get("dep_remedy")
     if shown and shown.get("base_url") == base_url:
         remedy_view.show(shown, "dep_remedy")
@@ -161,11 +170,23 @@ def remedy_section(base_url: str, api_key: str | None) -> None:
 def _run(doc: dict, server: servers.LocalServer, chosen: list, api_key: str | None) -> None:
     bar, started = st.progress(0.0, "Starting"), time.time()
     trials = []
-    for n, r in enumerate(chosen):
-        step = (lambda f, m, n=n: bar.progress(min(1.0, (n + max(0.0, min(f, 1.0))) / len(chosen)),
-                                               f"Try {n + 1} of {len(chosen)}: {m}"))
-        trials.append(remedy.try_remedy(doc, server, r, check_flags=flag_errors, keep=True, api_key=api_key,
-                                        progress=throttled(step)))
+
+    def stopped(at: float) -> None:  # History gets the trials that finished, as cancelled
+        result = remedy.result_of(trials, server)
+        result["stopped"] = f"Stopped on the page after {len(trials)} of {len(chosen)} tries."
+        remedy.record(result, started_at=started, stopped_at=at)
+
+    with runs.stoppable(button="loc_try_stop", on_stop=stopped) as control:
+        for n, r in enumerate(chosen):
+            step = (lambda f, m, n=n: bar.progress(min(1.0, (n + max(0.0, min(f, 1.0))) / len(chosen)),
+                                                   f"Try {n + 1} of {len(chosen)}: {m}"))
+            trial = remedy.try_remedy(doc, server, r, check_flags=flag_errors, keep=True, api_key=api_key,
+                                      progress=throttled(step), should_stop=control.should_stop)
+            if control.should_stop():  # the trial's server start or sweep gave up: it ended no try
+                if trial.server:
+                    servers.stop_server(trial.server["port"])
+                raise Cancelled("Stopped on the page.")
+            trials.append(trial)
     result = remedy.result_of(trials, server)
     for i, t in enumerate(trials):  # keep only the winner's server running
         if t.server and i != result["best"]:
