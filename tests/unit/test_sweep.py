@@ -180,6 +180,12 @@ def test_a_prefill_judgement_is_pure_and_shared():
     assert short.bound and short.queued_behind, short.reason
     assert not prefill_judgement(0.6, 0.25, 0.9, 3.6).bound
     assert not prefill_judgement(1.5, 0.6, 2.1, 0.5).bound
+    # Neither queue nor prefill a majority, together most of TTFT, the engine prefilling 0.9 of the time (three
+    # clients of 512-token prompts on two slots of a slow CPU, measured): they queue behind prefills
+    even = prefill_judgement(4.8, 4.47, 9.96, 0.2)
+    assert even.bound and even.queued_behind and "(with the prefill, most of it), behind other prompts' prefill" in \
+        even.reason, even.reason
+    assert not prefill_judgement(4.8, 4.47, 9.96, 0.1).bound  # the same split with the engine idle half the time
     assert prefill_judgement(None, None, 1.0, 1.0) is None
     assert saturation_reason(0.7, 3, 0.05, in_prefill=0.99) is None  # they queue behind prefills, not for a slot
 

@@ -39,3 +39,11 @@ def test_another_process_growing_is_named_and_never_the_deployments(vllm_engine)
     assert f"pid {grower.pid}" in mem["verdict"], mem["verdict"]
     assert mem["evidence"]["server_pids"], mem["evidence"]  # the server's processes were found on this host
     assert mem["evidence"]["deployment_growth_mib"] < 32, mem["evidence"]
+    # No load was sent: every request the server finished in the window is one of the console's own canaries,
+    # counted exactly from the canaries it sent (ground truth: this test sent nothing)
+    ev = found["vllm.saturation"]["evidence"]
+    print(f"canaries: sent {ev['console_canaries_sent']}, finished in the window {ev['console_canaries_surely']} to "
+          f"{ev['console_canaries']}; the server finished {ev['requests_finished']:.0f}")
+    assert ev["console_canaries_surely"] <= ev["requests_finished"] <= ev["console_canaries"] <= \
+        ev["console_canaries_sent"], ev
+    assert ev["load_requests_finished"] <= 0, ev
