@@ -431,21 +431,24 @@ def _no_stats(targets: list[dict], replicas: list[Replica]) -> list[dict[str, st
             and lab.get("instance") not in seen]
 
 
+# The quality watch's gauges (`golden watch --metrics-port`, core/compare/golden/export.py) are read by their
+# published names, as DCGM's are: a wire contract the README lists, not an import.
+GOLDEN = "triage_golden_"
+
+
 def _golden(prom: Prometheus, replicas: list[Replica], now: float) -> None:
     """Each replica's last quality-watch round, from the watch's gauges (label `replica`: the URL it watched, matched
     to the replica by host:port). Nothing is filled where no watch is scraped."""
     from urllib.parse import urlsplit
 
-    from core.compare.golden.export import PREFIX
-
     by_target = {i: r for r in replicas for i in r.instances}
     found: dict[str, dict[str, Any]] = {}
-    for s in prom.query(f'{{__name__=~"{PREFIX}(status|same_top_ratio|kld_mean|drift)"}}', now):  # one query
+    for s in prom.query(f'{{__name__=~"{GOLDEN}(status|same_top_ratio|kld_mean|drift)"}}', now):  # one query
         r = by_target.get(urlsplit(s.labels.get("replica", "")).netloc)
         if r is None:
             continue
         g = found.setdefault(r.name, {"golden": s.labels.get("golden", "")})
-        col = s.labels.get("__name__", "")[len(PREFIX):]
+        col = s.labels.get("__name__", "")[len(GOLDEN):]
         if col == "status":
             if s.value == 1:
                 g["status"] = s.labels.get("status", "")

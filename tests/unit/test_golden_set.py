@@ -249,3 +249,10 @@ def test_the_watch_refuses_a_metrics_port_it_cannot_use(golden, tmp_path, capsys
     golden.save(path)
     assert main(["golden", "watch", "--url", URL, "--golden", str(path), "--metrics-port", "70000"]) == 2
     assert "--metrics-port 70000 is not a TCP port" in capsys.readouterr().err
+
+
+def test_the_fleet_reads_the_gauges_by_the_names_the_watch_publishes():
+    from core.compare.golden.export import PREFIX
+    from core.fleet.fleet import GOLDEN
+
+    assert GOLDEN == PREFIX  # two packages, one wire contract
