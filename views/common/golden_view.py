@@ -11,8 +11,9 @@ import streamlit as st
 from core.compare.golden.golden import GoldenSet, source_line
 from core.compare.golden.replay import ReplicaRound
 from core.compare.golden.watch import noise_floor_line, replica_line, threshold_line
+from core.engines.base import Cancelled
 from core.errors import TriageError
-from core.fmt import markdown_literal
+from core.fmt import markdown_literal, short_path
 from core.settings import settings
 from views.common import runs
 
@@ -37,7 +38,8 @@ def show_record(doc: dict, key: str) -> None:
 
 
 def show_watch(doc: dict, key: str) -> None:
-    """One round: each replica's verdict (worst first as the watch saved them), its drift, the round's cost."""
+    """One round: each replica's verdict with its numbers (a replica without an answer has "-" and says why in its
+    line below), its drift, the round's cost."""
     replicas = [ReplicaRound(**r) for r in doc.get("replicas") or []]
     fine = sum(r.status == "fine" for r in replicas)
     st.markdown(markdown_literal(f"Round {doc.get('round')} at {_utc(doc.get('started_at'))}: {fine} of "
@@ -46,15 +48,12 @@ def show_watch(doc: dict, key: str) -> None:
     for r in replicas:
         s = r.summary or {}
         rows.append({"replica": r.url, "status": r.status,
-                     "same top token": None if s.get("same_top") is None else 100 * s["same_top"],
-                     "mean KLD (nats)": s.get("mean_kld"), "p99 KLD (nats)": s.get("p99_kld"),
-                     "tokens": (r.tokens or {}).get("total", 0), "seconds": r.seconds,
+                     "same top token": "-" if s.get("same_top") is None else f"{100 * s['same_top']:.1f}%",
+                     "mean KLD (nats)": "-" if s.get("mean_kld") is None else f"{s['mean_kld']:.3g}",
+                     "p99 KLD (nats)": "-" if s.get("p99_kld") is None else f"{s['p99_kld']:.3g}",
+                     "tokens": f"{(r.tokens or {}).get('total', 0):,}", "seconds": f"{r.seconds:.1f}",
                      "drift": "yes" if r.drift else ""})
-    st.dataframe(rows, hide_index=True, width="stretch", key=f"{key}_replicas", column_config={
-        "same top token": st.column_config.NumberColumn(format="%.1f%%"),
-        "mean KLD (nats)": st.column_config.NumberColumn(format="%.3g"),
-        "p99 KLD (nats)": st.column_config.NumberColumn(format="%.3g"),
-        "seconds": st.column_config.NumberColumn(format="%.1f")})
+    st.dataframe(rows, hide_index=True, width="stretch", key=f"{key}_replicas")
     for r in replicas:
         if r.drift:
             st.warning(markdown_literal(f"{r.url}: {r.drift}"))
@@ -86,6 +85,18 @@ def _record(base_url: str, api_key: str | None, prompts: int, new_tokens: int) -
     golden.save(path)
     history(golden, str(path), t0)
     _keep(golden, str(path))
+
+
+def _round(base_url: str, api_key: str | None, prompts: int) -> None:
+    watch = ss.gold_watch
+    watch.urls, watch.api_key = [base_url], api_key
+    with st.spinner(f"Round {watch.number + 1}: replaying {prompts} prompts on {base_url}"), \
+            runs.stoppable(button="gold_round_stop") as control:
+        rnd = watch.step()
+        if control.should_stop():  # a stop closes the replay's streams: the replica did answer, it was cut short
+            raise Cancelled("Stopped on the page.")
+    rnd.record(ss.gold_source)
+    ss.gold_round = rnd.to_dict()
 
 
 def _upload() -> None:
@@ -123,25 +134,23 @@ def section(base_url: str, api_key: str | None) -> None:
     if go:
         try:
             _record(base_url, api_key, int(prompts), int(new_tokens))
+        except Cancelled:
+            pass  # stopped: nothing is kept; the page reruns at once
         except TriageError as exc:
             st.error(markdown_literal(exc))
         golden = ss.get("gold_set")
     if golden is None:
         return
-    st.markdown(markdown_literal(f"Golden set ({ss.gold_source}): {source_line(golden.to_dict())}."))
+    st.markdown(markdown_literal(f"Golden set ({short_path(ss.gold_source)}): {source_line(golden.to_dict())}."))
     st.caption(markdown_literal("Noise floor: " + noise_floor_line(golden.noise_floor)))
     c = st.columns([2, 2, 3])
     c[1].download_button("Download the golden set", json.dumps(golden.to_dict()), "golden.json", "application/json",
                          on_click="ignore")
     if c[0].button("Replay it on this server now", type="primary", key="gold_go"):
-        watch = ss.gold_watch
-        watch.urls = [base_url]
-        watch.api_key = api_key
-        with st.spinner(f"Round {watch.number + 1}: replaying {len(golden.prompts)} prompts on {base_url}"), \
-                runs.stoppable(button="gold_round_stop"):
-            rnd = watch.step()
-        rnd.record(ss.gold_source)
-        ss.gold_round = rnd.to_dict()
+        try:
+            _round(base_url, api_key, len(golden.prompts))
+        except Cancelled:
+            pass  # stopped: no round is saved (its requests were cut short, not unanswered); the page reruns
     c[2].caption("To watch continuously, with every replica of a fleet: `python -m diagnostics golden watch "
                  "--golden FILE --url URL --every 60`.")
     if ss.get("gold_round"):
