@@ -142,7 +142,9 @@ def test_a_fleet_sees_the_watch_through_prometheus_and_the_rule_fires(golden_pat
         assert silent.golden["status"] == "no answer", silent.golden
         rows = {r["instance"]: r["golden set"] for r in fleet_rows(run.snapshot)}
         assert rows[prom_stack.instances["main"]].startswith("fine, ") and rows[never_up] == "no answer"
-        assert rows[prom_stack.instances["second"]] == "not watched"
+        others = [v for k, v in rows.items() if k not in (prom_stack.instances["main"], never_up)]
+        assert others and set(others) == {"not watched"}, rows  # the job's other target (the second server has
+        # no vllm:* series: it is vllm.metrics_off's case, not a replica row)
         found = {f.check_id: f for f in run.result.findings}["fleet.quality_outlier"]
         print("\n" + found.verdict)
         assert found.status.value == "WARN" and found.verdict.startswith(f"Quality watch: {never_up} no answer; the "
