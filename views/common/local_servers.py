@@ -172,6 +172,10 @@ def _run(doc: dict, server: servers.LocalServer, chosen: list, api_key: str | No
     trials = []
 
     def stopped(at: float) -> None:  # History gets the trials that finished, as cancelled
+        for t in trials:  # a stopped run is not shown to pick from: no remedied server is kept running
+            if t.server:
+                servers.stop_server(t.server["port"])
+                t.server = None
         result = remedy.result_of(trials, server)
         result["stopped"] = f"Stopped on the page after {len(trials)} of {len(chosen)} tries."
         remedy.record(result, started_at=started, stopped_at=at)
