@@ -130,20 +130,21 @@ def golden_rules(for_: str) -> list[Rule]:
     undo = ("Compare its setup with the golden set's (model path and revision, --dtype, --kv-cache-dtype, "
             "--quantization, vLLM version) and undo what changed; `python -m diagnostics golden watch` names the "
             "round it began in and what the server reports as changed.")
+    # The watch judged each round already: a drift stands for one round only, so its rule fires at once.
     return [
         Rule("TriageGoldenBroken", f'{g}status{{status=~"low agreement|broken"}} == 1', for_, "critical",
              f"Replica {who} no longer answers like the golden set ({{{{ $labels.status }}}})",
              "Its last quality-watch round was judged low agreement or broken against the golden set "
-             f"({{{{ $labels.golden }}}}) with the compare's bands. {undo}", "golden.agreement"),
-        Rule("TriageGoldenDrift", f"{g}drift == 1", for_, "warning",
+             f"({{{{ $labels.golden }}}}) with the compare's bands. {undo}", "fleet.quality_outlier"),
+        Rule("TriageGoldenDrift", f"{g}drift == 1", "0s", "warning",
              f"Replica {who}: its answers moved beyond the golden set's noise floor since its previous round",
              f"Same top token share or mean KLD changed by more than the noise floor between two rounds. {undo}",
-             "golden.agreement"),
-        Rule("TriageGoldenNoAnswer", f"{g}answered == 0", for_, "warning",
+             "fleet.quality_outlier"),
+        Rule("TriageGoldenNoAnswer", f'{g}status{{status="no answer"}} == 1', for_, "warning",
              f"Replica {who} did not answer the quality watch's last round",
              "The golden set's requests got no answer (refused, timed out or an error): its agreement is unknown, "
              "not fine. Look at the replica's liveness (fleet.stalled, vllm.liveness) and its log.",
-             "golden.agreement"),
+             "fleet.quality_outlier"),
     ]
 
 

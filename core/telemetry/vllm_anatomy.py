@@ -32,6 +32,9 @@ PREFILL_SLOW_S = 1.0
 # Requests in prefill at once on average (Little's law: finished requests/s x mean prefill time). At 0.8 or more the
 # engine spends nearly all its time prefilling, and a queue in front of it is a queue behind prefills, not for a slot.
 PREFILL_BUSY = 0.8
+# Queueing this share of TTFT or more, with prefill the rest of the majority and the engine busy prefilling, is a
+# queue behind prefills: below it the wait is the prefill itself, or the API server, not a queue.
+QUEUE_SHARE_BEHIND = 0.3
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,8 @@ def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, 
                                               "users up", numbers)
     if share >= PREFILL_SHARE_BOUND:
         return PrefillJudgement(True, False, said + busy, numbers)
-    if q_share is not None and q_share + share >= PREFILL_SHARE_BOUND and in_prefill is not None \
-            and in_prefill >= PREFILL_BUSY:
+    if q_share is not None and q_share >= QUEUE_SHARE_BEHIND and q_share + share >= PREFILL_SHARE_BOUND \
+            and in_prefill is not None and in_prefill >= PREFILL_BUSY:
         most = "" if q_share >= QUEUE_SHARE_SATURATED else " (with the prefill, most of it)"
         return PrefillJudgement(True, True, (f"queueing is {100 * q_share:.0f}% of the mean time to first token"
                                              f"{most}, behind other prompts' prefill ({said}{busy})"), numbers)

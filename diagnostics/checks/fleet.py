@@ -546,8 +546,9 @@ CHECKS = (
           f"KV cache stays under {100 * KV_ROOM:.0f}%, per replica, with requests waiting for capacity",
           decide_saturation),
     Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
-          "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or queueing is "
-          "while its finished requests/s x mean prefill keep 0.8+ requests in prefill at once", decide_prefill),
+          "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or queueing (30%+) "
+          "and prefill together are while its finished requests/s x mean prefill keep 0.8+ requests in prefill at "
+          "once", decide_prefill),
     Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
     Check("fleet.quality_outlier", "A replica answers unlike the golden set", Severity.HIGH,
           "the quality watch's last round per replica (triage_golden_status, _drift, _same_top_ratio): low agreement "

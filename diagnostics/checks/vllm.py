@@ -295,7 +295,8 @@ CHECKS = (
           "stays under 90%", decide_saturation),
     Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
           "mean prefill time (vllm:request_prefill_time_seconds) of a second or more is half or more of the mean "
-          "TTFT, or queueing is while the window's prefill seconds keep 0.8+ requests in prefill at once",
+          "TTFT, or queueing (30%+) and prefill together are while the window's prefill seconds keep 0.8+ requests in "
+          "prefill at once",
           decide_prefill),
     Check("vllm.liveness", "vLLM engine liveness", Severity.HIGH,
           "counters on /metrics move while requests are in flight, a 1-token canary gets its token, and on this "

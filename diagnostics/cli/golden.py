@@ -103,6 +103,9 @@ def _serve_metrics(args):
                          "another --metrics-port.") from None
     print(f"serving the watch's gauges on http://{args.metrics_host}:{args.metrics_port}/metrics", file=sys.stderr,
           flush=True)
+    if args.rounds:
+        print(f"note: the gauges go with the watch after its {args.rounds} round(s); --rounds 0 keeps serving them for "
+              "Prometheus", file=sys.stderr, flush=True)
     return gauges
 
 

@@ -256,3 +256,17 @@ def test_the_fleet_reads_the_gauges_by_the_names_the_watch_publishes():
     from core.fleet.fleet import GOLDEN
 
     assert GOLDEN == PREFIX  # two packages, one wire contract
+
+
+def test_fine_and_inconclusive_within_the_noise_are_no_drift(golden):
+    """A near-tie flipped on a small golden set moves a replica between fine and inconclusive with numbers inside the
+    noise: not a drift; the same move with numbers beyond it is one."""
+    from core.compare.golden.watch import drift
+
+    noise = Noise.of(golden)
+    a, b = judge(golden, replay_of("main")), judge(golden, replay_of("main"))
+    b.status = "inconclusive"
+    assert drift(a, b, noise) == ""
+    c = judge(golden, replay_of("second"))
+    c.status = "inconclusive"
+    assert "status fine -> inconclusive" in drift(a, c, noise)

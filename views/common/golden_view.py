@@ -77,8 +77,10 @@ def _record(base_url: str, api_key: str | None, prompts: int, new_tokens: int) -
 
     t0 = time.time()
     with st.spinner(f"Recording {prompts} prompts x {new_tokens} tokens from {base_url}, then replaying them there "
-                    "for the noise floor"), runs.stoppable(button="gold_stop"):
+                    "for the noise floor"), runs.stoppable(button="gold_stop") as control:
         golden = record(base_url, default_prompts()[:prompts], max_new_tokens=new_tokens, api_key=api_key)
+        if control.should_stop():  # a stop cuts the streams short: what came back is no golden set
+            raise Cancelled("Stopped on the page.")
     folder = settings().cache_dir / "golden"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{golden.model.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(t0))}.json"
@@ -90,10 +92,12 @@ def _record(base_url: str, api_key: str | None, prompts: int, new_tokens: int) -
 def _round(base_url: str, api_key: str | None, prompts: int) -> None:
     watch = ss.gold_watch
     watch.urls, watch.api_key = [base_url], api_key
+    last, number = dict(watch.last), watch.number
     with st.spinner(f"Round {watch.number + 1}: replaying {prompts} prompts on {base_url}"), \
             runs.stoppable(button="gold_round_stop") as control:
         rnd = watch.step()
         if control.should_stop():  # a stop closes the replay's streams: the replica did answer, it was cut short
+            watch.last, watch.number = last, number  # a cut round is no baseline for the next one's drift
             raise Cancelled("Stopped on the page.")
     rnd.record(ss.gold_source)
     ss.gold_round = rnd.to_dict()
@@ -105,10 +109,10 @@ def _upload() -> None:
         return
     try:
         _keep(GoldenSet.from_dict(json.loads(f.getvalue()), f.name), f.name)
+    except TriageError as exc:  # JSON, but no golden set this console reads (an InputError is a ValueError too)
+        ss.gold_error = str(exc)
     except (ValueError, UnicodeDecodeError) as exc:  # not JSON at all
         ss.gold_error = f"{f.name} could not be read as JSON ({exc}). Upload a file `golden record` wrote."
-    except TriageError as exc:
-        ss.gold_error = str(exc)
 
 
 def section(base_url: str, api_key: str | None) -> None:

@@ -61,6 +61,8 @@ def show(doc: dict, key: str) -> None:
     """The whole result: the best trial first, the command to copy, then every trial."""
     trials = doc.get("trials") or []
     best = doc.get("best")
+    if doc.get("stopped"):
+        st.warning(markdown_literal(doc["stopped"]))
     shown = trials[best] if best is not None and 0 <= best < len(trials) else trials[0] if trials else {}
     if doc.get("summary") != (shown.get("verdict") or {}).get("headline"):  # the trial's verdict box says it already
         st.markdown(f"**{markdown_literal(doc.get('summary', ''))}**")

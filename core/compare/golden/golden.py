@@ -104,7 +104,7 @@ class GoldenSet:
 
     @classmethod
     def load(cls, path: str | Path) -> "GoldenSet":
-        p = Path(path)
+        p = Path(path).expanduser()  # the pages show paths under the home directory as ~/...
         try:
             data = json.loads(p.read_text())
         except FileNotFoundError:
