@@ -74,7 +74,7 @@ def _evidence(steps: list["Step"], judged: "Step") -> dict:
 
 def _prefill_rule(first: "Step", judged: "Step") -> tuple[str, dict] | None:
     pj = prefill_judgement(judged.server_mean("queue"), judged.server_mean("prefill"), judged.server_mean("ttft"),
-                           judged.achieved_rps)
+                           judged.achieved_rps, decode_mean_s=judged.server_mean("decode"))
     pf0, pf1 = first.server_mean("prefill"), judged.server_mean("prefill")
     lone = first.server_mean("ttft")
     lone_share = pf0 / lone if pf0 is not None and lone else None

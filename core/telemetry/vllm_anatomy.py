@@ -32,8 +32,14 @@ PREFILL_SLOW_S = 1.0
 # Requests in prefill at once on average (Little's law: finished requests/s x mean prefill time). At 0.8 or more the
 # engine spends nearly all its time prefilling, and a queue in front of it is a queue behind prefills, not for a slot.
 PREFILL_BUSY = 0.8
-# Queueing this share of TTFT or more, with prefill the rest of the majority and the engine busy prefilling, is a
-# queue behind prefills: below it the wait is the prefill itself, or the API server, not a queue.
+# Of a request's time in the engine (prefill + decode), prefill at least this share: the running batch is mostly prompt
+# work. Requests in prefill at once alone grows with the slots: four slots of 64-token prompts and 16 new tokens kept
+# 0.9 in prefill at once while prefill was 23% of their time in the engine, and eight slots served 27% more (1.52 ->
+# 1.93 req/s at 16 clients; the remedy recording, 2-core EPYC, 2026-12-06): where decode is most of the work, more
+# slots help, and the queue is for a slot.
+PREFILL_OF_ENGINE_TIME = 0.4
+# Waiting this share of TTFT or more outside a request's own prefill (queued, or before the queue while a step runs),
+# with the engine busy prefilling, is a wait behind prefills: below it the wait is the prefill itself.
 QUEUE_SHARE_BEHIND = 0.3
 
 
@@ -133,15 +139,26 @@ def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
         notes=tuple(notes))
 
 
+def busy_prefilling(in_prefill: float | None, prefill_mean_s: float | None, decode_mean_s: float | None) -> bool:
+    """The engine works on prompts nearly all the time: requests in prefill at once (Little's law) at PREFILL_BUSY or
+    more, and prefill PREFILL_OF_ENGINE_TIME or more of a request's time in the engine (where this vLLM exports no
+    decode histogram, the first alone)."""
+    if in_prefill is None or in_prefill < PREFILL_BUSY:
+        return False
+    if prefill_mean_s is None or decode_mean_s is None or prefill_mean_s + decode_mean_s <= 0:
+        return True
+    return prefill_mean_s / (prefill_mean_s + decode_mean_s) >= PREFILL_OF_ENGINE_TIME
+
+
 def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | None,
-                      kv_cache_usage: float | None, in_prefill: float | None = None) -> str | None:
+                      kv_cache_usage: float | None, behind_prefills: bool = False) -> str | None:
     """Why a server (or replica) is capacity-bound, in one sentence, or None: queueing dominates TTFT and requests
     wait for a scheduling slot while the KV cache has room (so memory is not what holds them) and the engine is not
-    busy prefilling (`in_prefill`, requests in prefill at once: then they queue behind prefills, prefill_judgement's
+    busy prefilling (`behind_prefills`, busy_prefilling's answer: then they queue behind prefills, prefill_judgement's
     case)."""
     if queue_share_ttft is None or queue_share_ttft < QUEUE_SHARE_SATURATED:
         return None
-    if in_prefill is not None and in_prefill >= PREFILL_BUSY:
+    if behind_prefills:
         return None
     if kv_cache_usage is not None and kv_cache_usage >= KV_ROOM:
         return None
@@ -164,37 +181,48 @@ class PrefillJudgement:
 
 
 def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, ttft_mean_s: float | None,
-                      finished_per_s: float | None) -> PrefillJudgement | None:
+                      finished_per_s: float | None, *, decode_mean_s: float | None) -> PrefillJudgement | None:
     """Is this server (or replica) prefill-bound over a window? From exact means (_sum/_count) and the rate of
     finished requests; None where a mean is missing. Pure: the checklist, the sweep and the Fleet share it.
 
-    Bound when prefill holds most of the mean TTFT, or when queueing does, or queueing and prefill together do,
-    while requests are in prefill nearly all the time (they wait behind other prompts' prefill, not for a free slot,
-    however short each prefill is); never for a mean TTFT under PREFILL_SLOW_S. The together case: two slots shared
-    by three clients of long prompts split TTFT about evenly between the queue and the prefill (45% and 48% on a
-    2-core Xeon, 2026-12-07), and neither alone is a majority, but a larger --max-num-seqs would only share the same
-    prefill budget: prefill is what holds them up."""
+    Bound when prefill holds most of the mean TTFT, or when requests wait a good share of it outside their own prefill
+    while the engine is busy prefilling (busy_prefilling: they wait behind other prompts' prefill, not for a free slot,
+    however short each prefill is); never for a mean TTFT under PREFILL_SLOW_S. The wait counts the queue and the time
+    before the engine queued the request: the engine takes new requests only between steps, so one that arrives while
+    a step of long prompt chunks runs waits for it to end before its queue time starts (on a 2-core AVX2 EPYC running
+    FP32, 256-token steps of seconds: 46% prefill, under 30% queue and the rest before the queue, 2026-12-07). Two
+    slots shared by three clients of long prompts split TTFT about evenly between waiting and prefill, neither alone a
+    majority, but a larger --max-num-seqs would only share the same prefill budget: prefill is what holds them up."""
     if prefill_mean_s is None or not ttft_mean_s:
         return None
     share = prefill_mean_s / ttft_mean_s
+    wait_share = max(0.0, 1.0 - share)
     q_share = None if queue_mean_s is None else queue_mean_s / ttft_mean_s
     in_prefill = None if finished_per_s is None else finished_per_s * prefill_mean_s
+    of_engine = None if decode_mean_s is None or prefill_mean_s + decode_mean_s <= 0 else \
+        prefill_mean_s / (prefill_mean_s + decode_mean_s)
     numbers = {"prefill_mean_s": prefill_mean_s, "ttft_mean_s": ttft_mean_s, "queue_mean_s": queue_mean_s,
-               "prefill_share_ttft": share, "queue_share_ttft": q_share, "in_prefill": in_prefill}
+               "decode_mean_s": decode_mean_s, "prefill_share_ttft": share, "queue_share_ttft": q_share,
+               "wait_share_ttft": wait_share, "in_prefill": in_prefill, "prefill_share_engine": of_engine}
     said = (f"prefill is {100 * share:.0f}% of the mean time to first token ({prefill_mean_s:.2f} s of "
             f"{ttft_mean_s:.2f} s)")
     busy = "" if in_prefill is None else (f"; {finished_per_s:.2f} finished req/s x {prefill_mean_s:.2f} s of prefill "
                                           f"= {in_prefill:.1f} request(s) in prefill at once on average")
+    if of_engine is not None:
+        busy += f", prefill {100 * of_engine:.0f}% of a request's time in the engine (decode {decode_mean_s:.2f} s)"
     if ttft_mean_s < PREFILL_SLOW_S:
         return PrefillJudgement(False, False, f"{said}: a first token in under {PREFILL_SLOW_S:g} s does not hold "
                                               "users up", numbers)
     if share >= PREFILL_SHARE_BOUND:
         return PrefillJudgement(True, False, said + busy, numbers)
-    if q_share is not None and q_share >= QUEUE_SHARE_BEHIND and q_share + share >= PREFILL_SHARE_BOUND \
-            and in_prefill is not None and in_prefill >= PREFILL_BUSY:
-        most = "" if q_share >= QUEUE_SHARE_SATURATED else " (with the prefill, most of it)"
-        return PrefillJudgement(True, True, (f"queueing is {100 * q_share:.0f}% of the mean time to first token"
-                                             f"{most}, behind other prompts' prefill ({said}{busy})"), numbers)
+    if wait_share >= QUEUE_SHARE_BEHIND and busy_prefilling(in_prefill, prefill_mean_s, decode_mean_s):
+        parts = "" if q_share is None else (f" (queued {100 * q_share:.0f}%, before the queue "
+                                            f"{100 * max(0.0, wait_share - q_share):.0f}%: the API server's own time and "
+                                            "the rest of the engine step running when it came, as the engine takes "
+                                            "new requests only between steps)")
+        return PrefillJudgement(True, True, (f"requests wait {100 * wait_share:.0f}% of the mean time to first token "
+                                             f"outside their own prefill{parts}, behind other prompts' prefill "
+                                             f"({said}{busy})"), numbers)
     return PrefillJudgement(False, False, said + busy, numbers)
 
 

@@ -377,19 +377,19 @@ def decide_prefill(snap: FleetSnapshot) -> Outcome:
     means over the window and its finished requests per second."""
     judged = [(r, pj) for r in snap.replicas if (pj := prefill_judgement(
         r.values.get("queue_mean_s"), r.values.get("prefill_mean_s"), r.values.get("ttft_mean_s"),
-        r.values.get("finished_s"))) is not None]
+        r.values.get("finished_s"), decode_mean_s=r.values.get("decode_mean_s"))) is not None]
     if not judged:
         if not snap.names.get("prefill"):
             return skip("prefill's share of TTFT: no vllm:request_prefill_time_seconds series under this selector "
                         "(vLLM before 0.6 has no per-phase histograms)")
         return skip(f"prefill: no replica finished a request in {snap.over()}")
     bound = [(r, pj) for r, pj in judged if pj.bound]
-    cols = ("prefill_mean_s", "ttft_mean_s", "queue_mean_s", "finished_s")
+    cols = ("prefill_mean_s", "ttft_mean_s", "queue_mean_s", "decode_mean_s", "finished_s")
     ev = _evidence(snap, [r for r, _ in bound] or [r for r, _ in judged], cols)
     # The fleet's Prometheus does not say which flags each replica runs with: the remedies are all named, and the
     # single-server check (run --vllm-url on that replica) leaves out those already in force.
     text = " ".join(x["text"] for x in remedies("prefill-bound", Facts(prefill_lone_s=None), ServerConfig()))
-    found = " | ".join(f"{r.name}: {'requests queue behind prefills, ' if pj.queued_behind else ''}{pj.reason}"
+    found = " | ".join(f"{r.name}: {'requests wait behind prefills, ' if pj.queued_behind else ''}{pj.reason}"
                        for r, pj in bound[:SHOW]) + (f" | and {len(bound) - SHOW} more" if len(bound) > SHOW else "")
     return _verdict(
         bound, warn, found=f"Prefill-bound (prompts hold up the first token): {found}.",

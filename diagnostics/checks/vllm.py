@@ -217,7 +217,7 @@ def _load_waiting(ctx: CheckContext, snaps, trips: list) -> tuple[float | None, 
 
 def decide_saturation(ctx: CheckContext) -> Outcome:
     """Requests wait for a scheduling slot while the KV cache has room: the anatomy of the window's requests."""
-    from core.telemetry.vllm_anatomy import (KV_ROOM, PREFILL_BUSY, QUEUE_SHARE_SATURATED, SATURATION_REMEDY,
+    from core.telemetry.vllm_anatomy import (KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, busy_prefilling,
                                              saturation_reason)
 
     got, out = _window_anatomy(ctx)
@@ -231,7 +231,8 @@ def decide_saturation(ctx: CheckContext) -> Outcome:
     if in_gauge:
         evidence.update(waiting_for_capacity_gauge_at_peak=gauge, console_canaries_in_gauge_at_peak=in_gauge)
     in_prefill = _in_prefill(a)
-    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak, in_prefill=in_prefill)
+    behind = busy_prefilling(in_prefill, a.mean("prefill"), a.mean("decode"))
+    why = saturation_reason(a.queue_share_ttft, waiting, kv_peak, behind_prefills=behind)
     over = f"over {a.requests:.0f} request(s){_canary_words(acc, a.requests)}"
     if why:
         if in_gauge and waiting:
@@ -243,9 +244,10 @@ def decide_saturation(ctx: CheckContext) -> Outcome:
     share = a.queue_share_ttft
     said = "N/A" if share is None else f"{100 * share:.0f}%"
     head = f"Queueing is {said} of the mean time to first token {over}"
-    if share is not None and share >= QUEUE_SHARE_SATURATED and in_prefill is not None and in_prefill >= PREFILL_BUSY:
+    if share is not None and share >= QUEUE_SHARE_SATURATED and behind:
         return passed(f"{head}, but not for a slot: the engine prefills nearly all the time ({in_prefill:.1f} "
-                      "request(s) in prefill at once on average), so requests wait behind other prompts' prefill. "
+                      "request(s) in prefill at once on average, most of their time in the engine), so requests wait "
+                      "behind other prompts' prefill. "
                       "That is vllm.prefill's finding.", evidence=evidence)
     if share is not None and share >= QUEUE_SHARE_SATURATED and kv_peak is not None and kv_peak >= KV_ROOM:
         return passed(f"{head}, but not for a slot: the KV cache peaked at {100 * kv_peak:.0f}%, so requests wait "
@@ -267,7 +269,7 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
     acc = _canary_account(ctx, snaps)
     evidence = {**_anatomy_evidence(a, snaps, acc), "in_prefill": _in_prefill(a)}
     pj = prefill_judgement(a.mean("queue"), a.mean("prefill"), a.mean("ttft"),
-                           a.requests / a.window_s if a.window_s > 0 else None)
+                           a.requests / a.window_s if a.window_s > 0 else None, decode_mean_s=a.mean("decode"))
     if pj is None:
         return skip("prefill's share of TTFT: this vLLM exports no prefill or TTFT histogram")
     over = f"over {a.requests:.0f} request(s){_canary_words(acc, a.requests)}"
@@ -278,7 +280,7 @@ def decide_prefill(ctx: CheckContext) -> Outcome:
     evidence["remedy_flags"] = [r["flags"] for r in rem if r["flags"]]
     text = " ".join(r["text"] for r in rem) + (" `python -m diagnostics sweep --url URL --prompt-tokens N` measures "
                                                "it at growing load.")
-    head = "Requests queue behind prefills" if pj.queued_behind else "Prefill-bound"
+    head = "Requests wait behind prefills" if pj.queued_behind else "Prefill-bound"
     return warn(f"{head} {over}: {pj.reason}.", text, evidence=evidence)
 
 
@@ -295,8 +297,9 @@ CHECKS = (
           "stays under 90%", decide_saturation),
     Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
           "mean prefill time (vllm:request_prefill_time_seconds) of a second or more is half or more of the mean "
-          "TTFT, or queueing (30%+) and prefill together are while the window's prefill seconds keep 0.8+ requests in "
-          "prefill at once",
+          "TTFT, or requests wait 30%+ of it outside their own prefill (queued, or before the queue while a step runs) "
+          "while the window's prefill seconds keep 0.8+ requests in prefill at once and prefill is 40%+ of their time "
+          "in the engine",
           decide_prefill),
     Check("vllm.liveness", "vLLM engine liveness", Severity.HIGH,
           "counters on /metrics move while requests are in flight, a 1-token canary gets its token, and on this "

@@ -165,29 +165,44 @@ def test_remedies_never_propose_what_is_in_force_and_cap_by_the_kv_cache():
 
 
 def test_a_prefill_judgement_is_pure_and_shared():
-    from core.telemetry.vllm_anatomy import prefill_judgement
+    from core.telemetry.vllm_anatomy import busy_prefilling, prefill_judgement
 
-    lone = prefill_judgement(0.0, 4.4, 4.9, 0.2)
+    def judge(queue, prefill, ttft, rate, decode=0.1):
+        return prefill_judgement(queue, prefill, ttft, rate, decode_mean_s=decode)
+
+    lone = judge(0.0, 4.4, 4.9, 0.2)
     assert lone.bound and not lone.queued_behind and "90% of the mean time to first token" in lone.reason
-    behind = prefill_judgement(11.0, 4.7, 16.0, 0.21)
+    behind = judge(11.0, 4.7, 16.0, 0.21)
     assert behind.bound and behind.queued_behind and "behind other prompts' prefill" in behind.reason
-    assert not prefill_judgement(0.8, 0.1, 0.95, 1.9).bound  # short prompts queued for a slot: capacity's case
-    assert not prefill_judgement(0.0, 0.3, 0.35, 3.0).bound  # most of TTFT but too short to matter
+    assert not judge(0.8, 0.1, 0.95, 1.9).bound  # short prompts queued for a slot: capacity's case
+    assert not judge(0.0, 0.3, 0.35, 3.0).bound  # most of TTFT but too short to matter
     # The line is on the user's wait: 0.6 s prefills, each under a second, that keep the engine prefilling (1.5 req/s x
     # 0.6 s = 0.9 in prefill at once) and hold a 2.1 s TTFT in the queue are prefill-bound; the same shares with a
     # 0.9 s TTFT are not (nobody waits); the same wait with the engine mostly decoding is a queue for a slot.
-    short = prefill_judgement(1.5, 0.6, 2.1, 1.5)
+    short = judge(1.5, 0.6, 2.1, 1.5)
     assert short.bound and short.queued_behind, short.reason
-    assert not prefill_judgement(0.6, 0.25, 0.9, 3.6).bound
-    assert not prefill_judgement(1.5, 0.6, 2.1, 0.5).bound
+    assert not judge(0.6, 0.25, 0.9, 3.6).bound
+    assert not judge(1.5, 0.6, 2.1, 0.5).bound
     # Neither queue nor prefill a majority, together most of TTFT, the engine prefilling 0.9 of the time (three
     # clients of 512-token prompts on two slots of a slow CPU, measured): they queue behind prefills
-    even = prefill_judgement(4.8, 4.47, 9.96, 0.2)
-    assert even.bound and even.queued_behind and "(with the prefill, most of it), behind other prompts' prefill" in \
-        even.reason, even.reason
-    assert not prefill_judgement(4.8, 4.47, 9.96, 0.1).bound  # the same split with the engine idle half the time
-    assert prefill_judgement(None, None, 1.0, 1.0) is None
-    assert saturation_reason(0.7, 3, 0.05, in_prefill=0.99) is None  # they queue behind prefills, not for a slot
+    even = judge(4.8, 4.47, 9.96, 0.2)
+    assert even.bound and even.queued_behind and "requests wait 55% of the mean time to first token outside their " \
+        "own prefill (queued 48%, before the queue 7%" in even.reason, even.reason
+    assert not judge(4.8, 4.47, 9.96, 0.1).bound  # the same split with the engine idle half the time
+    # Most of the wait before the queue: on a slow CPU each step of 256-token chunks takes seconds, and a request that
+    # arrives during one is queued only when it ends (measured: 46% prefill, 3.92 s of 8.58 s, 0.9 in prefill at once)
+    mid_step = judge(1.5, 3.92, 8.58, 0.24, decode=0.4)
+    assert mid_step.bound and mid_step.queued_behind and "before the queue 37%" in mid_step.reason, mid_step.reason
+    assert not judge(1.5, 3.92, 8.58, 0.1).bound  # the same wait with the engine mostly idle
+    # Four slots of 64-token prompts and 16 new tokens (the remedy recording's --max-num-seqs 4 try at 16 clients):
+    # 0.9 requests in prefill at once only because four run at once; prefill is 23% of their time in the engine, and
+    # eight slots served 27% more. A queue for a slot, not behind prefills.
+    slots = judge(5.60, 0.60, 6.63, 1.52, decode=1.99)
+    assert not slots.bound and "prefill 23% of a request's time in the engine" in slots.reason, slots.reason
+    assert not busy_prefilling(0.92, 0.60, 1.99) and busy_prefilling(0.92, 0.60, None)
+    assert prefill_judgement(None, None, 1.0, 1.0, decode_mean_s=None) is None
+    assert saturation_reason(0.7, 3, 0.05, behind_prefills=True) is None  # they queue behind prefills, not for a slot
+    assert saturation_reason(0.84, 3, 0.05, behind_prefills=busy_prefilling(0.92, 0.60, 1.99))
 
 
 def test_client_quantiles_carry_their_count_and_a_bootstrap_interval():
