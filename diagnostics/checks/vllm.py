@@ -160,13 +160,15 @@ def _canary_account(ctx: CheckContext, snaps) -> dict:
     """The console's own canaries against the window's two end scrapes: the server counts each one it finished like
     any request, and none that timed out (it aborted those). A scrape is read by the server up to the slowest
     /metrics answer after it was sent, so a canary near an end may or may not be in the window: `at_most` counts
-    those, `surely` does not."""
+    those, `surely` does not. `sent` counts the canaries in flight at some time in the window, which takes in one sent
+    before the window opened and answered inside it (on a server busy with long prompts a canary waits seconds)."""
     from core.deployment.liveness import canaries_finished_in, canary_trips
 
     trips = canary_trips(ctx.vllm_liveness)
     t0, t1 = snaps[0].t, snaps[-1].t
-    surely, at_most = canaries_finished_in(trips, t0, t1, ctx.vllm_slowest_answer_s or 0.0)
-    sent = [c for c in trips if t0 <= c.sent_t <= t1]
+    answer_s = ctx.vllm_slowest_answer_s or 0.0
+    surely, at_most = canaries_finished_in(trips, t0, t1, answer_s)
+    sent = [c for c in trips if c.end_t > t0 and c.sent_t < t1 + answer_s]
     return {"trips": trips, "sent": len(sent), "no_token": sum(not c.finished for c in sent), "surely": surely,
             "at_most": at_most}
 
