@@ -15,8 +15,8 @@ from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
 from core.deployment.remedies import Facts, remedies
 from core.deployment.server_config import ServerConfig
-from core.telemetry.vllm_anatomy import (KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, prefill_judgement,
-                                         saturation_reason)
+from core.telemetry.vllm_anatomy import (KV_ROOM, QUEUE_SHARE_SATURATED, SATURATION_REMEDY, busy_prefilling,
+                                         prefill_judgement, saturation_reason)
 from diagnostics.checks.vllm import KV_FULL, KV_HIGH
 from diagnostics.findings import Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -351,25 +351,37 @@ def decide_saturation(snap: FleetSnapshot) -> Outcome:
                         "has no per-phase histograms); the share of TTFT spent queueing is unknown")
         return skip(f"queueing: no replica finished a request in {snap.over()}")
     flagged: dict[str, str] = {}
+    elsewhere: dict[str, str] = {}  # queueing 50%+ of TTFT, but not for a slot: another check's case
     for r in rows:
-        kv = r.values.get("kv_peak", r.values.get("kv"))
-        why = saturation_reason(r.values["queue_share_ttft"], r.values.get("waiting_capacity"), kv)
+        v = r.values
+        kv = v.get("kv_peak", v.get("kv"))
+        in_prefill = None if v.get("finished_s") is None or v.get("prefill_mean_s") is None else \
+            v["finished_s"] * v["prefill_mean_s"]
+        behind = busy_prefilling(in_prefill, v.get("prefill_mean_s"), v.get("decode_mean_s"))
+        why = saturation_reason(v["queue_share_ttft"], v.get("waiting_capacity"), kv, behind_prefills=behind)
         if why:
-            flagged[r.name] = (f"{r.name}: mean queue time {fmt_s(r.values.get('queue_mean_s'))} of "
-                               f"{fmt_s(r.values.get('ttft_mean_s'))} mean TTFT; {why}")
+            flagged[r.name] = (f"{r.name}: mean queue time {fmt_s(v.get('queue_mean_s'))} of "
+                               f"{fmt_s(v.get('ttft_mean_s'))} mean TTFT; {why}")
+        elif v["queue_share_ttft"] >= QUEUE_SHARE_SATURATED:
+            elsewhere[r.name] = (f"{r.name} queues {100 * v['queue_share_ttft']:.0f}% of its mean TTFT behind "
+                                 "prefills (vllm.prefill)" if behind else
+                                 f"{r.name} queues {100 * v['queue_share_ttft']:.0f}% of its mean TTFT with its KV "
+                                 "cache full (vllm.kv_pressure)")
     bad = [r for r in rows if r.name in flagged]
     cols = ("queue_mean_s", "ttft_mean_s", "queue_share_ttft", "waiting_capacity", "kv_peak")
     ev = _evidence(snap, bad or rows, cols)
     ev.update(queue_share_saturated=QUEUE_SHARE_SATURATED, kv_room=KV_ROOM)
     top = max(rows, key=lambda r: r.values["queue_share_ttft"])
+    clean = (f"Queueing under {100 * QUEUE_SHARE_SATURATED:.0f}% of the mean TTFT on all {len(rows)} replicas with "
+             f"requests in {snap.over()} (highest: {top.name}, {100 * top.values['queue_share_ttft']:.0f}%).")
+    if elsewhere:
+        clean = (f"No replica waits for a slot in {snap.over()} ({len(rows)} with requests): "
+                 + "; ".join(elsewhere.values()) + ".")
     return _verdict(
         bad, fail, found="Capacity-bound (requests wait for a slot while the KV cache has room): "
                          + " | ".join(flagged[r.name] for r in bad[:SHOW])
                          + (f" | and {len(bad) - SHOW} more" if len(bad) > SHOW else ""),
-        remedy=SATURATION_REMEDY,
-        clean=f"Queueing under {100 * QUEUE_SHARE_SATURATED:.0f}% of the mean TTFT on all {len(rows)} replicas with "
-              f"requests in {snap.over()} (highest: {top.name}, "
-              f"{100 * top.values['queue_share_ttft']:.0f}%).", evidence=ev)
+        remedy=SATURATION_REMEDY, clean=clean, evidence=ev)
 
 
 def decide_prefill(snap: FleetSnapshot) -> Outcome:
@@ -546,9 +558,9 @@ CHECKS = (
           f"KV cache stays under {100 * KV_ROOM:.0f}%, per replica, with requests waiting for capacity",
           decide_saturation),
     Check("vllm.prefill", "vLLM prefill-bound (prompts hold up the first token)", Severity.MEDIUM,
-          "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or queueing (30%+) "
-          "and prefill together are while its finished requests/s x mean prefill keep 0.8+ requests in prefill at "
-          "once", decide_prefill),
+          "per replica: mean prefill time of a second or more is half or more of the mean TTFT, or requests wait 30%+ "
+          "of it outside their own prefill while its finished requests/s x mean prefill keep 0.8+ requests in "
+          "prefill at once and prefill is 40%+ of their time in the engine", decide_prefill),
     Check("fleet.xid", "GPU XID errors", Severity.HIGH, "max_over_time(DCGM_FI_DEV_XID_ERRORS) > 0", decide_xid),
     Check("fleet.quality_outlier", "A replica answers unlike the golden set", Severity.HIGH,
           "the quality watch's last round per replica (triage_golden_status, _drift, _same_top_ratio): low agreement "

@@ -245,6 +245,18 @@ def test_saturation_flags_queueing_with_room_in_the_kv_cache_per_replica():
     assert {f.check_id: f for f in evaluate(calm, CHECKS)}["fleet.saturation"].status.value == "PASS"
     old = {f.check_id: f for f in evaluate(_snap([_replica("r0")]), CHECKS)}["fleet.saturation"]
     assert old.status.value == "SKIP" and "vllm:request_queue_time_seconds" in old.verdict
+    # Queueing 50%+ but not for a slot, on every replica: the pass says where each one waits, never "under 50%"
+    names = {"queue": "vllm:request_queue_time_seconds"}
+    behind = _anatomy("long-prompts", 0.6, finished_s=1.2, prefill_mean_s=0.75, decode_mean_s=0.25)
+    others = {f.check_id: f for f in evaluate(_snap([_anatomy("full", 0.9, kv=0.97), behind], names=names), CHECKS)}
+    assert others["fleet.saturation"].status.value == "PASS", others["fleet.saturation"].verdict
+    assert "full queues 90% of its mean TTFT with its KV cache full (vllm.kv_pressure)" in \
+        others["fleet.saturation"].verdict and "long-prompts queues 60% of its mean TTFT behind prefills" in \
+        others["fleet.saturation"].verdict and "under 50%" not in others["fleet.saturation"].verdict
+    # the same queue share where decode is most of a request's time in the engine: a queue for a slot
+    slots = _anatomy("short-prompts", 0.6, finished_s=1.5, prefill_mean_s=0.6, decode_mean_s=2.0)
+    assert {f.check_id: f for f in evaluate(_snap([slots], names=names), CHECKS)}["fleet.saturation"].status.value \
+        == "FAIL"
 
 
 def test_two_replicas_are_compared_with_each_other():
