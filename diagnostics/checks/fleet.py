@@ -401,7 +401,7 @@ def decide_prefill(snap: FleetSnapshot) -> Outcome:
     # The fleet's Prometheus does not say which flags each replica runs with: the remedies are all named, and the
     # single-server check (run --vllm-url on that replica) leaves out those already in force.
     text = " ".join(x["text"] for x in remedies("prefill-bound", Facts(prefill_lone_s=None), ServerConfig()))
-    found = " | ".join(f"{r.name}: {'requests wait behind prefills, ' if pj.queued_behind else ''}{pj.reason}"
+    found = " | ".join(f"{r.name}: {pj.reason}"  # a wait behind prefills says so itself
                        for r, pj in bound[:SHOW]) + (f" | and {len(bound) - SHOW} more" if len(bound) > SHOW else "")
     return _verdict(
         bound, warn, found=f"Prefill-bound (prompts hold up the first token): {found}.",
