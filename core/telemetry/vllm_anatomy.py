@@ -139,15 +139,21 @@ def anatomy(before: VllmSnapshot, after: VllmSnapshot) -> Anatomy:
         notes=tuple(notes))
 
 
+def prefill_share_of_engine(prefill_mean_s: float | None, decode_mean_s: float | None) -> float | None:
+    """Prefill's share of a request's time in the engine (prefill + decode); None where either mean is missing."""
+    if prefill_mean_s is None or decode_mean_s is None or prefill_mean_s + decode_mean_s <= 0:
+        return None
+    return prefill_mean_s / (prefill_mean_s + decode_mean_s)
+
+
 def busy_prefilling(in_prefill: float | None, prefill_mean_s: float | None, decode_mean_s: float | None) -> bool:
     """The engine works on prompts nearly all the time: requests in prefill at once (Little's law) at PREFILL_BUSY or
     more, and prefill PREFILL_OF_ENGINE_TIME or more of a request's time in the engine (where this vLLM exports no
     decode histogram, the first alone)."""
     if in_prefill is None or in_prefill < PREFILL_BUSY:
         return False
-    if prefill_mean_s is None or decode_mean_s is None or prefill_mean_s + decode_mean_s <= 0:
-        return True
-    return prefill_mean_s / (prefill_mean_s + decode_mean_s) >= PREFILL_OF_ENGINE_TIME
+    of_engine = prefill_share_of_engine(prefill_mean_s, decode_mean_s)
+    return of_engine is None or of_engine >= PREFILL_OF_ENGINE_TIME
 
 
 def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | None,
@@ -199,8 +205,7 @@ def prefill_judgement(queue_mean_s: float | None, prefill_mean_s: float | None, 
     wait_share = max(0.0, 1.0 - share)
     q_share = None if queue_mean_s is None else queue_mean_s / ttft_mean_s
     in_prefill = None if finished_per_s is None else finished_per_s * prefill_mean_s
-    of_engine = None if decode_mean_s is None or prefill_mean_s + decode_mean_s <= 0 else \
-        prefill_mean_s / (prefill_mean_s + decode_mean_s)
+    of_engine = prefill_share_of_engine(prefill_mean_s, decode_mean_s)
     numbers = {"prefill_mean_s": prefill_mean_s, "ttft_mean_s": ttft_mean_s, "queue_mean_s": queue_mean_s,
                "decode_mean_s": decode_mean_s, "prefill_share_ttft": share, "queue_share_ttft": q_share,
                "wait_share_ttft": wait_share, "in_prefill": in_prefill, "prefill_share_engine": of_engine}
