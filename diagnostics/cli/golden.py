@@ -112,6 +112,7 @@ def _serve_metrics(args):
 def run_watch(args) -> int:
     from core.compare.golden.golden import GoldenSet
     from core.compare.golden.watch import Watch, replica_line, threshold_line
+    from core.fmt import fmt_utc
 
     golden = GoldenSet.load(args.golden)
     if args.rounds < 0 or args.every < 0:
@@ -127,7 +128,7 @@ def run_watch(args) -> int:
         if args.json:
             print(json.dumps({**rnd.to_dict(), "history_id": saved}), flush=True)
             continue
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rnd.started_at))
+        when = fmt_utc(rnd.started_at)
         print(f"round {rnd.number} ({when}): {len(golden.prompts)} golden prompts of {golden.model}")
         for r in rnd.replicas:
             print("  " + replica_line(r))

@@ -427,3 +427,28 @@ def test_a_prefill_bound_replica_is_named_per_replica():
                                          CHECKS)}["vllm.prefill"]
     assert f.status.value == "WARN" and f.verdict.startswith("Prefill-bound") and "long: prefill is 90%" in f.verdict
     assert "short" not in f.verdict and f.remedy and f.evidence["long prefill_mean_s"] == 4.35
+
+
+def test_two_golden_sets_watching_one_replica_are_read_apart_and_the_worst_is_shown():
+    """Two watches of one replica (two golden sets): their series are never mixed into one row; the replica shows
+    the one that needs a look, with its own numbers, and says there are two."""
+    from core.fleet.fleet import _golden
+    from core.fleet.table import golden_cell
+
+    class Answers:
+        def query(self, promql, at=None):
+            out = []
+            for golden, status, same, drift in (("chat.json", "fine", 0.998, 0.0), ("code.json", "low agreement",
+                                                                                      0.81, 1.0)):
+                lab = {"replica": "http://10.0.0.7:8000/", "golden": golden, "instance": "127.0.0.1:9400"}
+                out += [Sample({**lab, "__name__": "triage_golden_status", "status": s}, float(s == status))
+                        for s in ("fine", "low agreement")]
+                out += [Sample({**lab, "__name__": "triage_golden_same_top_ratio"}, same),
+                        Sample({**lab, "__name__": "triage_golden_drift"}, drift)]
+            return out if promql.startswith('{__name__=~"triage_golden_(') else []
+
+    a = Replica("a", ["10.0.0.7:8000"], True)
+    _golden(Answers(), [a], 0.0)
+    assert a.golden == {"golden": "code.json", "status": "low agreement", "same_top_ratio": 0.81, "drift": 1.0,
+                        "watches": 2}
+    assert golden_cell(a) == "drift: low agreement, 81.0% same top (the worst of 2 golden sets or watches)"

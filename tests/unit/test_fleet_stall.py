@@ -201,3 +201,48 @@ def test_a_replica_younger_than_the_stall_window_is_too_young_to_judge_never_idl
     assert "1 of 3 made progress, 1 had no requests in flight, new too young to judge (first seen 50 s ago" in \
         f.verdict, f.verdict
     assert f.evidence["too_young_s"] == {"new": 50}
+
+
+def _rendered(text: str, labels: dict[str, str]) -> str:
+    """An annotation as Prometheus renders it for these labels (the golden rules use `$labels.X` only)."""
+    for k, v in labels.items():
+        text = text.replace(f"{{{{ $labels.{k} }}}}", v)
+    return text
+
+
+@pytest.mark.parametrize("selector", ["", '{job="vllm"}'])
+def test_the_quality_watch_rules_keep_to_the_fleets_replicas_in_promtool(tmp_path, selector):
+    """One watch exports a broken round for two replicas, one of this fleet (job vllm) and one of another job's:
+    Prometheus's own rule engine (`promtool test rules`) fires TriageGoldenBroken for the fleet's replica only when the
+    rules were written for the fleet's selector, and for both without one."""
+    promtool = shutil.which("promtool") or str(Path(promstack.PROMETHEUS).with_name("promtool"))
+    if not Path(promtool).exists():
+        pytest.fail(f"no promtool beside {promstack.PROMETHEUS} (scripts/setup.sh --dev installs Debian's prometheus)")
+    rules = [r for r in fleet_rules.alert_rules(NATIVE, selector, "instance", "2m", for_="0s")
+             if r.alert == "TriageGoldenBroken"]
+    (tmp_path / "rules.yml").write_text(fleet_rules.rules_yaml(rules, "test"))
+    ours, theirs = "10.0.0.1:8000", "10.0.0.9:8000"
+    watch = {"job": "golden-watch", "instance": "127.0.0.1:9400", "golden": "gold.json", "status": "broken"}
+
+    def series(name: str, labels: dict[str, str]) -> dict:
+        return {"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "values": "1x20"}
+
+    def expected(replica: str) -> dict:
+        labels = {**watch, "replica": f"http://{replica}/", "severity": "critical",
+                  "triage_check": "fleet.quality_outlier", **({"replica_instance": replica} if selector else {})}
+        return {"exp_labels": labels, "exp_annotations": {"summary": _rendered(rules[0].summary, labels),
+                                                          "description": _rendered(rules[0].description, labels)}}
+
+    firing = [ours] if selector else [ours, theirs]
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [series("up", {"job": "vllm", "instance": ours}),
+                         series("up", {"job": "other", "instance": theirs}),
+                         series("triage_golden_status", {**watch, "replica": f"http://{ours}/"}),
+                         series("triage_golden_status", {**watch, "replica": f"http://{theirs}/"})],
+        "alert_rule_test": [{"eval_time": "2m", "alertname": "TriageGoldenBroken",
+                             "exp_alerts": [expected(r) for r in firing]}]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -13,20 +13,16 @@ from core.compare.golden.replay import ReplicaRound
 from core.compare.golden.watch import noise_floor_line, replica_line, threshold_line
 from core.engines.base import Cancelled
 from core.errors import TriageError
-from core.fmt import markdown_literal, short_path
+from core.fmt import fmt_utc, markdown_literal, short_path
 from core.settings import settings
 from views.common import runs
 
 ss = st.session_state
 
 
-def _utc(ts) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts)) if ts else "unknown time"
-
-
 def show_record(doc: dict, key: str) -> None:
     """A golden set: what produced it, its noise floor, and per prompt the lengths it holds."""
-    st.markdown(markdown_literal(f"Golden set recorded {_utc(doc.get('recorded_at'))}: {source_line(doc)}."))
+    st.markdown(markdown_literal(f"Golden set recorded {fmt_utc(doc.get('recorded_at') or None, unknown='unknown time')}: {source_line(doc)}."))
     st.caption(markdown_literal("Noise floor (the reference replayed on itself right after recording): "
                                 + noise_floor_line(doc.get("noise_floor"))))
     rows = [{"prompt": p.get("name", ""), "prompt tokens": len(p.get("prompt_ids") or []),
@@ -42,7 +38,7 @@ def show_watch(doc: dict, key: str) -> None:
     line below), its drift, the round's cost."""
     replicas = [ReplicaRound(**r) for r in doc.get("replicas") or []]
     fine = sum(r.status == "fine" for r in replicas)
-    st.markdown(markdown_literal(f"Round {doc.get('round')} at {_utc(doc.get('started_at'))}: {fine} of "
+    st.markdown(markdown_literal(f"Round {doc.get('round')} at {fmt_utc(doc.get('started_at') or None, unknown='unknown time')}: {fine} of "
                                  f"{len(replicas)} replicas fine."))
     rows = []
     for r in replicas:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from core.errors import RemoteError
+from core.fmt import fmt_utc
 
 # Facts whose change is worth naming next to a drift, in the order they are named.
 WATCHED = ("model", "max_model_len", "vocab_size", "vllm_version", "process_start_time_s")
@@ -56,13 +57,6 @@ def server_facts(eng) -> dict:
     return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note)
 
 
-def _utc(t: float | None, ms: bool = False) -> str:
-    if t is None:
-        return "unknown"
-    frac = f".{int(1000 * (t % 1)):03d}" if ms else ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + frac + " UTC"
-
-
 def changes(before: dict | None, after: dict | None) -> list[str]:
     """What the server reports as changed between two reads, in words: the watched facts and each published
     setting (a setting that appeared or vanished included)."""
@@ -75,8 +69,8 @@ def changes(before: dict | None, after: dict | None) -> list[str]:
             continue
         if key == "process_start_time_s":
             if a is not None and b is not None:
-                same_second = _utc(a) == _utc(b)  # two processes started within one second: say which is which
-                out.append(f"restarted: process start {_utc(a, same_second)} -> {_utc(b, same_second)}")
+                same_second = fmt_utc(a) == fmt_utc(b)  # two processes started within one second: say which is which
+                out.append(f"restarted: process start {fmt_utc(a, same_second)} -> {fmt_utc(b, same_second)}")
             continue
         out.append(f"{key} {a} -> {b}")
     ca, cb = before.get("config") or {}, after.get("config") or {}

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from core.compare import agreement as ag
 from core.errors import InputError
+from core.fmt import fmt_utc
 
 FORMAT = "triage-golden"
 VERSION = 1
@@ -79,7 +80,7 @@ class GoldenSet:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["prompts"] = [p.to_dict() for p in self.prompts]
-        d["recorded_at_utc"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.recorded_at))
+        d["recorded_at_utc"] = fmt_utc(self.recorded_at)
         return d
 
     def save(self, path: str | Path) -> None:
