@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import pandas as pd
 import streamlit as st
 
 CHAR_PX = 7.5
@@ -51,6 +50,8 @@ def column_groups(rows: Sequence[dict], keep: Sequence[str], fit_px: float = FIT
 def dataframe_fit(rows: Sequence[dict], *, keep: Sequence[str], key: str, column_config: dict | None = None,
                   fit_px: float = FIT_PX) -> None:
     """st.dataframe of `rows`, split into parts that fit; the first part keeps `key` (a selection stays put)."""
+    import pandas as pd  # a second of import on 2 cores: paid by the first table shown, not by a page's first open
+
     for i, cols in enumerate(column_groups(rows, keep, fit_px)):
         config = {c: v for c, v in (column_config or {}).items() if c in cols}
         st.dataframe(pd.DataFrame(list(rows), columns=cols), hide_index=True, width="stretch", column_config=config,
