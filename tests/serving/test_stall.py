@@ -447,7 +447,16 @@ def _secs(verdict) -> float:
 
 
 def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(server):
-    """The CLI watch, as a user runs it: the engine core stopped while requests are in flight, /health still 200."""
+    """The CLI watch, as a user runs it: the engine core stopped while requests are in flight, /health still 200.
+    And the quality watch's round on the stopped replica (a golden set recorded from it just before): "no answer"
+    with the stall named from the server's own counters, never a quality verdict."""
+    from core.compare.golden.record import record
+    from core.compare.golden.replay import NO_ANSWER
+    from core.compare.golden.watch import Watch
+    from core.compare.prompts import Prompt
+
+    golden = record(server.base_url, [Prompt("capital", "The capital of France is"), Prompt("count", "One, two,")],
+                    max_new_tokens=4)
     cmd = [sys.executable, "-m", "diagnostics", "watch", "--url", server.base_url, "--json", "--interval", "2",
            "--max-seconds", "120"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -473,6 +482,10 @@ def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(server):
         assert stall[1]["kind"] == "engine_stopped" and f"pid {core.pid}" in stall[1]["headline"]
         assert f"kill -CONT {core.pid}" in stall[1]["remedy"] and "py-spy dump" in stall[1]["remedy"]
         assert detected_s <= DETECT_S
+        (golden_round,) = Watch(golden, [server.base_url], timeout_s=8.0).step().replicas
+        print(f"golden round on the stopped replica: {golden_round.status}: {golden_round.verdict}")
+        assert golden_round.status == NO_ANSWER and golden_round.summary is None
+        assert "made no progress" in golden_round.verdict and "request(s) in flight" in golden_round.verdict
     finally:
         os.kill(core.pid, signal.SIGCONT)
     resumed_at = time.monotonic()

@@ -270,3 +270,25 @@ def test_fine_and_inconclusive_within_the_noise_are_no_drift(golden):
     c = judge(golden, replay_of("second"))
     c.status = "inconclusive"
     assert "status fine -> inconclusive" in drift(a, c, noise)
+
+
+def test_a_replica_that_stopped_mid_round_is_no_answer_with_the_stall_named_from_its_counters(golden):
+    """stall_note reads the server's counters from the round's start to its failure: requests in flight and nothing
+    counted is a stalled engine, said beside the error; a server that moved, or shows nothing in flight, or exports
+    no vllm:* series gets no such claim."""
+    from core.compare.golden.replay import stall_note
+    from core.telemetry.vllm_metrics import VllmSnapshot
+
+    def snap(t, running, tokens, finished, series=True):
+        return VllmSnapshot(t=t, has_vllm_series=series, running=running, waiting=0.0, prompt_tokens=tokens,
+                            generation_tokens=tokens, requests_finished=finished)
+
+    frozen = stall_note(snap(100.0, 2.0, 500.0, 7.0), snap(108.4, 2.0, 500.0, 7.0), "http://h:8000")
+    assert frozen.startswith("The engine made no progress in the 8 s since the round began, with 2 request(s) in "
+                             "flight") and "`python -m diagnostics watch --url http://h:8000`" in frozen
+    assert stall_note(snap(100.0, 2.0, 500.0, 7.0), snap(108.0, 2.0, 530.0, 7.0), "u") == ""  # tokens moved: slow
+    assert stall_note(snap(100.0, 0.0, 500.0, 7.0), snap(108.0, 0.0, 500.0, 7.0), "u") == ""  # nothing in flight
+    assert stall_note(snap(100.0, 2.0, 0, 0, False), snap(108.0, 2.0, 0, 0, False), "u") == ""  # no series
+    assert stall_note(None, snap(108.0, 2.0, 500.0, 7.0), "u") == ""
+    no_answer = judge(golden, Replay("http://h:8000", facts={}, error="timed out. " + frozen))
+    assert no_answer.status == NO_ANSWER and no_answer.summary is None and "made no progress" in no_answer.verdict

@@ -93,7 +93,7 @@ def replay(eng, golden: GoldenSet) -> Replay:
     """The replica's answers to the golden set: two requests per prompt (one generation, one teacher-forced score).
     Never raises for a server fault: it is recorded as the replay's error."""
     out = Replay(eng.base_url)
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), None
     try:
         from core.compare.golden.facts import server_facts
 
@@ -103,6 +103,7 @@ def replay(eng, golden: GoldenSet) -> Replay:
             return out
         params = GenerationParams(max_new_tokens=golden.max_new_tokens, temperature=0.0, top_logprobs=golden.top_k,
                                   stop_at_eos=False)
+        before = _counters(eng)
         gens = eng.generate([p.text for p in golden.prompts], params)
         out.prompt_ids = [list(g.prompt_ids) for g in gens]
         out.ids = [list(g.token_ids) for g in gens]
@@ -119,9 +120,41 @@ def replay(eng, golden: GoldenSet) -> Replay:
         out.tf_target = [list(s.target_logprobs) for s in scores]
     except TriageError as exc:
         out.error = str(exc)
+        note = stall_note(before, _counters(eng), eng.base_url) if out.facts is not None and not out.refusal else ""
+        if note:
+            out.error = out.error.rstrip(". ") + ". " + note
     finally:
         out.seconds = time.perf_counter() - t0
     return out
+
+
+def _counters(eng):
+    """The server's /metrics now (a VllmSnapshot), or None where it does not answer: the evidence of a stall."""
+    from core.errors import RemoteError
+    from core.telemetry.vllm_metrics import MetricsError, scrape
+
+    try:
+        return scrape(eng.base_url, timeout_s=5.0, api_key=eng.api_key)
+    except (RemoteError, MetricsError):
+        return None
+
+
+def stall_note(before, after, url: str) -> str:
+    """Pure: why a replica gave no answer, where its own counters say so: requests in flight and not one token counted
+    or request finished between the round's start and its failure. An engine that answers nothing but /metrics (a
+    stopped or wedged engine core: /health and /metrics are the API server's) reads so; "" where the evidence is not
+    there (no vllm:* series, or something moved)."""
+    if before is None or after is None or not (before.has_vllm_series and after.has_vllm_series):
+        return ""
+    in_flight = (after.running or 0) + (after.waiting or 0)
+    moved = any(getattr(before, k) != getattr(after, k)
+                for k in ("prompt_tokens", "generation_tokens", "requests_finished"))
+    if in_flight <= 0 or moved:
+        return ""
+    return (f"The engine made no progress in the {after.t - before.t:.0f} s since the round began, with "
+            f"{in_flight:.0f} request(s) in flight (no prompt or generated token counted, no request finished): "
+            f"a stalled or stopped engine, not an answer about quality; `python -m diagnostics watch --url {url}` "
+            "follows it.")
 
 
 @dataclass
