@@ -52,6 +52,9 @@ def main() -> int:
     from torchao.quantization import quantize_
 
     batches = [int(b) for b in args.batches.split(",")]
+    if args.compile:  # one compiled graph per layer object and batch: past dynamo's default limit of 8, calls run eager
+        torch._dynamo.config.recompile_limit = 1024
+        torch._dynamo.config.accumulated_recompile_limit = 4096
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; torchao {torchao.__version__}", flush=True)
     rows = []
     for shape, (n, k, _) in SHAPES.items():
