@@ -22,7 +22,8 @@ ss = st.session_state
 
 def show_record(doc: dict, key: str) -> None:
     """A golden set: what produced it, its noise floor, and per prompt the lengths it holds."""
-    st.markdown(markdown_literal(f"Golden set recorded {fmt_utc(doc.get('recorded_at') or None, unknown='unknown time')}: {source_line(doc)}."))
+    recorded = fmt_utc(doc.get("recorded_at") or None, unknown="unknown time")
+    st.markdown(markdown_literal(f"Golden set recorded {recorded}: {source_line(doc)}."))
     st.caption(markdown_literal("Noise floor (the reference replayed on itself right after recording): "
                                 + noise_floor_line(doc.get("noise_floor"))))
     rows = [{"prompt": p.get("name", ""), "prompt tokens": len(p.get("prompt_ids") or []),
@@ -38,8 +39,8 @@ def show_watch(doc: dict, key: str) -> None:
     line below), its drift, the round's cost."""
     replicas = [ReplicaRound(**r) for r in doc.get("replicas") or []]
     fine = sum(r.status == "fine" for r in replicas)
-    st.markdown(markdown_literal(f"Round {doc.get('round')} at {fmt_utc(doc.get('started_at') or None, unknown='unknown time')}: {fine} of "
-                                 f"{len(replicas)} replicas fine."))
+    started = fmt_utc(doc.get("started_at") or None, unknown="unknown time")
+    st.markdown(markdown_literal(f"Round {doc.get('round')} at {started}: {fine} of {len(replicas)} replicas fine."))
     rows = []
     for r in replicas:
         s = r.summary or {}
