@@ -29,7 +29,7 @@ from core.deployment import servers
 from core.engines.vllm_engine import group_members
 from tests.e2e.helpers import APP, ARTIFACTS, AppServer, errors_on, goto, new_page, require_browser, screenshot, \
     wait_idle
-from tests.vllm.conftest import START_TIMEOUT_S
+from tests.vllm.servers import START_TIMEOUT_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 require_browser()
@@ -53,7 +53,7 @@ def owned_by(pid: int) -> list[servers.LocalServer]:
 @pytest.fixture(scope="module")
 def launched(request, browser, tmp_path_factory):
     """An app of its own, and a server its deployment page started; (app, page, server)."""
-    from tests.vllm.conftest import free_cached_engines
+    from tests.vllm.servers import free_cached_engines
 
     free_cached_engines(request)
     app = AppServer(APP, tmp_path_factory.mktemp("remedy") / "history.sqlite", ARTIFACTS / "remedy-app.log").start()

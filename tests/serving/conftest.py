@@ -13,7 +13,7 @@ import pytest
 
 from core.engines.vllm_engine import VllmEngine, group_members, vllm_flavor, vllm_python
 from core.precision import KVDtype, Precision
-from tests.vllm.conftest import START_TIMEOUT_S, _save_logs, free_cached_engines
+from tests.vllm.servers import START_TIMEOUT_S, _save_logs, free_cached_engines
 
 MAX_NUM_SEQS = 2
 PREFILL_BUDGET = 256  # tokens an engine step may carry: a long prompt's prefill takes many steps

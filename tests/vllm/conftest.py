@@ -11,103 +11,14 @@ from __future__ import annotations
 
 import http.server
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
-from core.engines.vllm_engine import VllmEngine, cpu_supports_fp8_kv, group_members, vllm_flavor, vllm_python
-from core.precision import KVDtype, Precision
-
-REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = float(os.environ.get("TRIAGE_VLLM_START_TIMEOUT", "420"))
-LOG_DIR = REPO / "artifacts" / "vllm-logs"
-FP8_KV_ON_THIS_CPU = cpu_supports_fp8_kv() is not False
-
-
-def _save_logs(engines: list[VllmEngine]) -> None:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    for e in engines:
-        if e.server is not None and Path(e.server.log_path).exists():
-            shutil.copy(e.server.log_path, LOG_DIR / Path(e.server.log_path).name)
-
-
-def free_cached_engines(request) -> None:
-    """Drop the engines this process caches (engine_cache's and the pages' pool under AppTest) before something big
-    starts: the vLLM servers need ~10 GiB of the 24."""
-    from views.common import session
-
-    request.getfixturevalue("engine_cache").clear()
-    session._pool.clear()  # st.cache_resource: the pool and its engines go with it
-
-
-class SessionServers:
-    """The two servers' start, begun early and joined by the fixture: tests/unit/conftest.py begins it when the unit
-    tests (the directory before this one, which need no server and little memory) start, so the ~60-90 s of start-up
-    on 2 cores runs beside them instead of before the first vLLM test."""
-
-    def __init__(self):
-        self.threads: list[threading.Thread] = []
-        self.engines: list[VllmEngine] = []
-        self.errors: list[BaseException] = []
-        self.failed = threading.Event()  # one server failing stops the other's start: the run is lost anyway
-        self.stopped = False
-
-    @staticmethod
-    def wanted(session) -> bool:
-        """Whether this session runs any test of this directory."""
-        here = Path(__file__).parent
-        return any(Path(item.path).is_relative_to(here) for item in session.items)
-
-    def begin(self, request) -> None:
-        if self.threads:
-            return
-        flavor, detail = vllm_flavor(str(vllm_python()))
-        if flavor is None:
-            pytest.fail(f"The vLLM tests need the vLLM environment: {detail}", pytrace=False)
-        from core.models import embedded_model_dir
-
-        model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
-        free_cached_engines(request)
-        main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
-        second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
-        other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
-        self.engines = [main, other]
-
-        def start(engine: VllmEngine) -> None:
-            try:
-                engine.load(should_stop=self.failed.is_set)
-            except BaseException as exc:  # reported by join(), after both threads ended
-                self.errors.append(exc)
-                self.failed.set()
-
-        self.threads = [threading.Thread(target=start, args=(e,), daemon=True) for e in self.engines]
-        for t in self.threads:
-            t.start()
-        request.config.add_cleanup(lambda: self.stop(save_logs=False))  # a session that ends before tests/vllm
-
-    def join(self) -> None:
-        for t in self.threads:
-            t.join()
-
-    def stop(self, save_logs: bool) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        self.failed.set()  # a start still under way gives up
-        self.join()
-        groups = [e.server.proc.pid for e in self.engines if e.server is not None and e.server.proc is not None]
-        if save_logs or self.errors:
-            _save_logs(self.engines)
-        for e in self.engines:
-            e.unload()
-        left = {pgid: group_members(pgid) for pgid in groups}
-        assert not any(left.values()), f"vLLM processes outlived stop(): {left}"  # nothing of either group
-
-
-SERVERS = SessionServers()
+from core.engines.vllm_engine import VllmEngine
+from tests.vllm.servers import REPO, SERVERS
 
 
 @pytest.fixture(scope="session")

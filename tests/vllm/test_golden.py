@@ -22,7 +22,7 @@ from core.compare.prompts import default_prompts
 from core.compare.golden.replay import NO_ANSWER, REFUSED, judge, replay, tagged_engine
 from core.compare.golden.watch import KLD_MIN
 from core.fleet.table import rows as fleet_rows
-from tests.vllm.conftest import FP8_KV_ON_THIS_CPU, REPO
+from tests.vllm.servers import FP8_KV_ON_THIS_CPU, REPO
 
 pytestmark = pytest.mark.vllm
 
