@@ -28,7 +28,7 @@ def pytest_report_header(config) -> list[str]:
 
     from core.engines.torch.cbuild import _cpuinfo, cpu_flags, packs_bf16
     from core.engines.vllm_engine import cpu_supports_fp8_kv
-    from tests.serving.conftest import SERVER_PRECISION
+    from tests.serving.server import SERVER_PRECISION
 
     model = next((ln.partition(":")[2].strip() for ln in _cpuinfo().splitlines() if ln.startswith("model name")),
                  "unknown CPU")

@@ -178,3 +178,15 @@ class ReplayServer:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def wait_for_samples(url: str, promql: str, at_least: int, timeout_s: float) -> None:
+    """Prometheus starts scraping ~5 s after start (its discovery batches updates): wait for a few samples."""
+    from core.fleet.prom import Prometheus
+
+    prom, deadline = Prometheus(url), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any((s.value or 0) >= at_least for s in prom.query(promql)):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus at {url} has fewer than {at_least} samples of {promql} after {timeout_s:g} s")

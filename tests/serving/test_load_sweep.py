@@ -15,7 +15,7 @@ from core.deployment.probe import probe
 from core.deployment.sweep import sweep
 from core.telemetry.vllm_anatomy import anatomy
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.conftest import phase_sums
+from tests.serving.server import phase_sums
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]

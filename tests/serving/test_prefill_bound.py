@@ -23,7 +23,7 @@ from core.deployment.server_config import flags_of, server_config
 from core.engines.base import GenerationParams
 from core.engines.remote import RemoteEngine
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.conftest import MAX_MODEL_LEN, SERVER_FLAGS, phase_sums
+from tests.serving.server import MAX_MODEL_LEN, SERVER_FLAGS, phase_sums
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ from core.deployment.observe import Observer
 from core.engines.vllm_engine import VllmEngine
 from core.precision import KVDtype
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.conftest import PREFILL_BUDGET, SERVER_PRECISION
+from tests.serving.server import PREFILL_BUDGET, SERVER_PRECISION
 
 pytestmark = pytest.mark.vllm
 

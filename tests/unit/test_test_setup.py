@@ -3,6 +3,7 @@ missing one must not turn the browser or vLLM tests into silent skips. Skipping 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,19 @@ def test_test_modules_have_unique_names():
     for path in (ROOT / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert not {n: p for n, p in names.items() if len(p) > 1}
+
+
+def test_every_test_directory_is_in_the_run_and_shared_state_is_not_in_a_conftest():
+    """pytest.ini lists the test directories in the order their servers' early starts need: a new directory left out
+    of it would never run. And a conftest imported by name from another directory is a second copy of it (pytest
+    imports each as a module named "conftest"): state shared across directories lives in modules of their own."""
+    import configparser
+
+    listed = configparser.ConfigParser()
+    listed.read(ROOT / "pytest.ini")
+    testpaths = listed["pytest"]["testpaths"].split()
+    have = sorted({str(p.parent.relative_to(ROOT)) for p in (ROOT / "tests").glob("*/test_*.py")})
+    assert sorted(testpaths) == have, (testpaths, have)
+    by_name = re.compile(r"(from|import) tests\.\w+\.conftest\b")
+    conftest_imports = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py") if by_name.search(p.read_text())]
+    assert not conftest_imports, conftest_imports

@@ -153,7 +153,7 @@ def prom_stack(request):
                                                           "doomed": doomed_target[0], "never_up": never_up_target,
                                                           "queued": "queued-0000"},
                                 exporter_port=exporter_port, golden_port=golden_port)
-        _wait_for_samples(prom.url, 'count_over_time(vllm:num_requests_running{job="replay"}[1m])', 3, 60)
+        promstack.wait_for_samples(prom.url, 'count_over_time(vllm:num_requests_running{job="replay"}[1m])', 3, 60)
         yield stack
     finally:
         prom.stop()
@@ -164,17 +164,3 @@ def prom_stack(request):
         never_up.close()
         doomed.stop()
         dcgm.stop()
-
-
-def _wait_for_samples(url: str, promql: str, at_least: int, timeout_s: float) -> None:
-    """Prometheus starts scraping ~5 s after start (its discovery batches updates): wait for a few samples."""
-    import time
-
-    from core.fleet.prom import Prometheus
-
-    prom, deadline = Prometheus(url), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any((s.value or 0) >= at_least for s in prom.query(promql)):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"Prometheus at {url} has fewer than {at_least} samples of {promql} after {timeout_s:g} s")

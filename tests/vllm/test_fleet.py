@@ -23,7 +23,8 @@ from core.fleet.table import bucket_text as table_bucket
 from core.fleet.table import rows
 from diagnostics import fleet
 from tests.e2e.helpers import free_port
-from tests.vllm.conftest import REPO, _wait_for_samples
+from tests.promstack import wait_for_samples
+from tests.vllm.servers import REPO
 
 
 def by_id(run):
@@ -88,7 +89,7 @@ def test_fleet_numbers_agree_with_each_servers_own_metrics(prom_stack):
     inst = prom_stack.instances["main"]
     counts = {key: f'vllm:{name}_count{{instance="{inst}"}}' for key, name in HISTOGRAMS}
     for key, promql in counts.items():
-        _wait_for_samples(prom_stack.url, promql, after.histograms[key].count, timeout_s=30)
+        wait_for_samples(prom_stack.url, promql, after.histograms[key].count, timeout_s=30)
     # rate() extrapolates each bucket to the window's start unless that would take it below zero, so buckets that
     # were zero scale less than the others and the quantile moves. The window therefore starts on a stored sample
     # holding the "before" counts (1 ms ahead of it: Prometheus 2 includes a range's start, 3 does not) and holds
@@ -325,7 +326,7 @@ def test_two_replicas_are_compared_directly(prom_stack):
 def test_zz_a_stopped_target_shows_as_down(prom_stack):
     """Last in the file: it stops the one-replica replay for good."""
     prom_stack.doomed.stop()
-    _wait_for_samples(prom_stack.url, f'1 - up{{instance="{prom_stack.instances["doomed"]}"}}', 1, 20)
+    wait_for_samples(prom_stack.url, f'1 - up{{instance="{prom_stack.instances["doomed"]}"}}', 1, 20)
     run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
     row = run.snapshot.replica(prom_stack.instances["doomed"])
     assert row is not None and row.up is False and row.last_error

