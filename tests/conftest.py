@@ -85,3 +85,39 @@ def engine_cache():
 
     get.clear = clear
     return get
+
+
+HISTORY_STACK_USER = "tests/unit/test_fleet_history.py"
+
+
+@pytest.fixture(scope="session")
+def fleet_history_stack(tmp_path_factory):
+    """Three replayed vLLM replicas (the third slow) under a real Prometheus scraping them every second, for the fleet
+    history tests: their review of a past instant picks a whole minute at least 30 s into the samples (the Fleet
+    page's picker offers minutes), so a stack started with their module waited up to a minute for one."""
+    import time
+    from types import SimpleNamespace
+
+    from tests import promstack
+
+    why = promstack.missing_reason()
+    if why:
+        pytest.fail(why)
+    replay = promstack.ReplayServer(3, slow={2})
+    targets, labels = replay.targets()
+    prom = promstack.PrometheusServer([promstack.scrape_job("replay", targets, 1.0, labels)],
+                                      tmp_path_factory.mktemp("prom") / "prometheus.log").start()
+    try:
+        yield SimpleNamespace(url=prom.url, replay=replay, started=time.time())
+    finally:
+        prom.stop()
+        replay.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fleet_history_stack_starts_early(request):
+    """Begin the fleet history tests' stack with the session (about 1% of a core: three pages a second), where the
+    session runs them."""
+    if any(Path(item.path).is_relative_to(ROOT / HISTORY_STACK_USER) for item in request.session.items):
+        request.getfixturevalue("fleet_history_stack")
+    yield

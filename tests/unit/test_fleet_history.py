@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -18,19 +17,10 @@ from tests import promstack
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    why = promstack.missing_reason()
-    if why:
-        pytest.fail(why)
-    replay = promstack.ReplayServer(3, slow={2})
-    targets, labels = replay.targets()
-    prom = promstack.PrometheusServer([promstack.scrape_job("replay", targets, 1.0, labels)],
-                                      tmp_path_factory.mktemp("prom") / "prometheus.log").start()
-    try:
-        yield SimpleNamespace(url=prom.url, replay=replay, started=time.time())
-    finally:
-        prom.stop()
-        replay.stop()
+def stack(fleet_history_stack):
+    """Three replayed replicas (one slow) under a real Prometheus, begun when the session began (tests/conftest.py):
+    the past-instant test reviews a whole minute of their samples, which is there by the time it runs."""
+    return fleet_history_stack
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,12 @@ def _vocab_size(eng) -> int | None:
 
 def server_facts(eng) -> dict:
     """The facts of the server behind a RemoteEngine; RemoteError when it is not an OpenAI-compatible server."""
+    return read_server(eng)[0]
+
+
+def read_server(eng):
+    """(server_facts, the /metrics snapshot they were read from, None where /metrics did not answer): a replay round
+    keeps the snapshot as its counters at the round's start instead of scraping the server a second time."""
     from core.telemetry.vllm_metrics import MetricsError, scrape
 
     info = eng.connect()
@@ -54,7 +60,7 @@ def server_facts(eng) -> dict:
         snap, note = scrape(eng.base_url, timeout_s=10.0, api_key=eng.api_key), ""
     except (RemoteError, MetricsError) as exc:
         snap, note = None, str(exc)
-    return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note)
+    return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note), snap
 
 
 def changes(before: dict | None, after: dict | None) -> list[str]:

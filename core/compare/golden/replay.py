@@ -95,15 +95,14 @@ def replay(eng, golden: GoldenSet) -> Replay:
     out = Replay(eng.base_url)
     t0, before = time.perf_counter(), None
     try:
-        from core.compare.golden.facts import server_facts
+        from core.compare.golden.facts import read_server
 
-        out.facts = server_facts(eng)
+        out.facts, before = read_server(eng)  # its /metrics snapshot: the counters at the round's start
         out.refusal = refusal(golden, out.facts)
         if out.refusal:
             return out
         params = GenerationParams(max_new_tokens=golden.max_new_tokens, temperature=0.0, top_logprobs=golden.top_k,
                                   stop_at_eos=False)
-        before = _counters(eng)
         gens = eng.generate([p.text for p in golden.prompts], params)
         out.prompt_ids = [list(g.prompt_ids) for g in gens]
         out.ids = [list(g.token_ids) for g in gens]
