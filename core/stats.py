@@ -104,3 +104,11 @@ def wilson_interval(share: float, n: int, z: float = 1.96) -> tuple[float, float
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def time_left_s(done: float, total: float, ran_s: float, did: float) -> float | None:
+    """The time a run has left, as the pages estimate it: the work left at the speed this kind of work went so far in
+    the run (`did` units in `ran_s` seconds); None before it has run a second and moved, and once it is done."""
+    if ran_s >= 1.0 and did > 0 and done < total:
+        return (total - done) * ran_s / did
+    return None

@@ -215,6 +215,10 @@ def main() -> None:
     ap.add_argument("--tuned", help="with --table-from: the shipped tuning table to add the device's section to "
                     "(core/engines/fast/tuned_linears.json)")
     ap.add_argument("--only", default="", help="decode candidates beside the engine's own (default: all)")
+    ap.add_argument("--gemlite-autotune", choices=("fast", "max", "default"), default="fast",
+                    help="gemlite's autotune lists for its kernels (gemlite.set_autotune): 'fast' is its default; "
+                    "'max' tries 150 launch configurations a shape for its one-row GEMV against 13 (a longer first call; "
+                    "gemlite 0.6.0.post2)")
     ap.add_argument("--table-device", help="the shipped tuning table's section to run the engine with (default: "
                     "this GPU's), e.g. another card's library winners on a card that has none yet")
     args = ap.parse_args()
@@ -233,7 +237,11 @@ def main() -> None:
     from bench.fast import int_library_step as step
 
     t0 = time.perf_counter()
-    meta = step.run_meta()
+    if args.gemlite_autotune != "fast":
+        import gemlite
+
+        gemlite.set_autotune(args.gemlite_autotune)  # reloads gemlite's kernel modules: before any layer is built
+    meta = step.run_meta() | {"gemlite_autotune": args.gemlite_autotune}
     log(f"{meta['device']}: torch {meta['torch']}, triton {meta['triton']}, gemlite {meta['gemlite']}")
     log(f"tuning table: {step.load_project_tables(args.table_device)}'s section")
     batches = [int(b) for b in args.batches.split(",")]

@@ -107,3 +107,16 @@ def test_the_next_script_run_learns_that_the_last_run_was_stopped_and_what_on_st
     assert at.markdown[0].value == "last: 7"  # the first run was stopped, and its on_stop returned 7
     at.run()
     assert at.markdown[0].value == "last: None"  # the second ran to its end
+
+
+def test_the_estimate_bench_scores_a_steady_run_exact_and_a_slowing_one_short():
+    """bench/estimate_error.py holds the pages' estimate (core.stats.time_left_s) against the time really left."""
+    from bench.estimate_error import estimates
+
+    steady = [(float(t), 100.0 * t) for t in range(41)]  # 100 units a second for 40 s
+    rows = estimates(steady, 4000.0)
+    assert [r["quarter"] for r in rows] == [0.25, 0.5, 0.75]
+    assert all(r["ratio"] == pytest.approx(1.0) for r in rows), rows
+    slowing = [(float(t), 100.0 * t) for t in range(21)] + [(20.0 + t, 2000.0 + 50.0 * t) for t in range(1, 41)]
+    late = estimates(slowing, 4000.0)[-1]  # at 75% it had gone at 100/s, then 50/s: the estimate is short
+    assert late["ratio"] < 1.0 and late["true_s"] == pytest.approx(20.0)

@@ -25,6 +25,7 @@ from core import store
 from core.engines import base, pool
 from core.fmt import fmt_per_s
 from core.long_context import history as hist
+from core.stats import time_left_s
 from core.throttle import throttled
 
 NOBAR = {"displayModeBar": False}
@@ -76,9 +77,9 @@ class RunProgress:
             head = f"{what + ': ' if what else ''}{done:,.0f} of {total:,.0f} {unit}"
         parts = [head, f"{_elapsed(now - self._t0)} elapsed"]
         ran, did = now - t_first, done - done_first
-        if ran >= 1.0 and did > 0 and done < total:
+        if (left := time_left_s(done, total, ran, did)) is not None:
             rate = "" if unit == "%" else f" at {fmt_per_s(did / ran, unit)} measured now"
-            parts.append(f"about {_elapsed((total - done) * ran / did)} left{rate}")
+            parts.append(f"about {_elapsed(left)} left{rate}")
         return " · ".join(parts)
 
     def step(self, done: float, total: float, unit: str, what: str = "") -> None:
