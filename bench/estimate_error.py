@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import time
 
+from bench.app_memory import cpu_model
 from core.stats import time_left_s
 
 QUARTERS = (0.25, 0.5, 0.75)
@@ -27,16 +27,6 @@ QUARTERS = (0.25, 0.5, 0.75)
 def _spin() -> None:
     while True:
         pass
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def estimates(points: list[tuple[float, float]], total: float) -> list[dict]:
