@@ -53,8 +53,6 @@ def _server_precision() -> Precision:
 SERVER_PRECISION = _server_precision()
 
 
-
-
 def _queued(model_dir: Path) -> list[VllmEngine]:
     return [VllmEngine(model_dir, SERVER_PRECISION, KVDtype.AUTO, start_timeout_s=START_TIMEOUT_S,
                        max_model_len=MAX_MODEL_LEN, extra_args=SERVER_FLAGS)]
