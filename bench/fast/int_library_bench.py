@@ -217,8 +217,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="decode candidates beside the engine's own (default: all)")
     ap.add_argument("--gemlite-autotune", choices=("fast", "max", "default"), default="fast",
                     help="gemlite's autotune lists for its kernels (gemlite.set_autotune): 'fast' is its default; "
-                    "'max' tries 150 launch configurations a shape for its one-row GEMV against 13 (a longer first call; "
-                    "gemlite 0.6.0.post2)")
+                    "'max' tries 150 launch configurations a shape for its one-row GEMV against 13 (a longer first "
+                    "call; gemlite 0.6.0.post2)")
     ap.add_argument("--table-device", help="the shipped tuning table's section to run the engine with (default: "
                     "this GPU's), e.g. another card's library winners on a card that has none yet")
     args = ap.parse_args()

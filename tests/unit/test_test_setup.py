@@ -61,5 +61,6 @@ def test_every_test_directory_is_in_the_run_and_shared_state_is_not_in_a_conftes
     have = sorted({str(p.parent.relative_to(ROOT)) for p in (ROOT / "tests").glob("*/test_*.py")})
     assert sorted(testpaths) == have, (testpaths, have)
     by_name = re.compile(r"(from|import) tests\.\w+\.conftest\b")
-    conftest_imports = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py") if by_name.search(p.read_text())]
+    conftest_imports = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
+                        if by_name.search(p.read_text())]
     assert not conftest_imports, conftest_imports
