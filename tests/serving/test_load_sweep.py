@@ -28,12 +28,20 @@ def auto_sweep(queued_server):
                  slo_ttft_p99=30.0, max_seconds=600)  # ends at the knee: a slow machine's budget
 
 
+def _steps_table(res) -> str:
+    """Each step as the failure message shows it: what the clients saw and what the server counted."""
+    return "\n".join(f"{s.load:g} clients: {s.ok}/{s.requests} ok {s.error!r}, {s.achieved_rps:.2f} req/s, client "
+                     f"TTFT p50 {s.ttft_p50}, server queue share {s.queue_share}, busiest {s.busiest}"
+                     for s in res.steps)
+
+
 def test_the_sweep_finds_the_knee_and_names_queueing(auto_sweep):
     res = auto_sweep
     loads = [s.load for s in res.steps]
     assert res.status == "finished" and loads[:2] == [1, 2], (res.stopped, loads)
+    assert all(s.ok == s.requests for s in res.steps), _steps_table(res)  # a failed request is another bug
     # Two sequences run at once: from 2 clients to 4 the throughput stays, the wait grows.
-    assert res.knee is not None and res.knee["load"] == 2, res.knee
+    assert res.knee is not None and res.knee["load"] == 2, f"{res.knee}\n{_steps_table(res)}"
     shares = [s.queue_share for s in res.steps]
     assert shares[-1] > 0.5 > shares[0], shares
     assert res.verdict["kind"] == "capacity-bound", res.verdict
