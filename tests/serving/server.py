@@ -5,11 +5,18 @@ imported by its dotted name: conftest.py is imported by pytest under another nam
 from __future__ import annotations
 
 import os
+import random
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+from core.engines.base import GenerationParams
+from core.engines.remote import RemoteEngine
 from core.engines.vllm_engine import VllmEngine
 from core.precision import KVDtype, Precision
-from tests.vllm.servers import START_TIMEOUT_S, SessionServers
+from tests.vllm.servers import REPO, START_TIMEOUT_S, SessionServers
 
 MAX_NUM_SEQS = 2
 PREFILL_BUDGET = 256  # tokens an engine step may carry: a long prompt's prefill takes many steps
@@ -36,6 +43,41 @@ def phase_sums(base_url: str) -> dict[str, tuple[float, float]]:
                 if s.name in (base + "_sum", base + "_count"):
                     out.setdefault(phase, [0.0, 0.0])[s.name.endswith("_count")] += s.value
     return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def diagnostics_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m diagnostics ARGS` as a user runs it, from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "diagnostics", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+class FreshPrompts:
+    """Prompts of random token ids, a new one each call: no two share a first block, so none hits the prefix cache."""
+
+    def __init__(self, tokens: int, seed: int):
+        self.tokens, self.rng, self.lock = tokens, random.Random(seed), threading.Lock()
+
+    def __call__(self) -> list[int]:
+        with self.lock:
+            return [self.rng.randrange(1000, 200_000) for _ in range(self.tokens)]
+
+
+def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens: int, finished: list[float]):
+    """`clients` threads, each sending a new prompt as soon as its last one is answered; each answer's end time is
+    appended to `finished` (the load's own count). Returns the event that stops them and the threads."""
+    params = GenerationParams(max_new_tokens=new_tokens, top_logprobs=0, stop_at_eos=False)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            gen = eng.stream_completion(fresh(), params, should_stop=stop.is_set)
+            if len(gen.token_ids) == new_tokens:
+                finished.append(time.time())
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return stop, threads
 
 
 def _server_precision() -> Precision:

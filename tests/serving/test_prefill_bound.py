@@ -9,12 +9,7 @@ request of the load is a new prompt, so vLLM's prefix cache (on by default) neve
 from __future__ import annotations
 
 import json
-import random
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,31 +18,15 @@ from core.deployment.server_config import flags_of, server_config
 from core.engines.base import GenerationParams
 from core.engines.remote import RemoteEngine
 from core.telemetry.vllm_metrics import scrape
-from tests.serving.server import MAX_MODEL_LEN, SERVER_FLAGS, phase_sums
+from tests.serving.server import (MAX_MODEL_LEN, SERVER_FLAGS, FreshPrompts, closed_loop, diagnostics_cli,
+                                  phase_sums)
 
 pytestmark = pytest.mark.vllm
-REPO = Path(__file__).resolve().parents[2]
 MAX_NEW_TOKENS = 16
 DECODE_SHARE = 0.1  # of a request's engine time: so little that decoding never explains the wait (FP32 decodes slowly)
 PREFILL_ALONE_S = 2.5  # clearly slow: the verdict's line is 1 s, and prefill under load is slower than alone
 PREFILL_ALONE_MIN_S = 2.0  # below this even at the longest prompt the server takes, the case cannot be built here
 SHORT_ALONE_S = 0.35  # the other side of the line: prefills well under a second each
-
-
-def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "diagnostics", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
-
-
-class FreshPrompts:
-    """Prompts of random token ids, a new one each call: no two share a first block, so none hits the prefix cache."""
-
-    def __init__(self, tokens: int, seed: int):
-        self.tokens, self.rng, self.lock = tokens, random.Random(seed), threading.Lock()
-
-    def __call__(self) -> list[int]:
-        with self.lock:
-            return [self.rng.randrange(1000, 200_000) for _ in range(self.tokens)]
 
 
 def lone_request_s(eng: RemoteEngine, prompt: list[int], new_tokens: int) -> tuple[float, float]:
@@ -81,26 +60,8 @@ def prefill_case(queued_server):
     return SimpleNamespace(eng=eng, tokens=tokens, alone_s=alone, per_token_s=per_token, new_tokens=new_tokens)
 
 
-def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens: int, finished: list[float]):
-    """`clients` threads, each sending a new prompt as soon as its last one is answered; each answer's end time is
-    appended to `finished` (the load's own count). Returns the event that stops them and the threads."""
-    params = GenerationParams(max_new_tokens=new_tokens, top_logprobs=0, stop_at_eos=False)
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            gen = eng.stream_completion(fresh(), params, should_stop=stop.is_set)
-            if len(gen.token_ids) == new_tokens:
-                finished.append(time.time())
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    return stop, threads
-
-
 def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_force(queued_server, prefill_case):
-    out = _cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens", str(prefill_case.tokens),
+    out = diagnostics_cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens", str(prefill_case.tokens),
                "--max-new-tokens", str(prefill_case.new_tokens), "--min-requests", "3", "--max-seconds", "500",
                "--slo-ttft-p99", "60", "--json", "--no-history", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -131,7 +92,7 @@ def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_
                                  finished)
     try:
         t0 = time.time()
-        out = _cli("run", "--vllm-url", url, "--quick", "--duration", "25", "--json", timeout=300)
+        out = diagnostics_cli("run", "--vllm-url", url, "--quick", "--duration", "25", "--json", timeout=300)
         t1 = time.time()
     finally:
         stop.set()
@@ -167,7 +128,7 @@ def test_short_prefills_the_engine_is_always_busy_with_are_prefill_bound_too(que
     stop, threads = closed_loop(prefill_case.eng, FreshPrompts(tokens, 4), 6, 2, finished)
     try:
         time.sleep(3)  # the queue forms before the window opens
-        out = _cli("run", "--vllm-url", url, "--duration", "20", "--json", timeout=300)
+        out = diagnostics_cli("run", "--vllm-url", url, "--duration", "20", "--json", timeout=300)
     finally:
         stop.set()
         for t in threads:

@@ -584,3 +584,12 @@ def test_saturation_skips_without_requests_or_histograms():
     ctx = CheckContext(vllm_url=URL, vllm_scrapes=2, vllm_snapshots=(dataclasses.replace(AFTER_3, histograms=old),
                                                                    dataclasses.replace(AFTER_3, t=5, histograms=old)))
     assert "does not export vllm:request_queue_time_seconds" in decide("vllm.saturation", ctx).missing
+
+
+def test_a_kv_cache_all_but_empty_reads_its_tenths_never_0_percent():
+    """The real capacity-bound case (tests/serving/test_capacity_bound.py): two short sequences in a 58K-token cache
+    read "only 0% used"."""
+    f = decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4, kv=0.003))
+    assert f.status is Status.FAIL and "the KV cache is only 0.3% used" in f.verdict, f.verdict
+    for kv, words in ((0.0, "under 0.1%"), (0.01, "1%"), (0.42, "42%")):
+        assert f"only {words} used" in decide("vllm.saturation", anatomy_ctx(queue_s=8.0, prefill_s=0.4, kv=kv)).verdict
