@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.engines.base import GenerationParams
@@ -62,11 +64,13 @@ class FreshPrompts:
             return [self.rng.randrange(1000, 200_000) for _ in range(self.tokens)]
 
 
-def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens: int, finished: list[float]):
-    """`clients` threads, each sending a new prompt as soon as its last one is answered; each answer's end time is
-    appended to `finished` (the load's own count). Returns the event that stops them and the threads."""
+@contextmanager
+def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens: int) -> Iterator[list[float]]:
+    """`with closed_loop(...) as finished:` runs `clients` threads, each sending a new prompt as soon as its last one
+    is answered, and appends each answer's end time to `finished` (the load's own count); they stop on leaving."""
     params = GenerationParams(max_new_tokens=new_tokens, top_logprobs=0, stop_at_eos=False)
     stop = threading.Event()
+    finished: list[float] = []
 
     def client() -> None:
         while not stop.is_set():
@@ -77,7 +81,12 @@ def closed_loop(eng: RemoteEngine, fresh: FreshPrompts, clients: int, new_tokens
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
         t.start()
-    return stop, threads
+    try:
+        yield finished
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
 
 
 def _server_precision() -> Precision:

@@ -21,17 +21,11 @@ NEW_TOKENS = 32  # the slots are held by decoding, the other requests wait for t
 def test_the_checklist_calls_it_capacity_bound_with_the_loads_own_waiting_count(queued_server):
     url = queued_server.base_url
     eng = RemoteEngine(url, timeout_s=300)
-    finished: list[float] = []
-    stop, threads = closed_loop(eng, FreshPrompts(PROMPT_TOKENS, 5), CLIENTS, NEW_TOKENS, finished)
-    try:
+    with closed_loop(eng, FreshPrompts(PROMPT_TOKENS, 5), CLIENTS, NEW_TOKENS) as finished:
         time.sleep(3)  # the queue forms before the window opens
         before, t0 = phase_sums(url), time.time()
         out = diagnostics_cli("run", "--vllm-url", url, "--duration", "15", "--json", timeout=300)
         after, t1 = phase_sums(url), time.time()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     findings = {f["id"]: f for f in json.loads(out.stdout)["findings"]}
     sat, pre = findings["vllm.saturation"], findings["vllm.prefill"]

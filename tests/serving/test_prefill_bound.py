@@ -87,17 +87,10 @@ def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_fo
 
 def test_the_checklist_flags_prefill_under_the_same_load(queued_server, prefill_case):
     url = queued_server.base_url
-    finished: list[float] = []
-    stop, threads = closed_loop(prefill_case.eng, FreshPrompts(prefill_case.tokens, 3), 3, prefill_case.new_tokens,
-                                 finished)
-    try:
+    with closed_loop(prefill_case.eng, FreshPrompts(prefill_case.tokens, 3), 3, prefill_case.new_tokens) as finished:
         t0 = time.time()
         out = diagnostics_cli("run", "--vllm-url", url, "--quick", "--duration", "25", "--json", timeout=300)
         t1 = time.time()
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "First answer in" in out.stderr and "vllm.prefill" in out.stderr
     findings = {f["id"]: f for f in json.loads(out.stdout)["findings"]}
@@ -124,15 +117,9 @@ def test_short_prefills_the_engine_is_always_busy_with_are_prefill_bound_too(que
     only share the same prefill budget among more prompts."""
     url = queued_server.base_url
     tokens = max(64, int(SHORT_ALONE_S / prefill_case.per_token_s))
-    finished: list[float] = []
-    stop, threads = closed_loop(prefill_case.eng, FreshPrompts(tokens, 4), 6, 2, finished)
-    try:
+    with closed_loop(prefill_case.eng, FreshPrompts(tokens, 4), 6, 2) as finished:
         time.sleep(3)  # the queue forms before the window opens
         out = diagnostics_cli("run", "--vllm-url", url, "--duration", "20", "--json", timeout=300)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     findings = {f["id"]: f for f in json.loads(out.stdout)["findings"]}
     pre = findings["vllm.prefill"]
