@@ -61,9 +61,9 @@ def prefill_case(queued_server):
 
 
 def test_the_sweep_says_prefill_bound_with_its_shares_and_proposes_nothing_in_force(queued_server, prefill_case):
-    out = diagnostics_cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens", str(prefill_case.tokens),
-               "--max-new-tokens", str(prefill_case.new_tokens), "--min-requests", "3", "--max-seconds", "500",
-               "--slo-ttft-p99", "60", "--json", "--no-history", timeout=600)
+    out = diagnostics_cli("sweep", "--url", queued_server.base_url, "--steps", "1,3", "--prompt-tokens",
+                          str(prefill_case.tokens), "--max-new-tokens", str(prefill_case.new_tokens), "--min-requests",
+                          "3", "--max-seconds", "500", "--slo-ttft-p99", "60", "--json", "--no-history", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
     v = res["verdict"]
