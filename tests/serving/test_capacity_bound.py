@@ -1,7 +1,7 @@
 """A capacity-bound server, for real: six clients send short prompts with long answers to the package's server, which
 runs two sequences at once (--max-num-seqs 2), so four requests wait for a slot while the engine decodes and the KV
 cache has room. The checklist's vllm.saturation fails and says so with the load's own waiting count; vllm.prefill
-does not call it prefill-bound; the queue's share agrees with the server's own histograms over the same load."""
+does not call it prefill-bound; the server's own histograms over the same load put queueing at half of TTFT or more."""
 from __future__ import annotations
 
 import json
