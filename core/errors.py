@@ -29,3 +29,8 @@ class RemoteError(EngineError):
 
     Here rather than in core/engines/remote.py because core/http.py raises it too, below the engines; it stays an
     EngineError because the remote engine raises it wherever an engine error is caught."""
+
+
+class NonFiniteAnswer(RemoteError):
+    """The server answered, but its numbers held NaN or infinity, which vLLM cannot write as JSON: its forward pass
+    overflowed or its weights are corrupt. An answer about the server's health, not a failure to reach it."""

@@ -11,10 +11,12 @@ from urllib.parse import urlsplit
 
 import requests
 
-from core.errors import RemoteError
+from core.errors import NonFiniteAnswer, RemoteError
 
 DEFAULT_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
+# vLLM's HTTP 400 when a response would carry NaN or infinity (logprobs of an overflowed or corrupt forward pass)
+VLLM_NONFINITE = "Out of range float values are not JSON compliant"
 
 
 def normalize_base_url(url: str) -> str:
@@ -159,4 +161,8 @@ def api_error(resp: requests.Response, url: str) -> RemoteError:
         msg = msg.get("message", msg) if isinstance(msg, dict) else msg
     except ValueError:
         msg = resp.text[:300]
+    if resp.status_code == 400 and VLLM_NONFINITE in str(msg):
+        return NonFiniteAnswer(f"{url} answered HTTP 400: {msg}: the log-probabilities it computed include NaN or "
+                               "infinity (an overflowed forward pass or corrupt weights), which vLLM cannot write as "
+                               "JSON")
     return RemoteError(f"{url} answered HTTP {resp.status_code}: {msg}")

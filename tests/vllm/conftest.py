@@ -106,7 +106,6 @@ def prom_stack(request):
     A missing prometheus binary fails the tests, unless TRIAGE_TESTS_WITHOUT_PROMETHEUS=1 says to skip them."""
     import subprocess
     import sys
-    import time
     from types import SimpleNamespace
 
     from tests import promstack

@@ -18,37 +18,21 @@ from pathlib import Path
 import pytest
 
 from core.compare.golden.golden import USER_TAG, GoldenSet
-from core.compare.prompts import default_prompts
 from core.compare.golden.replay import NO_ANSWER, REFUSED, judge, replay, tagged_engine
 from core.compare.golden.watch import KLD_MIN
 from core.fleet.table import rows as fleet_rows
+from tests.vllm.golden_cli import PROMPTS, cli, record
 from tests.vllm.servers import FP8_KV_ON_THIS_CPU, REPO
 
 pytestmark = pytest.mark.vllm
 
 FIXTURE = REPO / "tests" / "fixtures" / "golden-real-replays.json"
-# Eight short prompts of the built-in set (48, one of them a long document): a round of them proves every property
-# here at a sixth of the built-in set's cost (7,078 tokens a replica a round), in the suite's time.
-PROMPTS = [p for p in default_prompts() if len(p.text) < 400][:8]
 N = len(PROMPTS)
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    # --timeout 600: the servers share one core with whatever else runs on this machine
-    res = subprocess.run([sys.executable, "-m", "diagnostics", "golden", *args, "--no-history", "--timeout", "600"],
-                         cwd=REPO, capture_output=True, text=True, timeout=1800)
-    print(res.stdout, res.stderr)  # the lines a user sees, kept in the test log
-    return res
 
 
 @pytest.fixture(scope="module")
 def golden_path(vllm_engine, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("golden") / "golden.json"
-    prompts = out.with_name("prompts.jsonl")
-    prompts.write_text("".join(json.dumps({"name": p.name, "prompt": p.text}) + "\n" for p in PROMPTS))
-    res = cli("record", "--url", vllm_engine.base_url, "--prompts", str(prompts), "--out", str(out))
-    assert res.returncode == 0, res.stderr
-    return out
+    return record(vllm_engine.base_url, tmp_path_factory.mktemp("golden"))
 
 
 @pytest.fixture

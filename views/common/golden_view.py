@@ -35,8 +35,8 @@ def show_record(doc: dict, key: str) -> None:
 
 
 def show_watch(doc: dict, key: str) -> None:
-    """One round: each replica's verdict with its numbers (a replica without an answer has "-" and says why in its
-    line below), its drift, the round's cost."""
+    """One round: each replica's verdict with its numbers (a replica without an answer, or a broken one whose numbers
+    vLLM could not send, has "-" and says why in its line below), its drift, the round's cost."""
     replicas = [ReplicaRound(**r) for r in doc.get("replicas") or []]
     fine = sum(r.status == "fine" for r in replicas)
     started = fmt_utc(doc.get("started_at") or None, unknown="unknown time")

@@ -38,7 +38,7 @@ class GoldenCollector(Collector):
                 cur["rounds"] += 1
                 cur["last"] = rnd.started_at
                 cur["status"] = status_name(r.status)
-                cur["answered"] = r.summary is not None
+                cur["answered"] = r.status not in (NO_ANSWER, REFUSED)  # a broken replica answered, with NaN
                 cur["drift"] = bool(r.drift)
                 if r.summary is not None:
                     cur["numbers"] = {k: r.summary.get(k) for k in ("same_top", "top3_match", "mean_kld", "p99_kld")}

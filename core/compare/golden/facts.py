@@ -1,7 +1,9 @@
 """What a server says about itself, so a change in its answers can be put beside a change in its setup: the served
-model, max_model_len and vLLM version (/v1/models, /version), the vocabulary size where /tokenizer_info answers, the
-settings it publishes as *_config_info gauges (each label as the server spells it) and its process start
-(`process_start_time_seconds`: a restart moves it). A source that does not answer leaves its facts None, never guessed.
+model, the checkpoint it loaded (vLLM's /v1/models `root`, the --model path or repository: a replica rolled to other
+weights under the same served name is named), max_model_len and vLLM version (/v1/models, /version), the vocabulary
+size where /tokenizer_info answers, the settings it publishes as *_config_info gauges (each label as the server spells
+it) and its process start (`process_start_time_seconds`: a restart moves it). A source that does not answer leaves its
+facts None, never guessed.
 """
 from __future__ import annotations
 
@@ -11,19 +13,20 @@ from core.errors import RemoteError
 from core.fmt import fmt_utc
 
 # Facts whose change is worth naming next to a drift, in the order they are named.
-WATCHED = ("model", "max_model_len", "vocab_size", "vllm_version", "process_start_time_s")
+WATCHED = ("model", "checkpoint", "max_model_len", "vocab_size", "vllm_version", "process_start_time_s")
 
 
 def facts_from(url: str, model: str, max_model_len: int | None, version: str | None, vocab_size: int | None,
-               snap, metrics_note: str = "") -> dict:
+               snap, metrics_note: str = "", checkpoint: str | None = None) -> dict:
     """Pure: the facts from what the endpoints answered (`snap` a VllmSnapshot, or None when /metrics did not)."""
     config, sources = {}, {}
     for metric, labels in sorted(((snap.config_info if snap else None) or {}).items()):
         for label, v in labels.items():
             if not label.startswith("_") and label != "engine":  # bookkeeping labels, not settings
                 config[label], sources[label] = v, metric
-    return {"url": url, "model": model, "max_model_len": max_model_len, "vllm_version": version,
-            "vocab_size": vocab_size, "config": dict(sorted(config.items())), "config_sources": sources,
+    return {"url": url, "model": model, "checkpoint": checkpoint, "max_model_len": max_model_len,
+            "vllm_version": version, "vocab_size": vocab_size, "config": dict(sorted(config.items())),
+            "config_sources": sources,
             "process_start_time_s": snap.process_start_time_s if snap else None,
             "metrics": ("no /metrics: " + metrics_note) if snap is None else
                        ("no vllm:* series (--disable-log-stats)" if snap.logging_disabled else "vllm:* series"),
@@ -60,7 +63,13 @@ def read_server(eng):
         snap, note = scrape(eng.base_url, timeout_s=10.0, api_key=eng.api_key), ""
     except (RemoteError, MetricsError) as exc:
         snap, note = None, str(exc)
-    return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note), snap
+    roots = [m.get("root") for m in info.raw_models if m.get("id") == eng.model and isinstance(m.get("root"), str)]
+    return facts_from(eng.base_url, eng.model, info.max_model_len, info.version, _vocab_size(eng), snap, note,
+                      checkpoint=roots[0] if roots else None), snap
+
+
+def _said(value) -> str:
+    return "not reported" if value is None else str(value)
 
 
 def changes(before: dict | None, after: dict | None) -> list[str]:
@@ -78,7 +87,7 @@ def changes(before: dict | None, after: dict | None) -> list[str]:
                 same_second = fmt_utc(a) == fmt_utc(b)  # two processes started within one second: say which is which
                 out.append(f"restarted: process start {fmt_utc(a, same_second)} -> {fmt_utc(b, same_second)}")
             continue
-        out.append(f"{key} {a} -> {b}")
+        out.append(f"{key} {_said(a)} -> {_said(b)}")
     ca, cb = before.get("config") or {}, after.get("config") or {}
     if bool(ca) != bool(cb):  # a whole gauge came or went (--disable-log-stats): one line, not one per label
         kv = f" (cache_dtype was {ca['cache_dtype']})" if "cache_dtype" in ca else ""

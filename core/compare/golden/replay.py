@@ -4,7 +4,8 @@ The replay generates greedily on the golden prompts (free-running: the seed's to
 check_logprobs_close rule) and scores the golden continuation teacher-forced through `prompt_logprobs` (same top
 token, KLD over the shared top-k). The metrics, bands and verdict are core.compare's, unchanged. A replica that fails
 to answer is "no answer"; one that serves another model, tokenizes the golden prompts differently or cannot hold the
-longest golden sequence is "refused", with the reason.
+longest golden sequence is "refused", with the reason; one whose log-probabilities vLLM cannot write (NaN or infinity)
+is "broken", with what it answered.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from core.compare import agreement as ag
 from core.engines.base import GenerationParams, Score
-from core.errors import TriageError
+from core.errors import NonFiniteAnswer, TriageError
 from core.compare.golden.golden import USER_TAG, GoldenSet
 
 NO_ANSWER = "no answer"
@@ -51,6 +52,7 @@ class Replay:
     tf_target: list[list[float]] = field(default_factory=list)
     seconds: float = 0.0
     error: str = ""  # the replica did not answer: why
+    broken: str = ""  # it answered, with numbers no sound forward pass gives (NaN or infinity): what it said
     refusal: str = ""  # it answered, but is not comparable with the golden set: why
 
     def to_dict(self) -> dict:
@@ -117,6 +119,8 @@ def replay(eng, golden: GoldenSet) -> Replay:
         scores: list[Score] = eng.score_many([(p.prompt_ids, p.ids) for p in golden.prompts], golden.top_k)
         out.tf_topk = [[ag.normalize_topk(d) for d in s.top_logprobs] for s in scores]
         out.tf_target = [list(s.target_logprobs) for s in scores]
+    except NonFiniteAnswer as exc:
+        out.broken = str(exc)
     except TriageError as exc:
         out.error = str(exc)
         note = stall_note(before, _counters(eng), eng.base_url) if out.facts is not None and not out.refusal else ""
@@ -184,6 +188,14 @@ def tokens_of(golden: GoldenSet) -> dict:
             "requests": 2 * len(golden.prompts)}
 
 
+def tokens_before_broken(golden: GoldenSet) -> dict:
+    """What a replay cost a replica that answered its generation requests with vLLM's non-finite HTTP 400: vLLM holds
+    a stream's first output back to answer an error with a status, so each prompt was prefilled once and one token
+    made before the 400; the scoring requests never went."""
+    prompt, n = sum(len(p.prompt_ids) for p in golden.prompts), len(golden.prompts)
+    return {"prompt": prompt, "generated": n, "total": prompt + n, "requests": n}
+
+
 def _with_target(topks: list[dict[int, float]], ids: list[int], target: list[float]) -> list[dict[int, float]]:
     # core.compare does the same for a server's scores: the continuation token's own logprob tightens the top-k KLD
     from core.compare.run import _with_target as add
@@ -197,6 +209,9 @@ def judge(golden: GoldenSet, r: Replay) -> ReplicaRound:
         return ReplicaRound(r.url, NO_ANSWER, f"No answer: {r.error}", None, r.facts, {}, r.seconds)
     if r.refusal:
         return ReplicaRound(r.url, REFUSED, f"Refused: {r.url} {r.refusal}", None, r.facts, {}, r.seconds)
+    if r.broken:  # nothing to score, but an answer about quality all the same: the worst one
+        return ReplicaRound(r.url, "broken", f"Broken: {r.broken}.", None, r.facts, tokens_before_broken(golden),
+                            r.seconds)
     k = golden.top_k
     free, tf = [], []
     for p, ids, dec, tft, tgt in zip(golden.prompts, r.ids, r.decode_topk, r.tf_topk, r.tf_target):

@@ -46,15 +46,14 @@ class Noise:
 
 def drift(prev: ReplicaRound, cur: ReplicaRound, noise: Noise) -> str:
     """How `cur` differs from the same replica's previous answered round beyond the noise ("" when it does not)."""
-    if cur.summary is None or prev.summary is None:
-        return ""
     moved = []
-    a, b = prev.summary.get("same_top"), cur.summary.get("same_top")
-    if a is not None and b is not None and abs(b - a) > noise.same_top:
-        moved.append(f"same top token {100 * a:.1f}% -> {100 * b:.1f}%")
-    a, b = prev.summary.get("mean_kld") or 0.0, cur.summary.get("mean_kld") or 0.0
-    if abs(b - a) > noise.mean_kld:
-        moved.append(f"mean KLD {a:.3g} -> {b:.3g} nats")
+    if prev.summary is not None and cur.summary is not None:  # a broken replica with no numbers moves its status only
+        a, b = prev.summary.get("same_top"), cur.summary.get("same_top")
+        if a is not None and b is not None and abs(b - a) > noise.same_top:
+            moved.append(f"same top token {100 * a:.1f}% -> {100 * b:.1f}%")
+        a, b = prev.summary.get("mean_kld") or 0.0, cur.summary.get("mean_kld") or 0.0
+        if abs(b - a) > noise.mean_kld:
+            moved.append(f"mean KLD {a:.3g} -> {b:.3g} nats")
     # fine <-> inconclusive with the numbers inside the noise: a near-tie flipped on few positions, nothing changed
     if prev.status != cur.status and (moved or not {prev.status, cur.status} <= UNDECIDED_ALIKE):
         moved.append(f"status {prev.status} -> {cur.status}")
