@@ -60,4 +60,5 @@ def test_capacity_bound_named_with_the_loads_waiting_count_and_the_quick_answer_
     (revised,) = [line for line in text.splitlines() if line.startswith("revised: ")]
     assert revised.startswith("revised: vllm.saturation: since the server started (") and " it read FAIL " in \
         revised, revised
+    print(revised)
     assert "Over the 10 s window it reads PASS " in revised and len(light) >= 3, (revised, len(light))

@@ -24,11 +24,11 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return res
 
 
-def record(url: str, directory: Path) -> Path:
-    """A golden set of PROMPTS recorded from the server at `url` by `golden record`, as a user records one."""
+def record(url: str, directory: Path, prompts: list = PROMPTS) -> Path:
+    """A golden set of `prompts` recorded from the server at `url` by `golden record`, as a user records one."""
     out = directory / "golden.json"
-    prompts = directory / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"name": p.name, "prompt": p.text}) + "\n" for p in PROMPTS))
-    res = cli("record", "--url", url, "--prompts", str(prompts), "--out", str(out))
+    file = directory / "prompts.jsonl"
+    file.write_text("".join(json.dumps({"name": p.name, "prompt": p.text}) + "\n" for p in prompts))
+    res = cli("record", "--url", url, "--prompts", str(file), "--out", str(out))
     assert res.returncode == 0, res.stderr
     return out

@@ -24,7 +24,7 @@ from core.compare.golden.watch import Watch
 from core.engines import vllm_engine as vllm_module
 from core.engines.vllm_engine import VllmEngine
 from core.precision import KVDtype, Precision
-from tests.vllm.golden_cli import cli, record
+from tests.vllm.golden_cli import PROMPTS, cli, record
 from tests.vllm.servers import START_TIMEOUT_S
 
 pytestmark = pytest.mark.vllm
@@ -47,12 +47,13 @@ def test_a_replica_rolled_to_corrupt_weights_drifts_then_reads_broken(vllm_engin
                                                                        monkeypatch):
     from core.models import embedded_model_dir
 
-    golden_path = record(vllm_engine.base_url, tmp_path)
+    golden_path = record(vllm_engine.base_url, tmp_path, PROMPTS[:3])  # a status change needs no statistics
     golden = GoldenSet.load(golden_path)
     url, port = vllm_second.base_url, vllm_second.server.port
     watch = Watch(golden, [url], timeout_s=600)
     first = watch.step().replicas[0]
-    assert first.status in ("fine", "watch") and not first.drift, first.verdict
+    # sound: judged with numbers (fine, or watch or inconclusive on three prompts of an FP8 KV cache), no drift yet
+    assert first.summary is not None and "broken" not in first.status and not first.drift, first.verdict
 
     bad_dir = corrupt_checkpoint(embedded_model_dir(), tmp_path / "rolled")
     vllm_second.unload()  # the session's stop() finds it stopped; nothing of its process group is left
