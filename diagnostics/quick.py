@@ -19,6 +19,9 @@ from diagnostics.findings import Finding, Status
 QUICK_WINDOW_S = 5.0
 SCRAPE_EVERY_S = 1.0
 QUICK_CHECKS = ("vllm.metrics_off", "vllm.kv_pressure", "vllm.saturation", "vllm.prefill")
+# A check of a gauge's peak has no reading since the start: only the window's scrapes saw the gauge, and a lifetime
+# line saying "KV cache usage peaked at 0%" after an hour of full caches would be false. The window alone says it.
+WINDOW_ONLY = ("vllm.kv_pressure",)
 _JUDGED = (Status.PASS, Status.WARN, Status.FAIL)  # a verdict; SKIP and ERROR decide nothing to revise
 
 
@@ -75,20 +78,21 @@ def judge(snaps: list, now: float, url: str, launch_cmd: str | None = None) -> F
 
     checks = [c for c in all_checks() if c.id in QUICK_CHECKS]
 
-    def over(series: list) -> tuple[Finding, ...]:
+    def over(series: list, judged: list) -> tuple[Finding, ...]:
         ctx = CheckContext(window_s=round(series[-1].t - series[0].t, 3), vllm_url=url, vllm_snapshots=tuple(series),
                            vllm_scrapes=len(series), launch_cmd=launch_cmd,
                            vllm_liveness_reason="not looked at in the first answer")
-        return tuple(evaluate(ctx, checks))
+        return tuple(evaluate(ctx, judged))
 
     last = snaps[-1]
-    window = over(snaps)
+    window = over(snaps, checks)
     uptime = now - last.process_start_time_s if last.process_start_time_s else None
     if not (uptime and uptime > 0 and last.has_vllm_series):
         return FirstAnswer((), window, last.t - snaps[0].t)
     base = VllmSnapshot(t=last.t - uptime, has_vllm_series=True)  # zero counters at the server's start
     e2e = last.histograms.get("e2e")
-    return FirstAnswer(over([base, *snaps]), window, last.t - snaps[0].t, uptime, e2e.count if e2e else None)
+    lifetime = over([base, *snaps], [c for c in checks if c.id not in WINDOW_ONLY])
+    return FirstAnswer(lifetime, window, last.t - snaps[0].t, uptime, e2e.count if e2e else None)
 
 
 def _said(f: Finding) -> str:

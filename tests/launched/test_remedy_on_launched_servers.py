@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -122,6 +121,26 @@ def test_the_page_started_a_listed_server_with_its_flags(launched):
     assert page.get_by_text(f"pid {server.pgid}").count() >= 1  # the page lists it
 
 
+def wait_for_new_server(owner: int, before: set[int]) -> servers.LocalServer:
+    """The one server `owner` started that is not on a port of `before`, once its process group exists."""
+    deadline, new = time.monotonic() + 60, []
+    while not new and time.monotonic() < deadline:
+        new = [s for s in owned_by(owner) if s.port not in before]  # registered once its group exists
+        time.sleep(0.3)
+    assert len(new) == 1, f"the start registered {len(new)} process groups"
+    assert group_members(new[0].pgid)
+    return new[0]
+
+
+def wait_gone(pgid: int) -> float:
+    """Seconds until no process of the group is left (at most 30, else the test fails)."""
+    t0 = time.monotonic()
+    while group_members(pgid) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    assert not group_members(pgid), "the stopped start left vLLM processes running"
+    return time.monotonic() - t0
+
+
 def api_argv(pgid: int) -> list[str]:
     """The argv of a server's API process (its process group's leader), as the kernel has it."""
     return [a.decode() for a in Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")[:-1]]
@@ -177,6 +196,19 @@ def test_the_page_sweeps_and_tries_the_remedy_which_measures_more_throughput(lau
     try_button = page.get_by_role("button", name=re.compile(r"^Try --max-num-seqs \d+"))
     try_button.first.wait_for(timeout=600_000)
     wait_idle(page, 120)
+    # First a try stopped by its button while its server starts: that server's whole process group goes, the
+    # original keeps serving, and History has the try as cancelled
+    before = {s.port for s in owned_by(app.proc.pid)}
+    try_button.first.click()
+    trial = wait_for_new_server(app.proc.pid, before)
+    page.locator(".st-key-loc_try_stop button").first.click()  # the try's own Stop (each listed server has one too)
+    gone_s = wait_gone(trial.pgid)
+    print(f"\nthe stopped try's server was gone {gone_s:.1f} s after Stop")
+    wait_idle(page, 60)
+    assert {s.port for s in owned_by(app.proc.pid)} == before and server.alive and not errors_on(page)
+    (stopped,) = Store(app.db).list_runs("remedy", status="cancelled")
+    assert Store(app.db).get_run(stopped.id).payload["stopped"].startswith("Stopped on the page after 0 of 1 tries")
+    # then the try that runs to the end
     try_button.first.click()
     page.get_by_text("The command line that won").wait_for(timeout=900_000)
     wait_idle(page, 120)
@@ -187,7 +219,7 @@ def test_the_page_sweeps_and_tries_the_remedy_which_measures_more_throughput(lau
     assert page.locator('[data-testid="stDataFrame"]').count() >= 2
     assert not errors_on(page)
 
-    (saved,) = Store(app.db).list_runs("remedy")
+    (saved,) = Store(app.db).list_runs("remedy", status="finished")
     res = Store(app.db).get_run(saved.id).payload
     before, (helped,) = res["before"], res["trials"]
     assert before["verdict"]["kind"] == "capacity-bound", before["verdict"]
@@ -219,20 +251,10 @@ def test_a_start_stopped_by_its_button_leaves_no_process_and_no_record(launched)
     page.get_by_role("button", name="Start", exact=True).click()
     stop = page.get_by_role("button", name="Stop starting")
     stop.wait_for(timeout=30_000)
-    deadline, new = time.monotonic() + 60, []
-    while not new and time.monotonic() < deadline:
-        new = [s for s in owned_by(app.proc.pid) if s.port not in before]  # registered once its group exists
-        time.sleep(0.3)
-    assert new, "the start never registered its process group"
-    (starting,) = new
-    assert group_members(starting.pgid)
+    starting = wait_for_new_server(app.proc.pid, before)
     stop.click()
-    t0 = time.monotonic()
-    while group_members(starting.pgid) and time.monotonic() - t0 < 30:
-        time.sleep(0.2)
-    gone_s = time.monotonic() - t0
+    gone_s = wait_gone(starting.pgid)
     print(f"\nthe starting server's processes were gone {gone_s:.1f} s after Stop")
-    assert not group_members(starting.pgid), "the stopped start left vLLM processes running"
     assert {s.port for s in owned_by(app.proc.pid)} == before
     wait_idle(page, 60)
     assert page.get_by_role("button", name="Stop starting").count() == 0 and not errors_on(page)

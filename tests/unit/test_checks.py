@@ -536,13 +536,14 @@ def test_queueing_behind_prefill_points_at_vllm_prefill_not_at_slots():
 
 
 def test_the_first_answer_judges_the_servers_counters_since_it_started():
-    from diagnostics.quick import QUICK_CHECKS, format_first_answer, judge
+    from diagnostics.quick import QUICK_CHECKS, WINDOW_ONLY, format_first_answer, judge
 
     # The recorded page (3 requests since the server started), read twice 2 s apart, an hour after its start
     snaps = [dataclasses.replace(AFTER_3, t=0.0), dataclasses.replace(AFTER_3, t=2.0)]
     answer = judge(snaps, AFTER_3.process_start_time_s + 3600, URL)
     assert answer.since == "since the server started (60.0 min ago, 3 requests)"
-    assert sorted(f.check_id for f in answer.lifetime) == sorted(QUICK_CHECKS)
+    assert sorted(f.check_id for f in answer.lifetime) == sorted(set(QUICK_CHECKS) - set(WINDOW_ONLY))
+    assert sorted(f.check_id for f in answer.window) == sorted(QUICK_CHECKS)
     sat = next(f for f in answer.lifetime if f.check_id == "vllm.saturation")
     assert sat.evidence["requests_finished"] == 3  # the lifetime's requests, not the 2 s window's none
     window_sat = next(f for f in answer.window if f.check_id == "vllm.saturation")
@@ -550,6 +551,9 @@ def test_the_first_answer_judges_the_servers_counters_since_it_started():
     text = format_first_answer(answer, 5.2)
     assert text.startswith("First answer in 5.2 s") and "vllm.prefill since the server started (60.0 min ago" in text
     assert "the 2 s window alone: SKIP" in text
+    # a gauge's peak was seen by the window's scrapes only: never said "since the server started"
+    (kv,) = [line for line in text.splitlines() if "vllm.kv_pressure" in line]
+    assert kv.startswith("  PASS  vllm.kv_pressure: KV cache usage peaked at") and "since" not in kv, kv
     no_start = [dataclasses.replace(s, process_start_time_s=None) for s in snaps]
     assert "no start time" in format_first_answer(judge(no_start, 0.0, URL), 1.0)
 

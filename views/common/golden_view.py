@@ -74,9 +74,9 @@ def _record(base_url: str, api_key: str | None, prompts: int, new_tokens: int) -
 
     t0 = time.time()
     with st.spinner(f"Recording {prompts} prompts x {new_tokens} tokens from {base_url}, then replaying them there "
-                    "for the noise floor"), runs.stoppable(button="gold_stop") as control:
+                    "for the noise floor"), runs.stoppable(button="gold_stop", key="gold_record_run") as control:
         golden = record(base_url, default_prompts()[:prompts], max_new_tokens=new_tokens, api_key=api_key)
-        if control.should_stop():  # a stop cuts the streams short: what came back is no golden set
+        if control.stop_asked():  # a stop cuts the streams short: what came back is no golden set
             raise Cancelled("Stopped on the page.")
     folder = settings().cache_dir / "golden"
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,9 +91,9 @@ def _round(base_url: str, api_key: str | None, prompts: int) -> None:
     watch.urls, watch.api_key = [base_url], api_key
     last, number = dict(watch.last), watch.number
     with st.spinner(f"Round {watch.number + 1}: replaying {prompts} prompts on {base_url}"), \
-            runs.stoppable(button="gold_round_stop") as control:
+            runs.stoppable(button="gold_round_stop", key="gold_round_run") as control:
         rnd = watch.step()
-        if control.should_stop():  # a stop closes the replay's streams: the replica did answer, it was cut short
+        if control.stop_asked():  # a stop closes the replay's streams: the replica did answer, it was cut short
             watch.last, watch.number = last, number  # a cut round is no baseline for the next one's drift
             raise Cancelled("Stopped on the page.")
     rnd.record(ss.gold_source)
@@ -122,6 +122,11 @@ def section(base_url: str, api_key: str | None) -> None:
                "Requests are tagged user=triage-golden; other checks count them as the console's own.")
     if ss.get("gold_error"):
         st.error(markdown_literal(ss.pop("gold_error")))
+    # a Stop reruns the page at once: the rerun says what the stop left
+    if runs.last_stop("gold_record_run") is not None:
+        st.info("Recording stopped: no golden set was kept, and its requests to the server were closed.")
+    if runs.last_stop("gold_round_run") is not None:
+        st.info("Round stopped: nothing was saved, and the next round's drift is judged against the last whole round.")
     golden: GoldenSet | None = ss.get("gold_set")
     with st.form("gold_record_form"):
         c = st.columns([1, 1, 2], vertical_alignment="bottom")
@@ -136,7 +141,7 @@ def section(base_url: str, api_key: str | None) -> None:
         try:
             _record(base_url, api_key, int(prompts), int(new_tokens))
         except Cancelled:
-            pass  # stopped: nothing is kept; the page reruns at once
+            pass  # stopped: nothing is kept; the page reruns at once and says so
         except TriageError as exc:
             st.error(markdown_literal(exc))
         golden = ss.get("gold_set")
