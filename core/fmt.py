@@ -50,6 +50,13 @@ def fmt_change(pct: float, only: bool = False) -> str:
     return f"fell {-pct:.0f}%" if pct < 0 else f"grew {'only ' if only else ''}{pct:.0f}%"
 
 
+def fmt_share(fraction: float) -> str:
+    """A share of something nearly empty in words that never read 0% when it is not zero: "42%", "0.4%", "under
+    0.1%" (a KV cache holding two short sequences of a 55K-token pool is 0.2% used, not 0%)."""
+    pct = 100 * fraction
+    return f"{pct:.0f}%" if pct >= 0.95 else f"{pct:.1f}%" if pct >= 0.05 else "under 0.1%"
+
+
 def fmt_liveness(state: str, kind: str = "") -> str:
     """A liveness verdict's state as a user reads it: 'STALLED (deadlock)', 'SERVING'; a dead engine is 'DEAD (the
     engine process exited)', not a stall: nothing resumes it, the server must be restarted."""

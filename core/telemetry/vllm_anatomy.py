@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from core.fmt import fmt_share
 from core.telemetry.vllm_metrics import HISTOGRAM_LABELS, HISTOGRAMS, Histogram, VllmSnapshot
 
 PHASES = ("queue", "prefill", "decode")  # the parts of a request's life, in order
@@ -169,9 +170,7 @@ def saturation_reason(queue_share_ttft: float | None, waiting_capacity: float | 
     if kv_cache_usage is not None and kv_cache_usage >= KV_ROOM:
         return None
     waiting = "" if not waiting_capacity else f" with {waiting_capacity:.0f} request(s) waiting for capacity"
-    pct = 100 * (kv_cache_usage or 0.0)
-    used = f"{pct:.0f}%" if pct >= 0.95 else f"{pct:.1f}%" if pct >= 0.05 else "under 0.1%"  # never "only 0% used"
-    kv = "" if kv_cache_usage is None else f" while the KV cache is only {used} used"
+    kv = "" if kv_cache_usage is None else f" while the KV cache is only {fmt_share(kv_cache_usage)} used"
     return (f"queueing is {100 * queue_share_ttft:.0f}% of the mean time to first token{waiting}{kv}: requests wait "
             "for a scheduling slot, not for the model or for memory.")
 

@@ -10,7 +10,7 @@ from typing import Callable
 from core.fleet.fleet import FleetSnapshot, Replica, ratio_floor
 from core.fleet.promql import PEER_MIN_FINISHED, host_of
 from core.fleet.table import bucket_text, golden_cell
-from core.fmt import fmt_s, fmt_times
+from core.fmt import fmt_s, fmt_share, fmt_times
 from core.stats import median
 from core.telemetry.base import ASSUMED_ACHIEVABLE_DRAM_BW_PCT, BW_BOUND_SHARE, BW_LIKELY_SHARE, GPU_IDLE_UTIL_PCT
 from core.deployment.remedies import Facts, remedies
@@ -100,7 +100,7 @@ def decide_kv_pressure(snap: FleetSnapshot) -> Outcome:
         return warn(f"KV cache usage peaked at {100 * KV_HIGH:.0f}%+ without preemptions: {_names(high)}.", remedy,
                     evidence=ev)
     peak = max(r.values["kv_peak"] for r in rows)
-    return passed(f"KV cache usage peaked at {100 * peak:.0f}% on the fullest of {len(rows)} replicas, with no "
+    return passed(f"KV cache usage peaked at {fmt_share(peak)} on the fullest of {len(rows)} replicas, with no "
                   f"preemptions in {snap.over()}.", evidence=ev)
 
 

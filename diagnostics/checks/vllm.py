@@ -1,7 +1,7 @@
 """vLLM server checks over /metrics scrapes: reachable, stats on, KV cache pressure, saturation, prefill, liveness."""
 from __future__ import annotations
 
-from core.fmt import fmt_liveness
+from core.fmt import fmt_liveness, fmt_share
 from diagnostics.context import CheckContext, Series
 from diagnostics.findings import PCT_RANGE, Chart, Check, Outcome, Severity, fail, passed, skip, warn
 
@@ -106,7 +106,7 @@ def decide_kv_pressure(ctx: CheckContext) -> Outcome:
     if peak >= KV_HIGH:
         return warn(f"KV cache usage peaked at {100 * peak:.0f}% without preemptions: near full; more load will "
                     "start preempting.", remedy, evidence=evidence, charts=tuple(charts))
-    return passed(f"KV cache usage peaked at {100 * peak:.0f}% with no preemptions during the window.",
+    return passed(f"KV cache usage peaked at {fmt_share(peak)} with no preemptions during the window.",
                   evidence=evidence, charts=tuple(charts))
 
 
@@ -252,7 +252,7 @@ def decide_saturation(ctx: CheckContext) -> Outcome:
                       "behind other prompts' prefill. "
                       "That is vllm.prefill's finding.", evidence=evidence)
     if share is not None and share >= QUEUE_SHARE_SATURATED and kv_peak is not None and kv_peak >= KV_ROOM:
-        return passed(f"{head}, but not for a slot: the KV cache peaked at {100 * kv_peak:.0f}%, so requests wait "
+        return passed(f"{head}, but not for a slot: the KV cache peaked at {fmt_share(kv_peak)}, so requests wait "
                       "for memory. That is vllm.kv_pressure's finding.", evidence=evidence)
     return passed(f"{head}: requests do not wait for a slot.", evidence=evidence)
 
