@@ -271,6 +271,13 @@ def test_the_watchs_gauges_serve_each_replicas_last_round_for_prometheus(golden,
     assert got["triage_golden_drift"] == 0  # a round without an answer has no drift of its own
     assert got["triage_golden_last_round_timestamp_seconds"] > 1.7e9
 
+    # then the replica answers vLLM's non-finite HTTP 400: it answered, broken (TriageGoldenBroken's status), with
+    # drift, and the numbers of its last scored round stay
+    gauges.update(w.step([judge(golden, Replay(URL, broken="answered HTTP 400: Out of range float values ..."))]))
+    got = scrape()
+    assert got["triage_golden_answered"] == 1 and got["triage_golden_status[broken]"] == 1
+    assert got["triage_golden_drift"] == 1 and got["triage_golden_same_top_ratio"] == pytest.approx(second["same_top"])
+
 
 def test_the_watch_refuses_a_metrics_port_it_cannot_use(golden, tmp_path, capsys):
     from diagnostics.__main__ import main
