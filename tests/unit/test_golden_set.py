@@ -217,6 +217,9 @@ def test_the_checklist_judges_a_replay_by_the_compares_bands(golden):
         f"{len(golden.prompts)}" and fine.evidence["tokens"] == tokens_of(golden)["total"]
     broken = _agreement(judge(golden, overflowed_replica_fake(replay_of("main"))))
     assert broken.status.value == "FAIL" and "--kv-cache-dtype" in broken.remedy
+    nan = _agreement(judge(golden, Replay(URL, broken="answered HTTP 400: Out of range float values ...")))
+    assert nan.status.value == "FAIL" and "Broken: answered HTTP 400" in nan.verdict
+    assert nan.evidence["vllm_rule"] is None  # no numbers to show, none made up
     silent = _agreement(judge(golden, Replay(URL, error="connection refused")))
     assert silent.status.value == "SKIP" and "did not answer it" in silent.verdict and "vllm.liveness" in silent.verdict
     g = copy.deepcopy(golden)
