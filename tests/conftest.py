@@ -1,4 +1,5 @@
 """Shared fixtures. The embedded model is real: converted once per machine and cached (see core/models.py)."""
+import gc
 import os
 import tempfile
 from pathlib import Path
@@ -6,6 +7,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (pytest.ini puts it on sys.path)
+# This process keeps hundreds of thousands of objects (the in-process pages' and engines' tests), and with Python's
+# default thresholds torch work ran a full collection of all of them every few seconds: 63 full collections, 23 s,
+# in tests/app and 7 engine tests. Young garbage is still collected at once; full passes are rarer (5 there), and
+# the tests that drop engines collect explicitly (engine_cache, free_cached_engines).
+gc.set_threshold(50_000, 20, 100)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests must never reach for a hub
 # Without an NVIDIA driver the fast engine's Triton kernels can only run under Triton's interpreter, and the flag must
@@ -112,6 +118,19 @@ def fleet_history_stack(tmp_path_factory):
     finally:
         prom.stop()
         replay.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def serving_server_starts_with_the_session(request):
+    """tests/serving's server starts beside tests/app, the session's first directory (tests/serving/server.py): its
+    AppTests are mostly one Python thread, so the start's core was idle. Beside tests/engines, whose torch work
+    uses both cores, the start cost those tests more than it saved (the first engine test took 40 s there, 8 alone).
+    An idle server takes about 1% of a core until tests/serving uses it."""
+    from tests.serving.server import SERVING
+
+    if SERVING.wanted(request.session):
+        SERVING.begin(request, free_engines=False)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
