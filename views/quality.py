@@ -1,11 +1,12 @@
 """Quality: did quantizing break it? Perplexity of each precision over a document, and against a reference: KL
 divergence (mean, median, p99, p99.9, max), same top token and RMS delta-p, beside memory and speed; the positions
-where candidates differ most, tokens shown as text. Progress, Cancel (a click reruns this script, which stops the
-running one at its next progress update) and History as on the Long context page.
+where candidates differ most, tokens shown as text. Progress, a Stop button (its click reruns this script, which stops
+the running one between two windows) and History as on the Long context page.
 """
 import streamlit as st
 
 from core import textfile
+from core.engines.base import Cancelled
 from core.errors import TriageError
 from core.fmt import markdown_literal
 from core.models import ModelSpec
@@ -19,13 +20,14 @@ from views.common import inputs, quality_view, runs, session
 ss = st.session_state
 STATIC = [f"fp8-static:{n}" for n in (32, 512, 4096)]
 CHOICES = [p.value for p in Precision] + STATIC
-STOPPED = "The last quality run was stopped (Cancel, or a widget changed while it ran); finished rows are in History."
+STOPPED = ("The last quality run was stopped before its end (its Stop, a widget changed or the page left): History "
+           "has it as cancelled, with the rows of the precisions it had finished.")
 
 st.title("Quality")
 st.caption("Perplexity and KL divergence of quantized precisions on your document, as llama.cpp's perplexity tool "
            "reports them: evaluated in windows of the model's context, against a reference precision. Every "
            "precision loads the embedded model (Gemma 3 270M) afresh on the torch engine and is unloaded after.")
-top = st.container()  # a run's progress, Cancel and outcome: at the top, where they stay in view
+top = st.container()  # a run's progress, Stop and outcome: at the top, where they stay in view
 
 
 def read_upload():
@@ -73,17 +75,15 @@ with st.expander("Calibration text (INT4 AWQ scales, FP8 static scales)"):
     calibration = st.text_area("Calibration text", key="q_calib", height=120,
                                placeholder="Empty: the shipped sample prose") or None
 
-stopped = ss.pop("q_running", None)
-if stopped:
-    st.warning(STOPPED)
+if runs.last_stop("q_run") is not None:
+    top.warning(STOPPED)
 
 pressed = st.button("Run quality", type="primary", disabled=not candidates, key="q_go")
 if pressed and not inputs.refused(window_in, stride_in, where=top):
-    ss.q_result, ss.q_running, ss.q_warning = None, True, None
+    ss.q_result, ss.q_warning = None, None
     with top:
         progress = runs.RunProgress("Starting: the bar counts each precision's windows")
-    cancel = top.empty()
-    cancel.button("Cancel", key="q_cancel")
+    stop_box = top.container()
     note = top.empty()
     note.caption("The table appears below when the run ends.")
     try:
@@ -99,16 +99,19 @@ if pressed and not inputs.refused(window_in, stride_in, where=top):
         name = ss.get("q_doc_name") or "pasted document"
         params = {"reference": ref.name, "candidates": [x.name for x in cands], "document": name,
                   "window": window, "stride": stride}
-        with runs.stoppable():  # no prefill counts: the bar counts windows, each a prefill of its own
+        # no prefill counts: the bar counts windows, each a prefill of its own
+        with runs.stoppable(button="q_stop", where=stop_box, key="q_run"):
             out = history.run_recorded(spec.label, params, lambda keep: quality.run(
                 spec, text, ref, cands, window=window, stride=stride, calibration=calibration,
                 document_name=name, progress=progress.fraction, on_result=keep))
+            if out.status == "cancelled":  # kept in History as cancelled; a stop, which the rerun it asked says
+                raise Cancelled(out.message)
+    except Cancelled:
+        st.rerun()  # the stop's own rerun, which says where the run went
     except TriageError as exc:
         out = history.Outcome("failed", None, str(exc), None, None)
     progress.clear()
-    cancel.empty()
     note.empty()
-    ss.q_running = None
     if out.message:
         (top.warning if out.status == "cancelled" else top.error)(out.message)
     else:

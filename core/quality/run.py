@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from core.engines.base import Cancelled, EagerEngine, GenerationParams
+from core.engines.base import Cancelled, EagerEngine, GenerationParams, check_stop
 from core.errors import InputError
 from core.precision import Precision, parse_precision
 from core.quality import metrics, refcache
@@ -110,8 +110,10 @@ def _windows_pass(engine, doc: list[int], windows: list[Window], on_window, prog
     bos = engine.bos_ids
     fwd_s, tokens = 0.0, 0
     for i, w in enumerate(windows):
-        if should_stop and should_stop():
-            raise Cancelled(f"Quality run cancelled while scoring {what}.")
+        try:
+            check_stop(should_stop)  # the caller's, or the RunControl of the page's stoppable block
+        except Cancelled as exc:
+            raise Cancelled(f"Quality run cancelled while scoring {what}.") from exc
         progress(i / len(windows), f"{what}: window {i + 1} of {len(windows)}")
         ids = bos + doc[w.start:w.end]
         keep = w.end - w.first_scored + 1
