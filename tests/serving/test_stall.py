@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -24,7 +25,6 @@ import requests
 from core.deployment.liveness import CHECKING, DEGRADED, IDLE, SERVING, STALLED, Tracker
 from core.deployment.observe import Observer
 from core.engines.vllm_engine import VllmEngine
-from core.precision import KVDtype
 from core.telemetry.vllm_metrics import scrape
 from tests.serving.server import PREFILL_BUDGET, SERVER_PRECISION
 
@@ -138,8 +138,6 @@ def fleet_prom(server, tmp_path_factory):
     """A real Prometheus scraping this module's server every second, evaluating the exported rule file (written by
     the CLI, as a user would) every second. It lives from the first fleet test to the module's end, so the long-prompt
     soak above runs under its eye."""
-    from types import SimpleNamespace
-
     from tests import promstack
 
     why = promstack.missing_reason()
@@ -396,139 +394,156 @@ def test_fleet_long_prompts_are_never_stalled_through_prometheus(server, fleet_p
     assert moved and all(m and m > 0 for m in moved), moved
 
 
-def test_fleet_names_a_sigstopped_engine_stalled_and_prometheus_fires_the_rule(server, fleet_prom):
-    """Requests in flight, the engine core stopped, /health and /metrics still 200: the fleet check names the replica
-    stalled and Prometheus's own evaluation of the exported rule goes to firing; both clear after SIGCONT."""
-    core = engine_core(server)
-    load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)  # both slots
-    check_s = alert_s = None
+@pytest.fixture(scope="module")
+def one_sigstop(server, fleet_prom, request):
+    """One SIGSTOP of the engine core with both slots' requests in flight (/health and /metrics still 200), watched at
+    once by everything that names a stall: `diagnostics watch` as a user runs it, the deployment page in Chromium,
+    the fleet check and Prometheus's own evaluation of the exported rule, and a quality-watch round on a golden set
+    recorded from the server just before. Then SIGCONT and each one's recovery. The three tests below read what each
+    saw; one stop instead of three saves the suite about 45 s, and each still proves its own part."""
+    from core.compare.golden.record import record
+    from core.compare.golden.watch import Watch
+    from core.compare.prompts import Prompt
+    from tests.e2e.helpers import browser_missing, goto, new_page, screenshot
+
+    seen = SimpleNamespace(why_no_page=browser_missing(), page_stalled_s=None, page_cont=False, shot=None,
+                           check_s=None, alert_s=None, finding=None, snap=None, golden=None, cleared_s=None)
+    golden = record(server.base_url, [Prompt("capital", "The capital of France is"), Prompt("count", "One, two,")],
+                    max_new_tokens=4)
+    context = page = None
+    if seen.why_no_page is None:
+        context, page = new_page(request.getfixturevalue("browser"), [])
+        goto(page, request.getfixturevalue("app_server"), "deployment")
+        page.get_by_label("Server base URL").fill(server.base_url)
+        page.get_by_role("button", name="Connect").click()
+        page.get_by_text("Liveness: idle").wait_for(timeout=60_000)
+    cmd = [sys.executable, "-m", "diagnostics", "watch", "--url", server.base_url, "--json", "--interval", "2",
+           "--max-seconds", "150"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen.lines = lines = []
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), json.loads(x))) for x in proc.stdout],
+                              daemon=True)
+    reader.start()
+    seen.core = core = engine_core(server)
+    seen.load = load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)  # both slots
+    golden_round = threading.Thread(target=lambda: setattr(seen, "golden", Watch(
+        golden, [server.base_url], timeout_s=8.0).step().replicas[0]), daemon=True)
     try:
         wait_running(server.base_url)
-        time.sleep(2)
+        time.sleep(3)  # let the watch see the requests being served
         os.kill(core.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        assert requests.get(server.base_url + "/health", timeout=5).status_code == 200
-        while (check_s is None or alert_s is None) and time.monotonic() < stopped_at + 50:
-            run, found = fleet_now(fleet_prom)
-            if check_s is None and found["fleet.stalled"].status.value == "FAIL":
-                check_s, finding, snap = time.monotonic() - stopped_at, found["fleet.stalled"], run.snapshot
-            if alert_s is None and any(a["state"] == "firing" and a["labels"].get("instance") == fleet_prom.instance
-                                       for a in alerts(fleet_prom, ("VllmReplicaStalled",))):
-                alert_s = time.monotonic() - stopped_at
-            time.sleep(1)
-        print(f"SIGSTOP: fleet.stalled after {check_s} s, the exported rule firing after {alert_s} s")
-        assert check_s is not None and alert_s is not None, (check_s, alert_s, alerts(fleet_prom))
-        assert fleet_prom.instance in finding.verdict and "py-spy dump --pid" in finding.remedy, finding
-        r = snap.replica(fleet_prom.instance)
-        assert r.up and (r.values["running"] or 0) + (r.values.get("waiting") or 0) > 0, r  # the frozen gauges
-        assert snap.promql["stalled"] in finding.evidence["promql"]
-        from core.fleet.table import rows
-        assert rows(snap)[0]["state"].startswith("STALLED"), rows(snap)[0]
-        assert check_s <= 35 and alert_s <= 45
+        seen.stopped_at = stopped_at = time.monotonic()
+        seen.health = requests.get(server.base_url + "/health", timeout=5).status_code  # the silent part
+        while time.monotonic() < stopped_at + 50:
+            if not golden_round.is_alive() and seen.golden is None and any(d["state"] == STALLED for _, d in lines):
+                golden_round.start()  # once the watch named the stall: the round must say why it got no answer
+            if seen.check_s is None:
+                run, found = fleet_now(fleet_prom)
+                if found["fleet.stalled"].status.value == "FAIL":
+                    seen.check_s, seen.finding, seen.snap = time.monotonic() - stopped_at, found["fleet.stalled"], \
+                        run.snapshot
+            if seen.alert_s is None and any(a["state"] == "firing" and a["labels"].get("instance") ==
+                                            fleet_prom.instance for a in alerts(fleet_prom, ("VllmReplicaStalled",))):
+                seen.alert_s = time.monotonic() - stopped_at
+            if page is not None and seen.page_stalled_s is None and \
+                    page.get_by_text("Liveness: stalled (engine_stopped)").count():
+                seen.page_stalled_s = time.monotonic() - stopped_at
+                page.get_by_text(f"kill -CONT {core.pid}", exact=False).first.wait_for(timeout=5_000)
+                seen.page_cont, seen.shot = True, screenshot(page, "deployment-liveness-stalled")
+            if None not in (seen.check_s, seen.alert_s, seen.golden) and (page is None or seen.page_stalled_s):
+                break
+            time.sleep(0.5)
+        if golden_round.is_alive():
+            golden_round.join(15)
     finally:
         os.kill(core.pid, signal.SIGCONT)
-    resumed_at = time.monotonic()
-    cleared = None
-    while time.monotonic() < resumed_at + 30:
-        _, found = fleet_now(fleet_prom)
-        if found["fleet.stalled"].status.value == "PASS" and not alerts(fleet_prom):
-            cleared = time.monotonic() - resumed_at
-            break
+        seen.resumed_at = resumed_at = time.monotonic()
+        if context is not None:
+            context.close()
+    # a canary sent while stopped times out first; a shared CPU is slow to catch up
+    watch_back = fleet_back = False
+    while time.monotonic() < resumed_at + 45 and not (watch_back and fleet_back):
+        watch_back = any(t > resumed_at and d["state"] in (SERVING, IDLE) for t, d in lines)
+        if not fleet_back:
+            _, found = fleet_now(fleet_prom)
+            seen.fleet_after = found["fleet.stalled"]
+            fleet_back = seen.fleet_after.status.value == "PASS" and not alerts(fleet_prom)
+            seen.cleared_s = time.monotonic() - resumed_at if fleet_back else None
         time.sleep(1)
+    seen.alerts_after = alerts(fleet_prom)
+    proc.send_signal(signal.SIGINT)
+    try:
+        seen.watch_code = proc.wait(30)
+    except subprocess.TimeoutExpired:  # never leave a watch behind to send canaries into the next tests
+        proc.kill()
+        seen.watch_code = None
+    seen.watch_stderr = proc.stderr.read()
     load.end()
-    print(f"after SIGCONT: check and alert clear after {cleared} s")
-    assert cleared is not None, (found["fleet.stalled"], alerts(fleet_prom))
-    assert load.done == 2, load.errors
+    return seen
+
+
+def test_fleet_names_a_sigstopped_engine_stalled_and_prometheus_fires_the_rule(one_sigstop, fleet_prom):
+    """Requests in flight, the engine core stopped, /health and /metrics still 200: the fleet check names the replica
+    stalled and Prometheus's own evaluation of the exported rule goes to firing; both clear after SIGCONT."""
+    from core.fleet.table import rows
+
+    seen = one_sigstop
+    print(f"SIGSTOP: fleet.stalled after {seen.check_s} s, the exported rule firing after {seen.alert_s} s; "
+          f"after SIGCONT: check and alert clear after {seen.cleared_s} s")
+    assert seen.health == 200
+    assert seen.check_s is not None and seen.alert_s is not None, (seen.check_s, seen.alert_s)
+    finding, snap = seen.finding, seen.snap
+    assert fleet_prom.instance in finding.verdict and "py-spy dump --pid" in finding.remedy, finding
+    r = snap.replica(fleet_prom.instance)
+    assert r.up and (r.values["running"] or 0) + (r.values.get("waiting") or 0) > 0, r  # the frozen gauges
+    assert snap.promql["stalled"] in finding.evidence["promql"]
+    assert rows(snap)[0]["state"].startswith("STALLED"), rows(snap)[0]
+    assert seen.check_s <= 35 and seen.alert_s <= 45
+    assert seen.cleared_s is not None, (seen.fleet_after, seen.alerts_after)
+    assert seen.load.done == 2, seen.load.errors
+
+
+def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(one_sigstop):
+    """The CLI watch, as a user runs it: the engine core stopped while requests are in flight, /health still 200.
+    And the quality watch's round on the stopped replica (a golden set recorded from it just before): "no answer"
+    with the stall named from the server's own counters, never a quality verdict."""
+    from core.compare.golden.replay import NO_ANSWER
+
+    seen, core = one_sigstop, one_sigstop.core
+    lines = seen.lines
+    stall = next(((t, d) for t, d in lines if d["state"] == STALLED), None)
+    assert stall is not None, [d["state"] + "/" + d["kind"] for _, d in lines]
+    detected_s = stall[0] - seen.stopped_at
+    print(f"SIGSTOP named after {detected_s:.1f} s (watch --interval 2): {stall[1]['headline']}")
+    assert stall[1]["kind"] == "engine_stopped" and f"pid {core.pid}" in stall[1]["headline"]
+    assert f"kill -CONT {core.pid}" in stall[1]["remedy"] and "py-spy dump" in stall[1]["remedy"]
+    assert detected_s <= DETECT_S
+    golden_round = seen.golden
+    assert golden_round is not None, "the quality watch's round did not end while the engine was stopped"
+    print(f"golden round on the stopped replica: {golden_round.status}: {golden_round.verdict}")
+    assert golden_round.status == NO_ANSWER and golden_round.summary is None
+    assert "made no progress" in golden_round.verdict and "request(s) in flight" in golden_round.verdict
+    assert seen.watch_code == 0, seen.watch_stderr
+    after = [f"{t - seen.resumed_at:.0f}s {d['state']}/{d['kind']}" for t, d in lines if t > seen.resumed_at]
+    print("after SIGCONT:", after)
+    assert any(d["state"] in (SERVING, IDLE) for t, d in lines if t > seen.resumed_at), after
+    # no stall kind on the rounds where the engine resumes (a false "restart the server" at kill -CONT)
+    assert not any(d["state"] == STALLED for t, d in lines if t > seen.resumed_at), after
+    assert seen.load.done == 2, seen.load.errors  # the stalled requests finished once the engine ran again
+
+
+def test_the_deployment_page_shows_a_stalled_server(one_sigstop):
+    seen = one_sigstop
+    if seen.why_no_page:
+        pytest.skip(seen.why_no_page)
+    print(f"page: stalled after {seen.page_stalled_s} s; screenshot: {seen.shot}")
+    assert seen.page_stalled_s is not None and seen.page_stalled_s <= DETECT_S
+    assert seen.page_cont  # the remedy names the stopped pid
 
 
 def _secs(verdict) -> float:
     text = str(verdict.evidence.get("canary", ""))
     return float(text.split()[2]) if text.startswith("token in") else 0.0
-
-
-def test_sigstop_of_the_engine_core_is_named_within_30_s_and_recovers(server):
-    """The CLI watch, as a user runs it: the engine core stopped while requests are in flight, /health still 200.
-    And the quality watch's round on the stopped replica (a golden set recorded from it just before): "no answer"
-    with the stall named from the server's own counters, never a quality verdict."""
-    from core.compare.golden.record import record
-    from core.compare.golden.replay import NO_ANSWER
-    from core.compare.golden.watch import Watch
-    from core.compare.prompts import Prompt
-
-    golden = record(server.base_url, [Prompt("capital", "The capital of France is"), Prompt("count", "One, two,")],
-                    max_new_tokens=4)
-    cmd = [sys.executable, "-m", "diagnostics", "watch", "--url", server.base_url, "--json", "--interval", "2",
-           "--max-seconds", "120"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[tuple[float, dict]] = []
-    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), json.loads(x))) for x in proc.stdout],
-                              daemon=True)
-    reader.start()
-    core = engine_core(server)
-    load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)  # both slots
-    try:
-        wait_running(server.base_url)
-        time.sleep(3)  # let the watch see the requests being served
-        os.kill(core.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        assert requests.get(server.base_url + "/health", timeout=5).status_code == 200  # the silent part
-        deadline = stopped_at + DETECT_S + 5
-        while not any(d["state"] == STALLED for _, d in lines) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        stall = next(((t, d) for t, d in lines if d["state"] == STALLED), None)
-        assert stall is not None, [d["state"] + "/" + d["kind"] for _, d in lines]
-        detected_s = stall[0] - stopped_at
-        print(f"SIGSTOP named after {detected_s:.1f} s (watch --interval 2): {stall[1]['headline']}")
-        assert stall[1]["kind"] == "engine_stopped" and f"pid {core.pid}" in stall[1]["headline"]
-        assert f"kill -CONT {core.pid}" in stall[1]["remedy"] and "py-spy dump" in stall[1]["remedy"]
-        assert detected_s <= DETECT_S
-        (golden_round,) = Watch(golden, [server.base_url], timeout_s=8.0).step().replicas
-        print(f"golden round on the stopped replica: {golden_round.status}: {golden_round.verdict}")
-        assert golden_round.status == NO_ANSWER and golden_round.summary is None
-        assert "made no progress" in golden_round.verdict and "request(s) in flight" in golden_round.verdict
-    finally:
-        os.kill(core.pid, signal.SIGCONT)
-    resumed_at = time.monotonic()
-    deadline = resumed_at + 45  # a canary sent while stopped times out first; a shared CPU is slow to catch up
-    while not any(t > resumed_at and d["state"] in (SERVING, IDLE) for t, d in lines) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    try:
-        code = proc.wait(30)
-    except subprocess.TimeoutExpired:  # never leave a watch behind to send canaries into the next tests
-        proc.kill()
-        code = None
-    load.end()
-    assert code == 0, proc.stderr.read()
-    after = [f"{t - resumed_at:.0f}s {d['state']}/{d['kind']}" for t, d in lines if t > resumed_at]
-    print("after SIGCONT:", after)
-    assert any(d["state"] in (SERVING, IDLE) for t, d in lines if t > resumed_at), after
-    # no stall kind on the rounds where the engine resumes (a false "restart the server" at kill -CONT)
-    assert not any(d["state"] == STALLED for t, d in lines if t > resumed_at), after
-    assert load.done == 2, load.errors  # the stalled requests finished once the engine ran again
-
-
-def test_the_deployment_page_shows_a_stalled_server(server, app_server, page):
-    from tests.e2e.helpers import browser_missing, goto, screenshot
-
-    if browser_missing():
-        pytest.skip(browser_missing())
-    core = engine_core(server)
-    goto(page, app_server, "deployment")
-    page.get_by_label("Server base URL").fill(server.base_url)
-    page.get_by_role("button", name="Connect").click()
-    page.get_by_text("Liveness: idle").wait_for(timeout=60_000)
-    load = Load(server.base_url, clients=2, prompt_tokens=16, max_tokens=200, repeat=False)
-    try:
-        wait_running(server.base_url)
-        os.kill(core.pid, signal.SIGSTOP)
-        page.get_by_text("Liveness: stalled (engine_stopped)").wait_for(timeout=DETECT_S * 1000)
-        page.get_by_text(f"kill -CONT {core.pid}", exact=False).first.wait_for(timeout=5_000)
-        shot = screenshot(page, "deployment-liveness-stalled")
-        print(f"screenshot: {shot}")
-    finally:
-        os.kill(core.pid, signal.SIGCONT)  # recovery itself is the CLI test's; here only the page's drawing
-        load.end()
 
 
 def test_sigkill_of_the_engine_core_is_named_dead(server):
