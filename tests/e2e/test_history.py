@@ -99,9 +99,10 @@ def reopen(page, run_id: int) -> None:
 
 
 def test_compare_quality_and_checklist_runs_reopen_in_their_views(app_server, page, history_db, history_page,
-                                                                   monkeypatch):
+                                                                   monkeypatch, engine_cache):
     """Real runs made with the embedded model (and a real 1 s checklist on this machine), saved into the server's
-    history through the same core calls the pages make, then reopened in the browser: charts and token diff."""
+    history through the same core calls the pages make, then reopened in the browser: charts and token diff. The
+    engines come from the session's cache (the engine tests use the same two): loading them is most of the runs."""
     from core.compare.prompts import Prompt
     from core.compare.result import Side, save_to_history
     from core.compare.run import run as compare
@@ -113,14 +114,15 @@ def test_compare_quality_and_checklist_runs_reopen_in_their_views(app_server, pa
 
     monkeypatch.setenv("TRIAGE_DB", str(app_server.db))  # core's history calls write where the app reads
     res = compare(Side(Precision.FP32), Side(Precision.BF16), [Prompt("italy", "The capital of Italy is")],
-                  max_new_tokens=4)
+                  max_new_tokens=4, loader=lambda side, progress: engine_cache(side.precision.value))
     compare_id = save_to_history(res)
     doc = "The capital of Italy is Rome. The capital of France is Paris. " * 6
     ref, cand = quality.parse_variant("bf16"), [quality.parse_variant("fp32")]
     params = {"reference": "bf16", "candidates": ["fp32"], "document": "capitals", "window": 32, "stride": 32}
     spec = ModelSpec("embedded")
     out = quality_history.run_recorded(spec.label, params, lambda keep: quality.run(
-        spec, doc, ref, cand, window=32, stride=32, document_name="capitals", use_cache=False, on_result=keep))
+        spec, doc, ref, cand, window=32, stride=32, document_name="capitals", use_cache=False, on_result=keep,
+        load=lambda variant, progress: engine_cache(variant.precision.value)))
     started = time.time()
     checklist = runner.run(duration_s=1.0)
     checklist_id = history_db.save_run("checklist", report.history_title(checklist.inputs, 1.0), checklist.to_dict(),
